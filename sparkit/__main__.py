@@ -1,0 +1,3 @@
+from sparkit.cli.main import main
+
+main()

@@ -1,0 +1,376 @@
+"""Async HTTP client for the SGLang-compatible API (SGLang itself or the embedded engine).
+
+The only module (with tui/) that touches the network. It returns plain data and
+timings taken on arrival of each chunk, so that metrics (TTFT, TPOT, ITL, accept
+length) can be computed exactly as sglang.bench_serving defines them
+(see sparkit.bench.metrics).
+
+SGLang's native `/generate` stream sends *cumulative* `text` and cumulative
+`meta_info.completion_tokens` in each `data:` line; the client turns them into
+deltas. `/v1/chat/completions` streams OpenAI deltas.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from sparkit.errors import EngineError
+
+
+@dataclass
+class StreamChunk:
+    """One streamed piece of output, stamped with time.perf_counter() on arrival."""
+
+    t: float
+    text: str  # the new text only (delta)
+    new_tokens: int  # how many tokens this chunk carries (speculative chunks carry several)
+    completion_tokens: int  # cumulative
+    meta: dict[str, Any] = field(default_factory=dict)  # last meta_info (native) or {} (chat)
+
+
+@dataclass
+class Generation:
+    """A finished request, streamed or not, with client-side timings (seconds)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: Any
+    t_start: float
+    t_first_token: float | None
+    t_end: float
+    chunks: list[StreamChunk] = field(default_factory=list)
+    spec_verify_ct: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    stopped_early: bool = False  # the caller closed the stream before the end
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.t_first_token is None else self.t_first_token - self.t_start
+
+    @property
+    def latency(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens committed per verify step (completion_tokens / spec_verify_ct)."""
+        if self.spec_verify_ct:
+            return self.completion_tokens / self.spec_verify_ct
+        value = self.meta.get("spec_accept_length")
+        return float(value) if value is not None else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Decode speed excluding TTFT: (completion_tokens - 1) / (latency - ttft)."""
+        if self.t_first_token is None or self.completion_tokens < 2:
+            return None
+        span = self.t_end - self.t_first_token
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+
+def _raise_for(response: httpx.Response, what: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        message = (
+            body.get("error", {}).get("message")
+            if isinstance(body.get("error"), dict)
+            else body.get("error") or body.get("message") or body.get("detail")
+        )
+    except Exception:
+        message = response.text[:500]
+    raise EngineError(f"{what}: HTTP {response.status_code}: {message}")
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[Any]:
+    """Yield decoded JSON payloads of `data:` lines until `data: [DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        if payload:
+            yield json.loads(payload)
+
+
+class EngineClient:
+    """Client for one server. Use as `async with EngineClient(url) as c: ...`."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- plain GETs -------------------------------------------------------------------
+    async def _get_json(self, path: str, fallback: str | None = None) -> Any:
+        try:
+            response = await self._http.get(path)
+            if response.status_code == 404 and fallback:
+                response = await self._http.get(fallback)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+        _raise_for(response, f"GET {path}")
+        return response.json()
+
+    async def health(self) -> bool:
+        """True once /health answers 200 (503 while the engine starts)."""
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._get_json("/server_info", fallback="/get_server_info")
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._get_json("/model_info", fallback="/get_model_info")
+
+    async def models(self) -> list[str]:
+        data = await self._get_json("/v1/models")
+        return [m["id"] for m in data.get("data", [])]
+
+    async def metrics(self) -> dict[str, float]:
+        """Prometheus text parsed to {'name{labels}': value}; also '{name}' summed without labels."""
+        try:
+            response = await self._http.get("/metrics")
+        except httpx.HTTPError as exc:
+            raise EngineError(f"cannot reach {self.base_url}/metrics: {exc}") from exc
+        _raise_for(response, "GET /metrics")
+        return parse_prometheus(response.text)
+
+    # -- native /generate -------------------------------------------------------------
+    def _generate_body(
+        self,
+        text: str | None,
+        input_ids: list[int] | None,
+        sampling_params: dict[str, Any] | None,
+        stream: bool,
+        extra: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"sampling_params": sampling_params or {}, "stream": stream}
+        if input_ids is not None:
+            body["input_ids"] = input_ids
+        else:
+            body["text"] = text or ""
+        if extra:
+            body.update(extra)
+        return body
+
+    async def generate(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Generation:
+        """Non-streamed /generate. TTFT is unknown (None)."""
+        body = self._generate_body(text, input_ids, sampling_params, False, extra)
+        t0 = time.perf_counter()
+        try:
+            response = await self._http.post("/generate", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"POST /generate to {self.base_url} failed: {exc}") from exc
+        _raise_for(response, "POST /generate")
+        t1 = time.perf_counter()
+        data = response.json()
+        if isinstance(data, list):  # batch form; we only send one
+            data = data[0]
+        meta = data.get("meta_info", {})
+        return Generation(
+            text=data.get("text", ""),
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=int(meta.get("completion_tokens", 0)),
+            finish_reason=meta.get("finish_reason"),
+            t_start=t0,
+            t_first_token=None,
+            t_end=t1,
+            spec_verify_ct=meta.get("spec_verify_ct"),
+            meta=meta,
+        )
+
+    async def stream_generate(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[StreamChunk | Generation]:
+        """Yield StreamChunk as they arrive, then one final Generation.
+
+        Closing the iterator early (break / aclose) closes the HTTP stream, which
+        makes the server abort the request and free its slot.
+        """
+        body = self._generate_body(text, input_ids, sampling_params, True, extra)
+        t0 = time.perf_counter()
+        chunks: list[StreamChunk] = []
+        full_text = ""
+        completion = 0
+        meta: dict[str, Any] = {}
+        first: float | None = None
+        try:
+            async with self._http.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for(response, "POST /generate")
+                async for data in _sse_lines(response):
+                    now = time.perf_counter()
+                    if "error" in data and "meta_info" not in data:
+                        err = data["error"]
+                        raise EngineError(f"/generate stream error: {err.get('message', err) if isinstance(err, dict) else err}")
+                    meta = data.get("meta_info", meta)
+                    new_text = data.get("text", full_text)
+                    delta = new_text[len(full_text):] if new_text.startswith(full_text) else new_text
+                    full_text = new_text
+                    new_completion = int(meta.get("completion_tokens", completion))
+                    n_new = max(0, new_completion - completion)
+                    completion = new_completion
+                    if n_new == 0 and not delta:
+                        continue
+                    if first is None:
+                        first = now
+                    chunk = StreamChunk(t=now, text=delta, new_tokens=n_new, completion_tokens=completion, meta=meta)
+                    chunks.append(chunk)
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise EngineError(f"stream from {self.base_url}/generate broke off: {exc}") from exc
+        yield Generation(
+            text=full_text,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=completion,
+            finish_reason=meta.get("finish_reason"),
+            t_start=t0,
+            t_first_token=first,
+            t_end=time.perf_counter(),
+            chunks=chunks,
+            spec_verify_ct=meta.get("spec_verify_ct"),
+            meta=meta,
+        )
+
+    # -- OpenAI chat --------------------------------------------------------------------
+    async def stream_chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        model: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        max_tokens: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[StreamChunk | Generation]:
+        """Stream /v1/chat/completions; yields StreamChunk then a final Generation.
+
+        Asks for usage (stream_options.include_usage) and SGLang's per-request
+        speculative details (return_spec_tokens_details) so that accept length is
+        known per reply when the server speculates.
+        """
+        body: dict[str, Any] = {
+            "model": model or "default",
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_spec_tokens_details": True,
+        }
+        for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("max_tokens", max_tokens)):
+            if value is not None:
+                body[key] = value
+        if extra:
+            body.update(extra)
+        t0 = time.perf_counter()
+        chunks: list[StreamChunk] = []
+        parts: list[str] = []
+        first: float | None = None
+        usage: dict[str, Any] = {}
+        finish: Any = None
+        sglext: dict[str, Any] = {}
+        try:
+            async with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for(response, "POST /v1/chat/completions")
+                async for data in _sse_lines(response):
+                    now = time.perf_counter()
+                    if "error" in data and not data.get("choices"):
+                        err = data["error"]
+                        raise EngineError(f"chat stream error: {err.get('message', err) if isinstance(err, dict) else err}")
+                    if data.get("usage"):
+                        usage = data["usage"]
+                    if data.get("sglext"):
+                        sglext = data["sglext"]
+                    for choice in data.get("choices") or []:
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+                        delta = (choice.get("delta") or {}).get("content") or ""
+                        if not delta:
+                            continue
+                        if first is None:
+                            first = now
+                        parts.append(delta)
+                        chunk = StreamChunk(t=now, text=delta, new_tokens=1, completion_tokens=len(parts))
+                        chunks.append(chunk)
+                        yield chunk
+        except httpx.HTTPError as exc:
+            raise EngineError(f"stream from {self.base_url}/v1/chat/completions broke off: {exc}") from exc
+        details = sglext.get("spec_tokens_details") or {}
+        completion = int(usage.get("completion_tokens", len(parts)))
+        yield Generation(
+            text="".join(parts),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=completion,
+            finish_reason=finish,
+            t_start=t0,
+            t_first_token=first,
+            t_end=time.perf_counter(),
+            chunks=chunks,
+            spec_verify_ct=details.get("spec_verify_ct"),
+            meta={"usage": usage, "sglext": sglext},
+        )
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Parse Prometheus exposition text. Keys are 'name{labels}' as written; each metric
+    name also gets an unlabelled key holding the sum over its label sets."""
+    values: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            key, raw = line.rsplit(" ", 1)
+            value = float(raw)
+        except ValueError:
+            continue
+        values[key] = value
+        name = key.split("{", 1)[0]
+        if name != key:
+            sums[name] = sums.get(name, 0.0) + value
+    for name, total in sums.items():
+        values.setdefault(name, total)
+    return values

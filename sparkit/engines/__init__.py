@@ -1,0 +1,1 @@
+"""Engine adapters (sglang, embedded) and the activation report they share."""

@@ -1,0 +1,155 @@
+"""The activation report: what really runs, written from inside the engine process.
+
+Both the embedded engine and sparkit's SGLang plugin write it; the startup checks
+(sparkit.checks) read it. One JSON file per engine process / TP rank, named
+`activation-tp{rank}.json`, in the directory given by the environment variable
+`SPARKIT_REPORT_DIR` (sparkit's launcher sets it to the run directory).
+
+Schema "sparkit.activation/1":
+
+    {
+      "schema": "sparkit.activation/1",
+      "engine": "embedded" | "sglang",
+      "engine_version": "0.1.0",
+      "pid": 1234, "tp_rank": 0, "tp_size": 1,
+      "device": "cpu" | "cuda:0",
+      "written_at": "2026-11-29T17:00:00+00:00",
+      "speculative": {"algorithm": "NEXTN" | "EAGLE" | "DSPARK" | null,
+                      "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+                      "draft_model_path": null | "/path"},
+      "models": {
+        "target": ModelReport,
+        "draft":  ModelReport | absent when no draft
+      },
+      "notes": ["free-form lines, e.g. 'Online FP8 quantization enabled for lm_head.'"]
+    }
+
+    ModelReport = {
+      "model_class": "TinyLingForCausalLM",
+      "lm_head": {
+        "weight_dtype": "float8_e4m3fn" | "bfloat16" | "float32",
+        "quant_method": "Fp8LmHeadMethod" | "UnquantizedLinearMethod" | ...,
+        "module_id": 140234,          # id() of the lm_head module object
+        "storage_ptr": 9876543,       # data_ptr() of its weight storage
+        "shared_with_target": true    # draft only: same module object as the target's
+      },
+      "moe": {"expert_weight_format": "bf16" | "fp8" | "mxfp4",
+              "quant_method": "Mxfp4HummingMoEMethod" | "EmbeddedFp8Experts" | ...,
+              "runner": "humming" | "flashinfer_mxfp4" | "embedded-torch" | ...}
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "sparkit.activation/1"
+REPORT_DIR_ENV = "SPARKIT_REPORT_DIR"
+
+
+@dataclass
+class LmHeadReport:
+    weight_dtype: str
+    quant_method: str
+    module_id: int
+    storage_ptr: int
+    shared_with_target: bool | None = None  # only meaningful for the draft
+
+
+@dataclass
+class MoeReport:
+    expert_weight_format: str
+    quant_method: str
+    runner: str
+
+
+@dataclass
+class ModelReport:
+    model_class: str
+    lm_head: LmHeadReport
+    moe: MoeReport | None = None
+
+
+@dataclass
+class SpeculativeReport:
+    algorithm: str | None = None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft_model_path: str | None = None
+
+
+@dataclass
+class ActivationReport:
+    engine: str
+    engine_version: str
+    device: str
+    models: dict[str, ModelReport]
+    speculative: SpeculativeReport = field(default_factory=SpeculativeReport)
+    tp_rank: int = 0
+    tp_size: int = 1
+    pid: int = field(default_factory=os.getpid)
+    written_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    @property
+    def target(self) -> ModelReport | None:
+        return self.models.get("target")
+
+    @property
+    def draft(self) -> ModelReport | None:
+        return self.models.get("draft")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, directory: str | Path | None = None) -> Path | None:
+        """Write activation-tp{rank}.json atomically; returns the path (None if no directory)."""
+        directory = directory or os.environ.get(REPORT_DIR_ENV)
+        if not directory:
+            return None
+        path = Path(directory) / f"activation-tp{self.tp_rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ActivationReport":
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"unknown activation report schema {data.get('schema')!r}")
+        models = {}
+        for role, m in data.get("models", {}).items():
+            moe = m.get("moe")
+            models[role] = ModelReport(
+                model_class=m["model_class"],
+                lm_head=LmHeadReport(**m["lm_head"]),
+                moe=MoeReport(**moe) if moe else None,
+            )
+        return cls(
+            engine=data["engine"],
+            engine_version=data.get("engine_version", ""),
+            device=data.get("device", ""),
+            models=models,
+            speculative=SpeculativeReport(**(data.get("speculative") or {})),
+            tp_rank=data.get("tp_rank", 0),
+            tp_size=data.get("tp_size", 1),
+            pid=data.get("pid", 0),
+            written_at=data.get("written_at", ""),
+            notes=list(data.get("notes", [])),
+        )
+
+
+def load_reports(directory: str | Path) -> list[ActivationReport]:
+    """All activation-tp*.json files in a run directory, sorted by rank (may be empty)."""
+    reports = []
+    for path in sorted(Path(directory).glob("activation-tp*.json")):
+        reports.append(ActivationReport.from_dict(json.loads(path.read_text())))
+    return sorted(reports, key=lambda r: r.tp_rank)

@@ -1,0 +1,89 @@
+"""The one exception hierarchy of sparkit.
+
+Every error a user can cause or meet is a `SparkitError` whose `str()` is a
+complete, user-facing message (what is wrong, where, how to fix it). The CLI
+maps each class to a documented exit code and never shows a traceback for
+them:
+
+    SparkitError           1   anything else sparkit reports
+    ├── UsageError         2   bad command-line usage (a flag, a --set path)
+    ├── RecipeError        3   a recipe file is invalid (file:line:col key: message)
+    ├── PreflightError     4   the host cannot run the plan (GPUs, memory, port, model)
+    ├── LaunchError        5   the engine did not start or did not become healthy
+    ├── CheckFailed        6   the server runs but a startup check failed
+    ├── EngineError        7   a live server answered with an error / went away
+    └── DataError          8   an input data file (GSM8K, bench JSON) is unusable
+
+Exit code 130 means interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+
+class SparkitError(Exception):
+    """Base class: `message` is shown to the user as is; `hint` is an optional fix."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(SparkitError):
+    exit_code = 2
+
+
+class RecipeError(SparkitError):
+    """A recipe problem. `location` is 'file:line:col' when known, `key` the dotted path."""
+
+    exit_code = 3
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        key: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.file, self.line, self.column, self.key = file, line, column, key
+        where = ""
+        if file:
+            where = file
+            if line is not None:
+                where += f":{line}"
+                if column is not None:
+                    where += f":{column}"
+        prefix = " ".join(p for p in (where, key) if p)
+        full = f"{prefix}: {message}" if prefix else message
+        super().__init__(full, hint=hint)
+
+
+class PreflightError(SparkitError):
+    exit_code = 4
+
+
+class LaunchError(SparkitError):
+    exit_code = 5
+
+
+class CheckFailed(SparkitError):
+    exit_code = 6
+
+
+class EngineError(SparkitError):
+    exit_code = 7
+
+
+class DataError(SparkitError):
+    exit_code = 8
+
+
+EXIT_INTERRUPTED = 130

@@ -1,0 +1,1 @@
+"""Recipes: schema (pydantic), loading (extends, --set), rules, and compilation to a LaunchPlan."""

@@ -1,0 +1,100 @@
+"""LaunchPlan: the exact engine launch a recipe compiles to.
+
+This is the contract between the recipe compiler (sparkit.recipes), the process
+lifecycle (sparkit.runs) and the startup checks (sparkit.checks). It is plain
+data, serialised as plan.json in each run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+EngineName = Literal["sglang", "embedded"]
+
+
+@dataclass
+class Provision:
+    """Which path provides one optimisation, e.g. lm_head fp8 via 'sparkit-plugin'."""
+
+    optimisation: str  # "lm_head=fp8", "moe_backend=humming", "speculative=nextn", ...
+    provider: str  # "sglang-flag", "sglang-env", "sparkit-plugin", "embedded", "checkpoint"
+    detail: str  # the flag / env var / module that does it
+
+
+@dataclass
+class Expectations:
+    """What the startup checks will verify on the live server. None = not asserted."""
+
+    weights: str | None = None  # bf16 | fp8 | mxfp4
+    moe_backend: str | None = None  # as requested (may be "auto")
+    lm_head: str | None = None  # bf16 | fp32 | fp8
+    speculative: str | None = None  # None | "nextn" | "dspark"
+    # What /server_info must report: NEXTN is reported as EAGLE by SGLang.
+    speculative_algorithm_reported: str | None = None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft_model: str | None = None
+    draft_shares_lm_head: bool | None = None
+    tp: int | None = None
+    ep: int | None = None
+    attention_backend: str | None = None
+    mem_fraction_static: float | None = None
+    min_accept_length: float | None = None
+    min_decode_tok_s: float | None = None
+    # Resolved-args keys (SGLang ServerArgs names) and the values the recipe asked for.
+    server_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LaunchPlan:
+    engine: EngineName
+    argv: list[str]  # argv[0] is the executable (sys.executable for python -m ...)
+    env: dict[str, str]  # only the variables sparkit sets (merged over os.environ at start)
+    host: str
+    port: int
+    model: str  # path, hub id, or "sparkit:tiny-ling" for the built-in tiny model
+    served_model_name: str
+    recipe_name: str
+    recipe_path: str | None
+    expectations: Expectations
+    provisions: list[Provision] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # For the embedded engine: a built-in model to build before launch (see
+    # sparkit.engines.embedded.builder.ensure_model), e.g. {"name": "tiny-ling", "seed": 0, "dir": "..."}.
+    model_builds: list[dict[str, Any]] = field(default_factory=list)
+    # Environment variable that carries the API key, when the recipe sets one (never the secret).
+    api_key_env: str | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)  # the fully resolved recipe, for the record
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def command_line(self) -> str:
+        """Shell-quoted, ready to paste: env assignments then argv."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = shlex.join(self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LaunchPlan":
+        data = dict(data)
+        data["expectations"] = Expectations(**data.get("expectations", {}))
+        data["provisions"] = [Provision(**p) for p in data.get("provisions", [])]
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: Path) -> "LaunchPlan":
+        return cls.from_dict(json.loads(Path(path).read_text()))

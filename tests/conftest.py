@@ -1,0 +1,39 @@
+"""Test-wide setup.
+
+- SPARKIT_HOME points at a per-session temporary directory, so runs, caches and
+  histories never touch the developer's real ones.
+- SHARED_DIR is ../shared beside the checkout (GSM8K data lives there; never copied).
+- Engine fixtures (a built tiny model, real embedded-server processes) live in
+  tests/_engine_fixtures.py and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+SHARED_DIR = Path(os.environ.get("SPARKIT_SHARED_DIR", REPO_DIR.parent / "shared"))
+GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+_session_home = tempfile.mkdtemp(prefix="sparkit-test-home-")
+os.environ["SPARKIT_HOME"] = _session_home
+
+try:  # engine fixtures appear once the embedded engine lands
+    from _engine_fixtures import *  # noqa: F401,F403,E402
+except ImportError as exc:  # pragma: no cover - only while bootstrapping
+    if "_engine_fixtures" not in str(exc):
+        raise
+
+
+@pytest.fixture
+def sparkit_home(tmp_path, monkeypatch) -> Path:
+    """A fresh SPARKIT_HOME for one test (runs, caches, histories isolated)."""
+    monkeypatch.setenv("SPARKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
