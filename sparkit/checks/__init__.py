@@ -1,0 +1,1 @@
+"""Checks: preflight (plan + host, before launch) and activation (live server, after launch)."""
