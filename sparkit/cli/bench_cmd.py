@@ -1,9 +1,195 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""`sparkit bench`, `sparkit bench compare`, `sparkit tune`, `sparkit verify`: parse, call
+sparkit.bench, render. Progress goes to stderr; --json prints one document on stdout."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import click
 import typer
+from typer.core import TyperGroup
+
+from sparkit.cli.common import console, err_console, print_json, run_async
+
+
+class _BenchGroup(TyperGroup):
+    """`bench [RUN] [options]` runs the benchmark; `bench compare A B` is a sub-command.
+
+    Click would read `compare` as the optional RUN argument, so a known
+    sub-command name is routed before the group's own arguments are parsed."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:
+            click.Command.parse_args(self, ctx, [])
+            ctx._protected_args, ctx.args = args[:1], args[1:]  # what Group.parse_args sets
+            return ctx.args
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(
+    cls=_BenchGroup,
+    invoke_without_command=True,
+    no_args_is_help=False,
+    add_completion=False,
+    help="Batch-1 decode benchmark (TPOT, TTFT, ITL, throughput, accept length, step-time estimate).",
+)
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+@contextlib.contextmanager
+def progress_reporter(enabled: bool = True) -> Iterator[Any]:
+    """A (phase, done, total) callback drawing a rich progress bar on stderr."""
+    if not enabled:
+        yield lambda phase, done, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console(), transient=False,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        yield update
+
+
+def _default_out(label: str) -> Path:
+    from sparkit.paths import data_dir
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:60] or "server"
+    return data_dir() / "bench" / f"{stamp}-{safe}.json"
+
+
+def render_bench(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from sparkit.bench.runner import HEADLINE
+
+    summary = doc.get("summary", {})
+    n = summary.get("repeats", 0)
+    workload = doc.get("workload") or {}
+    table = Table(title=f"bench: {workload.get('description', '')}", title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("unit")
+    if n > 1:
+        table.add_column(f"stdev over {n} repeats", justify="right")
+    for key, unit, _ in HEADLINE:
+        row = [key, _fmt(summary.get("figures", {}).get(key)), unit]
+        if n > 1:
+            row.append(_fmt(summary.get("stdev", {}).get(key), 3))
+        table.add_row(*row)
+    console().print(table)
+    last = next((r for r in reversed(doc.get("repeats", [])) if r.get("complete")), None)
+    if last:
+        m, c = last["metrics"], last.get("server_counters", {})
+        console().print(
+            f"{m['completed']} requests, {m['total_output_tokens']} output tokens in {_fmt(m['duration_s'])} s"
+            f" (server counted {_fmt(c.get('generation_tokens'), 0)}); "
+            "TPOT excludes TTFT; peak = max over fixed 1-s windows (a window statistic); "
+            "step time = mean TPOT x mean accept length (an estimate)."
+        )
+        for note in m.get("notes", []):
+            console().print(f"[yellow]note:[/] {note}")
+
+
+@bench_app.callback()
+def bench(
+    ctx: typer.Context,
+    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    input_len: int = typer.Option(8192, "--input-len", help="Prompt tokens per request (random dataset)."),
+    output_len: int = typer.Option(1024, "--output-len", help="Output tokens per request (ignore_eos)."),
+    num_prompts: int = typer.Option(10, "--num-prompts", help="Measured requests per repeat."),
+    concurrency: int = typer.Option(1, "--concurrency", help="Requests in flight at once."),
+    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | path to a .jsonl/.txt prompt file."),
+    warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each repeat."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Result JSON (written as it goes; rerun to resume). Default: under the data dir."),
+    repeats: int = typer.Option(1, "--repeats", help="Repeat the whole benchmark to measure run-to-run noise."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result document as JSON on stdout."),
+) -> None:
+    """Benchmark a live server: greedy, ignore_eos, concurrency 1 by default."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from sparkit.bench.runner import BenchConfig, run_bench
+    from sparkit.errors import UsageError
+    from sparkit.runs import resolve_server
+
+    for name, value in (("--num-prompts", num_prompts), ("--concurrency", concurrency), ("--repeats", repeats)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1 (got {value})")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more (got {warmup})")
+    target = resolve_server(run, url, api_key)
+    recipe, run_id, label = None, None, "url"
+    if target.run is not None:
+        run_id = target.run.id
+        plan = target.run.read_json("plan.json") or {}
+        recipe = plan.get("recipe") or None
+        label = plan.get("recipe_name") or run_id
+    config = BenchConfig(
+        input_len=input_len, output_len=output_len, num_prompts=num_prompts, concurrency=concurrency,
+        dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
+    )
+    out_path = out or _default_out(label)
+    with progress_reporter() as on_progress:
+        doc = run_async(
+            run_bench(target.url, config, api_key=target.api_key, out_path=out_path, recipe=recipe, run_id=run_id, on_progress=on_progress)
+        )
+    err_console().print(f"saved {out_path}")
+    if as_json:
+        print_json(doc)
+    else:
+        render_bench(doc)
+
+
+@bench_app.command("compare")
+def compare(
+    a: Path = typer.Argument(..., help="Baseline result JSON (A)."),
+    b: Path = typer.Argument(..., help="Candidate result JSON (B)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Side by side with ratios (B/A) and whether each difference exceeds run-to-run noise."""
+    from rich.table import Table
+
+    from sparkit.bench.compare import compare_results
+    from sparkit.bench.runner import load_result
+
+    comparison = compare_results(load_result(a), load_result(b), a_label=a.name, b_label=b.name)
+    if as_json:
+        print_json(comparison.to_dict())
+        return
+    table = Table(title=f"A = {comparison.a_label} ({comparison.a_repeats} repeats), B = {comparison.b_label} ({comparison.b_repeats} repeats)", title_justify="left")
+    for column in ("figure", "A", "B", "B/A", "noise (+-)", "verdict"):
+        table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
+    colours = {"better": "green", "worse": "red"}
+    for f in comparison.figures:
+        verdict = f"[{colours[f.verdict]}]{f.verdict}[/]" if f.verdict in colours else f.verdict
+        table.add_row(f"{f.key} ({f.unit})", _fmt(f.a), _fmt(f.b), _fmt(f.ratio, 3), _fmt(f.noise, 3), verdict)
+    console().print(table)
+    for note in comparison.notes:
+        console().print(f"note: {note}")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(bench_app, name="bench")

@@ -1,0 +1,361 @@
+"""Run the decode benchmark against a live server and record everything.
+
+The result is one JSON document (see `BENCH_KIND`), rewritten as the run goes
+(at most every few seconds and after each repeat) so that an interrupted run
+keeps what it measured; re-running with the same --out and settings resumes
+after the last finished repeat (a half-finished repeat is measured again,
+because its wall time would be meaningless).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkit.bench.metrics import BenchMetrics, RequestTimeline, compute_metrics, mean, stdev
+from sparkit.bench.workload import Workload, build_workload, vocabulary_from_server
+from sparkit.errors import DataError, EngineError
+
+BENCH_KIND = "sparkit-bench"
+BENCH_FORMAT = 1
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass
+class BenchConfig:
+    input_len: int = 8192
+    output_len: int = 1024
+    num_prompts: int = 10
+    concurrency: int = 1
+    dataset: str = "random"
+    warmup: int = 1
+    seed: int = 0
+    repeats: int = 1
+    temperature: float = 0.0  # greedy
+    ignore_eos: bool = True
+
+
+# Figures a user quotes, in display order: (key, unit, lower_is_better).
+HEADLINE: list[tuple[str, str, bool]] = [
+    ("tpot_mean_ms", "ms", True),
+    ("tpot_median_ms", "ms", True),
+    ("tpot_p99_ms", "ms", True),
+    ("ttft_mean_ms", "ms", True),
+    ("ttft_median_ms", "ms", True),
+    ("ttft_p99_ms", "ms", True),
+    ("itl_mean_ms", "ms", True),
+    ("itl_median_ms", "ms", True),
+    ("itl_p99_ms", "ms", True),
+    ("output_throughput_tok_s", "tok/s", False),
+    ("peak_window_throughput_tok_s", "tok/s (1-s window)", False),
+    ("accept_length_mean", "tok/step", False),
+    ("server_accept_length", "tok/step", False),
+    ("step_time_estimate_ms", "ms (estimate)", True),
+]
+
+
+def headline_figures(metrics: BenchMetrics, server: dict[str, Any] | None = None) -> dict[str, float | None]:
+    server = server or {}
+    return {
+        "tpot_mean_ms": metrics.tpot.mean_ms,
+        "tpot_median_ms": metrics.tpot.median_ms,
+        "tpot_p99_ms": metrics.tpot.p99_ms,
+        "ttft_mean_ms": metrics.ttft.mean_ms,
+        "ttft_median_ms": metrics.ttft.median_ms,
+        "ttft_p99_ms": metrics.ttft.p99_ms,
+        "itl_mean_ms": metrics.itl.mean_ms,
+        "itl_median_ms": metrics.itl.median_ms,
+        "itl_p99_ms": metrics.itl.p99_ms,
+        "output_throughput_tok_s": metrics.output_throughput_tok_s,
+        "peak_window_throughput_tok_s": metrics.peak_window_throughput_tok_s,
+        "accept_length_mean": metrics.accept_length_mean,
+        "server_accept_length": server.get("avg_spec_accept_length"),
+        "step_time_estimate_ms": metrics.step_time_estimate_ms,
+    }
+
+
+def summarise(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over finished repeats of each headline figure, plus the per-repeat values
+    (bench compare measures run-to-run noise from them)."""
+    done = [r for r in repeats if r.get("complete")]
+    per_repeat: dict[str, list[float]] = {}
+    for key, _, _ in HEADLINE:
+        values = [r["figures"].get(key) for r in done]
+        per_repeat[key] = [v for v in values if isinstance(v, (int, float))]
+    figures = {k: (mean(v) if v else None) for k, v in per_repeat.items()}
+    spread = {k: (stdev(v) if len(v) > 1 else None) for k, v in per_repeat.items()}
+    return {"repeats": len(done), "figures": figures, "per_repeat": per_repeat, "stdev": spread}
+
+
+def host_record() -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:  # the host detector, when present, knows GPUs and drivers
+        from sparkit import host as host_module  # type: ignore[attr-defined]
+
+        detect = getattr(host_module, "detect_host", None) or getattr(host_module, "detect", None)
+        if detect is not None:
+            detected = detect()
+            record["detected"] = detected.to_dict() if hasattr(detected, "to_dict") else asdict(detected)
+    except Exception:
+        pass
+    return record
+
+
+def versions_record(server_info: dict[str, Any]) -> dict[str, Any]:
+    from importlib import metadata
+
+    from sparkit import __version__
+
+    found: dict[str, Any] = {"sparkit": __version__, "python": platform.python_version()}
+    for package in ("sglang", "torch", "transformers"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    found["server"] = server_info.get("version")
+    return found
+
+
+def server_args_of(server_info: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in server_info.items() if k not in ("internal_states",)}
+
+
+def internal_state(server_info: dict[str, Any]) -> dict[str, Any]:
+    states = server_info.get("internal_states") or [{}]
+    return states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+
+def counter_snapshot(metrics: dict[str, float], server_info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "generation_tokens_total": metrics.get("sglang:generation_tokens_total"),
+        "spec_verify_calls_total": metrics.get("sglang:spec_verify_calls_total"),
+        "prompt_tokens_total": metrics.get("sglang:prompt_tokens_total"),
+        "avg_spec_accept_length": internal_state(server_info).get("avg_spec_accept_length"),
+    }
+
+
+def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the server itself counted during one repeat."""
+
+    def diff(key: str) -> float | None:
+        a, b = before.get(key), after.get(key)
+        return None if a is None or b is None else b - a
+
+    generated, verified = diff("generation_tokens_total"), diff("spec_verify_calls_total")
+    return {
+        "generation_tokens": generated,
+        "spec_verify_calls": verified,
+        "prompt_tokens": diff("prompt_tokens_total"),
+        "accept_length_from_counters": (generated / verified) if generated and verified else None,
+        "avg_spec_accept_length": after.get("avg_spec_accept_length"),
+    }
+
+
+class _DocWriter:
+    """Rewrites the result file atomically, at most every `interval` seconds unless forced."""
+
+    def __init__(self, path: Path | None, interval: float = 2.0) -> None:
+        self.path, self.interval, self._last = path, interval, 0.0
+
+    def write(self, doc: dict[str, Any], *, force: bool = False) -> None:
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(_finite(doc), indent=1, default=str, allow_nan=False))
+        os.replace(tmp, self.path)
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (e.g. p99 of no samples) become null, so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise DataError(f"{path}: no such bench result") from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not a JSON bench result ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != BENCH_KIND:
+        raise DataError(f"{path}: not a sparkit bench result (no kind={BENCH_KIND!r})", hint="produce one with `sparkit bench --out FILE`")
+    return doc
+
+
+def _resumable(path: Path | None, config: BenchConfig, url: str) -> list[dict[str, Any]]:
+    if path is None or not path.exists():
+        return []
+    try:
+        doc = load_result(path)
+    except DataError:
+        return []
+    if doc.get("config") != asdict(config) or doc.get("server", {}).get("url") != url:
+        return []
+    return [r for r in doc.get("repeats", []) if r.get("complete")]
+
+
+async def _one_request(client: Any, prompt: Any, sampling: dict[str, Any]) -> RequestTimeline:
+    from sparkit.client import Generation
+
+    t0 = time.perf_counter()
+    try:
+        async for item in client.stream_generate(sampling_params=sampling, **prompt.request_fields()):
+            if isinstance(item, Generation):
+                return RequestTimeline.from_generation(item)
+    except EngineError as exc:
+        return RequestTimeline(t_start=t0, t_end=time.perf_counter(), chunks=[], output_tokens=0, error=str(exc))
+    return RequestTimeline(t_start=t0, t_end=time.perf_counter(), chunks=[], output_tokens=0, error="stream ended without a result")
+
+
+async def _run_requests(
+    client: Any,
+    workload: Workload,
+    sampling: dict[str, Any],
+    concurrency: int,
+    on_done: Callable[[RequestTimeline], None],
+) -> tuple[list[RequestTimeline], float, float]:
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    results: list[RequestTimeline | None] = [None] * len(workload.prompts)
+
+    async def worker(index: int) -> None:
+        async with semaphore:
+            timeline = await _one_request(client, workload.prompts[index], sampling)
+            results[index] = timeline
+            on_done(timeline)
+
+    t_begin = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(len(workload.prompts))))
+    t_finish = time.perf_counter()
+    return [r for r in results if r is not None], t_begin, t_finish
+
+
+async def run_bench(
+    url: str,
+    config: BenchConfig,
+    *,
+    api_key: str | None = None,
+    out_path: Path | None = None,
+    recipe: dict[str, Any] | None = None,
+    run_id: str | None = None,
+    on_progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Benchmark the server at `url`; return (and keep writing to `out_path`) the result document."""
+    from sparkit.client import EngineClient
+
+    progress = on_progress or (lambda phase, done, total: None)
+    writer = _DocWriter(out_path)
+    async with EngineClient(url, api_key=api_key) as client:
+        server_info = await client.server_info()
+        try:
+            model_info = await client.model_info()
+        except EngineError:
+            model_info = {}
+        vocabulary = vocabulary_from_server(model_info, server_info) if config.dataset == "random" else None
+        # Warm-up prompts use a different seed so they never prime a cache for measured prompts.
+        warm = build_workload(
+            config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
+            output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary,
+        )
+        sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
+        kept = _resumable(out_path, config, url)
+        doc: dict[str, Any] = {
+            "kind": BENCH_KIND,
+            "format": BENCH_FORMAT,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": asdict(config),
+            "workload": None,
+            "server": {
+                "url": url,
+                "run_id": run_id,
+                "model": model_info.get("model_path") or server_info.get("model_path"),
+                "served_model_name": server_info.get("served_model_name"),
+                "server_args": server_args_of(server_info),
+            },
+            "recipe": recipe,
+            "host": host_record(),
+            "versions": versions_record(server_info),
+            "repeats": list(kept),
+            "summary": summarise(kept),
+            "complete": False,
+        }
+        for index in range(len(kept), config.repeats):
+            # Each repeat sends the same prompts: repeats measure run-to-run noise, not prompt variety.
+            workload = build_workload(
+                config.dataset, count=config.num_prompts, input_len=config.input_len,
+                output_len=config.output_len, seed=config.seed, vocabulary=vocabulary,
+            )
+            doc["workload"] = {
+                "dataset": workload.dataset,
+                "synthetic": workload.synthetic,
+                "description": workload.description,
+                **workload.details,
+            }
+            if config.warmup > 0:
+                warm_prompts = Workload(warm.dataset, warm.prompts[: config.warmup], warm.output_len, warm.synthetic, "warm-up")
+                done_warm = 0
+
+                def warm_done(_: RequestTimeline) -> None:
+                    nonlocal done_warm
+                    done_warm += 1
+                    progress("warmup", done_warm, config.warmup)
+
+                progress("warmup", 0, config.warmup)
+                await _run_requests(client, warm_prompts, sampling, config.concurrency, warm_done)
+
+            before = counter_snapshot(await client.metrics(), await client.server_info())
+            repeat: dict[str, Any] = {"index": index, "complete": False, "requests": []}
+            doc["repeats"].append(repeat)
+            label = f"repeat {index + 1}/{config.repeats}" if config.repeats > 1 else "bench"
+
+            def request_done(timeline: RequestTimeline) -> None:
+                repeat["requests"].append(timeline.to_dict())
+                progress(label, len(repeat["requests"]), config.num_prompts)
+                writer.write(doc)
+
+            progress(label, 0, config.num_prompts)
+            timelines, t_begin, t_finish = await _run_requests(
+                client, workload, sampling, config.concurrency, request_done
+            )
+            after_info = await client.server_info()
+            after = counter_snapshot(await client.metrics(), after_info)
+            metrics = compute_metrics(timelines, t_begin=t_begin, t_finish=t_finish)
+            counters = counter_delta(before, after)
+            repeat.update(
+                complete=True,
+                requests=[t.to_dict() for t in timelines],
+                metrics=metrics.to_dict(),
+                server_counters=counters,
+                figures=headline_figures(metrics, counters),
+            )
+            doc["summary"] = summarise(doc["repeats"])
+            writer.write(doc, force=True)
+        doc["complete"] = True
+        doc["summary"] = summarise(doc["repeats"])
+        writer.write(doc, force=True)
+    return _finite(doc)

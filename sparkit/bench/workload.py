@@ -1,0 +1,205 @@
+"""Benchmark workloads: what prompts to send.
+
+- `random`: fixed-length prompts of token ids drawn uniformly from the served
+  model's vocabulary (special tokens excluded) and sent as `input_ids`, so the
+  prompt length is exact and nothing is downloaded. Synthetic prompts inflate
+  accept length; results say which workload they came from.
+- `gsm8k`: questions from a local GSM8K jsonl file (test split).
+- FILE: a local .jsonl (one object with "prompt", "text" or "question" per
+  line) or a plain text file (one prompt per line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkit.errors import DataError, UsageError
+
+
+@dataclass
+class Prompt:
+    input_ids: list[int] | None = None
+    text: str | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        return {"input_ids": self.input_ids} if self.input_ids is not None else {"text": self.text}
+
+
+@dataclass
+class Workload:
+    dataset: str  # "random" | "gsm8k" | a file path
+    prompts: list[Prompt]
+    output_len: int
+    synthetic: bool
+    description: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Vocabulary:
+    size: int
+    special_ids: frozenset[int] = frozenset()
+    source: str = ""
+
+    def sampleable(self) -> list[int]:
+        return [i for i in range(self.size) if i not in self.special_ids]
+
+
+def random_prompts(vocab: Vocabulary, count: int, input_len: int, seed: int) -> list[Prompt]:
+    """`count` prompts of exactly `input_len` ids; the same seed gives the same prompts."""
+    if input_len < 1:
+        raise UsageError("--input-len must be at least 1")
+    pool = vocab.sampleable()
+    if not pool:
+        raise DataError(f"the vocabulary from {vocab.source or 'the server'} has no ordinary tokens to sample")
+    rng = random.Random(seed)
+    return [Prompt(input_ids=[rng.choice(pool) for _ in range(input_len)]) for _ in range(count)]
+
+
+def vocabulary_from_server(model_info: dict[str, Any], server_info: dict[str, Any]) -> Vocabulary:
+    """The served model's vocabulary: from its local tokenizer when the server
+    names a local directory, else from a vocab_size the server reports."""
+    candidates = [
+        model_info.get("tokenizer_path"),
+        model_info.get("model_path"),
+        server_info.get("tokenizer_path"),
+        server_info.get("model_path"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(str(candidate)).is_dir():
+            vocab = _vocabulary_from_tokenizer_dir(Path(str(candidate)))
+            if vocab is not None:
+                return vocab
+    for source in (model_info, server_info):
+        size = source.get("vocab_size")
+        if isinstance(size, int) and size > 0:
+            return Vocabulary(size=size, source="server vocab_size")
+    raise DataError(
+        "cannot find the served model's vocabulary for random prompts",
+        hint="run bench on the machine that holds the model directory, or use --dataset gsm8k|FILE",
+    )
+
+
+def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
+    try:
+        from transformers import AutoTokenizer  # lazy: heavy import
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception:
+        return None
+    specials = set(getattr(tokenizer, "all_special_ids", []) or [])
+    specials |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return Vocabulary(size=len(tokenizer), special_ids=frozenset(specials), source=str(path))
+
+
+def default_gsm8k_file() -> Path | None:
+    """GSM8K test split: $SPARKIT_GSM8K, sparkit's data dir, or ../shared/data beside the source tree."""
+    from sparkit.paths import data_dir
+
+    env = os.environ.get("SPARKIT_GSM8K")
+    candidates = [Path(env)] if env else []
+    candidates += [
+        data_dir() / "gsm8k" / "test.jsonl",
+        Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl",
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{number}: not valid JSON: {exc.msg}") from exc
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object per line")
+        rows.append(row)
+    return rows
+
+
+def gsm8k_prompts(path: Path, count: int, seed: int) -> list[Prompt]:
+    rows = _read_jsonl(path)
+    if not rows or "question" not in rows[0]:
+        raise DataError(f"{path}: not a GSM8K file (no 'question' field)")
+    rng = random.Random(seed)
+    picked = rng.sample(rows, min(count, len(rows)))
+    return [Prompt(text=f"Question: {row['question']}\nAnswer:") for row in picked]
+
+
+def file_prompts(path: Path, count: int) -> list[Prompt]:
+    if not path.is_file():
+        raise DataError(f"{path}: no such prompt file", hint="--dataset takes random, gsm8k or a .jsonl/.txt file")
+    if path.suffix == ".jsonl":
+        prompts = []
+        for number, row in enumerate(_read_jsonl(path), 1):
+            text = row.get("prompt") or row.get("text") or row.get("question")
+            if not isinstance(text, str):
+                raise DataError(f"{path}: line {number} has no 'prompt', 'text' or 'question' string")
+            prompts.append(Prompt(text=text))
+    else:
+        prompts = [Prompt(text=line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise DataError(f"{path}: holds no prompts")
+    # Cycle when fewer prompts than requests, so --num-prompts means the same everywhere.
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def build_workload(
+    dataset: str,
+    *,
+    count: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    vocabulary: Vocabulary | None = None,
+) -> Workload:
+    if count < 1:
+        raise UsageError("--num-prompts must be at least 1")
+    if output_len < 1:
+        raise UsageError("--output-len must be at least 1")
+    if dataset == "random":
+        if vocabulary is None:
+            raise DataError("random prompts need the served model's vocabulary")
+        return Workload(
+            dataset="random",
+            prompts=random_prompts(vocabulary, count, input_len, seed),
+            output_len=output_len,
+            synthetic=True,
+            description=f"random ids, {input_len} in / {output_len} out (synthetic: inflates accept length)",
+            details={"input_len": input_len, "vocab_size": vocabulary.size, "vocab_source": vocabulary.source},
+        )
+    if dataset == "gsm8k":
+        path = default_gsm8k_file()
+        if path is None:
+            raise DataError(
+                "GSM8K test.jsonl not found",
+                hint="set SPARKIT_GSM8K=/path/to/test.jsonl or pass --dataset FILE",
+            )
+        return Workload(
+            dataset="gsm8k",
+            prompts=gsm8k_prompts(path, count, seed),
+            output_len=output_len,
+            synthetic=False,
+            description=f"GSM8K questions from {path}, {output_len} out",
+            details={"file": str(path)},
+        )
+    path = Path(dataset).expanduser()
+    return Workload(
+        dataset=str(path),
+        prompts=file_prompts(path, count),
+        output_len=output_len,
+        synthetic=False,
+        description=f"prompts from {path}, {output_len} out",
+        details={"file": str(path)},
+    )
