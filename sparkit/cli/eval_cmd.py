@@ -1,9 +1,215 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""`sparkit eval gsm8k` and `sparkit eval compare`: parse, call sparkit.evals, render."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+from sparkit.errors import EXIT_INTERRUPTED, UsageError
+
+eval_app = typer.Typer(
+    help="Accuracy checks: GSM8K on a live server, and a paired comparison of two runs.",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.add_typer(eval_app, name="eval")
+
+
+def _default_out() -> Path:
+    from sparkit.paths import data_dir
+
+    return data_dir() / "evals" / f"gsm8k-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+
+
+def _latest_results() -> Path:
+    from sparkit.paths import data_dir
+
+    files = sorted((data_dir() / "evals").glob("gsm8k-*.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise UsageError("--resume found no earlier results to continue", hint="pass --out FILE of the run to resume")
+    return files[-1]
+
+
+@eval_app.command("gsm8k")
+def gsm8k(
+    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer key for the server."),
+    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: download once."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),
+    shots: int = typer.Option(5, "--shots", min=0, help="Few-shot chain-of-thought exemplars, drawn from the train split."),
+    fmt: str = typer.Option("chat", "--format", help="chat (chat template, /v1/chat/completions) or completion (base models, /generate)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature [default: 0.6]."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0, help="[default: 0.95]"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="[default: 29]"),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (temperature 0), e.g. for reproducible A/B runs."),
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Max output tokens per question."),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests kept in flight."),
+    seed: int = typer.Option(0, "--seed", help="Base of the per-question sampling seeds."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (default: under sparkit's data dir)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted results file (same settings required)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
+) -> None:
+    """Measure GSM8K accuracy (5-shot CoT, train-split exemplars) on a live server."""
+    from sparkit.cli.common import err_console, print_json, run_async
+    from sparkit.evals import gsm8k as core
+    from sparkit.runs import resolve_server
+
+    if fmt not in ("chat", "completion"):
+        raise UsageError(f"--format must be chat or completion, got {fmt!r}")
+    if greedy and any(v is not None for v in (temperature, top_p, top_k)):
+        raise UsageError("--greedy cannot be combined with --temperature/--top-p/--top-k")
+    if greedy:
+        temperature, top_p, top_k = 0.0, 1.0, -1
+    else:
+        temperature = 0.6 if temperature is None else temperature
+        top_p = 0.95 if top_p is None else top_p
+        top_k = 29 if top_k is None else top_k
+
+    target = resolve_server(run, url, api_key)
+    dataset = core.load_dataset(data, need_train=shots > 0)
+    questions = dataset.test[:limit] if limit else dataset.test
+    exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
+    settings = core.EvalSettings(
+        data_sha256=dataset.sha256,
+        shots=shots,
+        format=fmt,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        seed=seed,
+        exemplar_ids=[e.id for e in exemplars],
+    )
+    if out is None:
+        out = _latest_results() if resume else _default_out()
+    recipe = None
+    if target.run is not None:
+        recipe = target.run.read_meta().recipe_name
+    request = core.EvalRequest(
+        url=target.url,
+        settings=settings,
+        questions=questions,
+        exemplars=exemplars,
+        out=out,
+        concurrency=concurrency,
+        resume=resume,
+        api_key=target.api_key,
+        recipe=recipe,
+        run_id=target.run.id if target.run else None,
+        data_path=str(dataset.test_path),
+    )
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    err = err_console()
+    err.print(f"GSM8K: {len(questions)} questions, {shots}-shot {fmt}, "
+              f"{'greedy' if greedy else f'T={temperature} top_p={top_p} top_k={top_k}'}, "
+              f"concurrency {concurrency} -> {out}", highlight=False)
+    bar = Progress(
+        TextColumn("[bold]gsm8k"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    task = bar.add_task("gsm8k", total=len(questions), acc="-")
+
+    def on_progress(p: core.Progress) -> None:
+        acc = f"{100 * p.correct_flexible / p.done:.1f}%" if p.done else "-"
+        bar.update(task, completed=p.done, acc=acc)
+
+    try:
+        with bar:
+            summary = run_async(core.run_eval(request, on_progress))
+    except KeyboardInterrupt:
+        err.print(f"interrupted; finished questions are saved in {out}\n  resume with: sparkit eval gsm8k ... --out {out} --resume",
+                  highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+    if as_json:
+        print_json(summary)
+    else:
+        render_summary(summary)
+        err.print(f"results: {out}\nsummary: {core.summary_path_for(out)}", highlight=False)
+
+
+def _pct(p: dict[str, Any]) -> str:
+    return f"{100 * p['value']:.2f}% [{100 * p['ci95_low']:.2f}, {100 * p['ci95_high']:.2f}]"
+
+
+def render_summary(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from sparkit.cli.common import console
+
+    table = Table(title="GSM8K", show_header=False, title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    n, total = summary["n"], summary["total"]
+    table.add_row("questions", f"{n}" + ("" if summary["complete"] else f" of {total} (incomplete: --resume to finish)"))
+    table.add_row("accuracy, flexible (95% Wilson)", _pct(summary["accuracy"]["flexible"]))
+    table.add_row("accuracy, strict (95% Wilson)", _pct(summary["accuracy"]["strict"]))
+    inv = summary["invalid_rate"]
+    table.add_row("invalid (no number)", f"flexible {100 * inv['flexible']:.1f}%, strict {100 * inv['strict']:.1f}%")
+    table.add_row("truncated at --max-tokens", str(summary["truncated"]))
+    if summary["mean_latency_s"] is not None:
+        table.add_row("mean latency", f"{summary['mean_latency_s']:.2f} s")
+    if summary["output_throughput_tok_s"] is not None:
+        table.add_row(f"output throughput @ concurrency {summary['concurrency']}", f"{summary['output_throughput_tok_s']:.1f} tok/s")
+    accept = summary["mean_accept_length"]
+    table.add_row("mean accept length", f"{accept:.2f}" if accept is not None else "n/a (no speculation reported)")
+    table.add_row("recipe", str(summary.get("recipe") or "-"))
+    table.add_row("model", str(summary.get("model") or "-"))
+    for key, value in summary["server_args"].items():
+        table.add_row(f"  {key}", str(value))
+    console().print(table)
+
+
+@eval_app.command("compare")
+def compare(
+    a: Path = typer.Argument(..., help="Results of the reference run (A)."),
+    b: Path = typer.Argument(..., help="Results of the run under test (B)."),
+    metric: str = typer.Option("flexible", "--metric", help="Extraction the verdict uses: flexible or strict."),
+    alpha: float = typer.Option(0.05, "--alpha", min=0.0, max=1.0, help="Significance level of the verdict."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as one JSON document."),
+) -> None:
+    """Paired McNemar comparison of two GSM8K runs on the questions both answered."""
+    from sparkit.cli.common import print_json
+    from sparkit.evals.compare import compare_files
+
+    result = compare_files(a, b, metric=metric, alpha=alpha)
+    if as_json:
+        print_json(result)
+        return
+    render_compare(result)
+
+
+def render_compare(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from sparkit.cli.common import console, err_console
+
+    table = Table(title=f"GSM8K paired comparison ({result['n_paired']} questions)", title_justify="left")
+    for col in ("extraction", "A", "B", "b (A only)", "c (B only)", "McNemar p"):
+        table.add_column(col)
+    for name, m in result["metrics"].items():
+        table.add_row(name, _pct(m["a"]), _pct(m["b"]), str(m["b_discordant"]), str(m["c_discordant"]), f"{m['mcnemar_p']:.3g}")
+    console().print(table)
+    console().print(f"verdict ({result['metric']}): {result['verdict']}", highlight=False)
+    if result["a_only_answered"] or result["b_only_answered"]:
+        err_console().print(
+            f"note: {result['a_only_answered']} questions only in A and {result['b_only_answered']} only in B were left out",
+            highlight=False,
+        )
+    if not result["same_settings"]:
+        err_console().print("note: the two runs used different settings (sampling, shots or format)", highlight=False)
