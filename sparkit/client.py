@@ -49,6 +49,7 @@ class Generation:
     spec_verify_ct: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     stopped_early: bool = False  # the caller closed the stream before the end
+    output_ids: list[int] | None = None  # token ids, when the server returns them (non-streamed /generate)
 
     @property
     def ttft(self) -> float | None:
@@ -211,6 +212,7 @@ class EngineClient:
             t_end=t1,
             spec_verify_ct=meta.get("spec_verify_ct"),
             meta=meta,
+            output_ids=data.get("output_ids"),
         )
 
     async def stream_generate(
