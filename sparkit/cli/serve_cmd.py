@@ -1,9 +1,322 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""`sparkit up | status | logs | down | check`: start a server, see it, stop it, re-check it."""
 
 from __future__ import annotations
 
+import signal
+import sys
+from typing import Any
+
 import typer
+
+from sparkit.cli.common import console, err_console, print_json
+
+_STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def _parse_port(value: str | None) -> int | str | None:
+    from sparkit.errors import UsageError
+
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        port = int(value)
+    except ValueError:
+        raise UsageError(f"--port {value!r}: expected 'auto' or a port number") from None
+    if not 0 < port < 65536:
+        raise UsageError(f"--port {port}: out of range 1-65535")
+    return port
+
+
+def render_checks(results: list, title: str = "startup checks", stderr: bool = False) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False, title_justify="left")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    for r in results:
+        status = r.status.value
+        detail = escape(r.detail)
+        if r.status.value in ("fail", "warn"):
+            if r.cause:
+                detail += f"\n[dim]cause:[/] {escape(r.cause)}"
+            if r.fix:
+                detail += f"\n[dim]fix:[/] {escape(r.fix)}"
+            for line in r.evidence[:4]:
+                detail += f"\n[dim]· {escape(line)}[/]"
+        table.add_row(r.title, f"[{_STATUS_STYLE.get(status, '')}]{status}[/]", detail)
+    (err_console() if stderr else console()).print(table)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _launch_with_progress(plan: Any, timeout: float, detach: bool):
+    from rich.live import Live
+    from rich.text import Text
+
+    from sparkit.runs import LaunchProgress, launch
+
+    live = Live(Text(""), console=err_console(), transient=True, refresh_per_second=4)
+
+    def on_progress(event: LaunchProgress) -> None:
+        line = f"[{event.elapsed_s:6.1f}s] {event.phase}"
+        if event.fraction is not None:
+            line += f" {event.fraction * 100:5.1f}%"
+        if event.message:
+            line += f"  {event.message}"
+        live.update(Text(line, style="cyan"))
+
+    with live:
+        return launch(plan, on_progress=on_progress, timeout=timeout, detach=detach)
+
+
+def up(
+    recipe: str = typer.Argument(None, help="Recipe file or shipped name (default: the tiny CPU recipe)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a recipe value: a.b=c (repeatable)."),
+    port: str = typer.Option(None, "--port", help="'auto' (a free port) or a port number; default: the recipe's."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Return once the checks ran, leaving the server running."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server to become healthy."),
+    keep_on_fail: bool = typer.Option(False, "--keep-on-fail", help="Keep the server running when a startup check fails."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress on stderr)."),
+) -> None:
+    """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach)."""
+    from sparkit.checks.results import Status, worst
+    from sparkit.checks.runner import run_activation_checks
+    from sparkit.errors import CheckFailed, PreflightError
+    from sparkit.host import detect_host
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
+    from sparkit.runs import free_port, stop
+
+    _sigterm_as_interrupt()
+    loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
+    wanted_port = _parse_port(port)
+    if wanted_port == "auto":
+        wanted_port = free_port()
+    plan = compile_plan(loaded, port=wanted_port)
+
+    from sparkit.checks.preflight import run_preflight
+
+    preflight = run_preflight(plan, detect_host())
+    render_checks(preflight, title="preflight", stderr=True)
+    if worst(preflight) == Status.FAIL:
+        failed = [r for r in preflight if r.status == Status.FAIL]
+        raise PreflightError(
+            "preflight failed: " + "; ".join(f"{r.title}: {r.detail}" for r in failed),
+            hint=next((r.fix for r in failed if r.fix), None),
+        )
+
+    run = _launch_with_progress(plan, timeout, detach)
+    err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}")
+    import os
+
+    api_key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
+    try:
+        with err_console().status("running startup checks (probe: a few greedy requests)"):
+            results = run_activation_checks(plan.url, plan, run.path, api_key=api_key)
+    except BaseException:
+        stop(run)
+        raise
+    failed = worst(results) == Status.FAIL
+    if json_out:
+        print_json(
+            {
+                "run": run.id,
+                "url": plan.url,
+                "pid": run.read_meta().pid,
+                "log": str(run.log_path),
+                "preflight": [r.to_dict() for r in preflight],
+                "checks": [r.to_dict() for r in results],
+                "ok": not failed,
+            }
+        )
+    render_checks(results, stderr=json_out)
+    if failed:
+        names = ", ".join(r.title for r in results if r.status == Status.FAIL)
+        if keep_on_fail:
+            err_console().print(f"[yellow]kept running despite failed checks[/] ({names}): `sparkit down {run.id}`")
+        else:
+            stop(run)
+        raise CheckFailed(
+            f"startup check(s) failed: {names}",
+            hint="see the table above for the cause and fix" + ("" if keep_on_fail else "; the server was stopped (use --keep-on-fail to keep it)"),
+        )
+    if detach:
+        err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)")
+        return
+    err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.")
+    _stream_until_interrupt(run)
+
+
+def _stream_until_interrupt(run: Any) -> None:
+    from sparkit.errors import LaunchError
+    from sparkit.runs import follow_log, is_live, stop
+
+    out = sys.stderr
+    try:
+        for line in follow_log(run, from_start=False):
+            out.write(line + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        err_console().print("stopping the server ...")
+        stop(run)
+        err_console().print("stopped.")
+        raise
+    if not is_live(run):
+        stop(run)
+        raise LaunchError(f"the server exited (run {run.id})", hint=f"`sparkit logs {run.id}` shows why")
+
+
+def status(
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    all_: bool = typer.Option(False, "--all", "-a", help="Also list stopped and failed runs."),
+    prune: bool = typer.Option(False, "--prune", help="Delete the directories of runs that are not running."),
+) -> None:
+    """List servers: id, recipe, engine, URL, pid, uptime, health, last tok/s and accept length."""
+    from sparkit.runs import list_runs, mark_stale, prune_runs, run_status
+
+    stale = mark_stale()
+    removed = prune_runs() if prune else []
+    rows = [run_status(r) for r in list_runs()]
+    if not all_:
+        rows = [r for r in rows if r.state in ("running", "starting") or r.id in {s.id for s in stale}]
+    if json_out:
+        print_json({"runs": [r.to_dict() for r in rows], "pruned": removed, "stale": [s.id for s in stale]})
+        return
+    if not rows:
+        err_console().print("no servers running" + (f" (pruned {len(removed)})" if removed else "") + "; start one with `sparkit up`")
+        return
+    from rich.table import Table
+
+    table = Table(title="servers", title_justify="left")
+    for col in ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks"):
+        table.add_column(col)
+    for r in rows:
+        health = "-" if r.healthy is None else ("[green]ok[/]" if r.healthy else "[red]down[/]")
+        table.add_row(
+            r.id, r.recipe, r.engine, r.url, str(r.pid or "-"),
+            r.state if r.state == "running" else f"[yellow]{r.state}[/]",
+            _duration(r.uptime_s), health,
+            f"{r.decode_tok_s:.1f}" if r.decode_tok_s else "-",
+            f"{r.accept_length:.2f}" if r.accept_length else "-",
+            r.checks or "-",
+        )
+    console().print(table)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def logs(
+    run: str = typer.Argument(None, help="Run id, id prefix or recipe name (default: the latest run)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until Ctrl-C."),
+    lines: int = typer.Option(200, "--lines", "-n", help="How many of the last lines to print first."),
+) -> None:
+    """Print a server's log."""
+    from sparkit.errors import UsageError
+    from sparkit.runs import find_run, follow_log, list_runs
+
+    if run is None:
+        runs = list_runs()
+        if not runs:
+            raise UsageError("no runs yet", hint="start one with `sparkit up`")
+        found = runs[-1]
+    else:
+        found = find_run(run)
+    if not found.log_path.exists():
+        raise UsageError(f"run {found.id} has no log yet")
+    text = found.log_path.read_text(errors="replace").splitlines()
+    for line in text[-lines:] if lines > 0 else text:
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if follow:
+        try:
+            for line in follow_log(found, from_start=False):
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            return
+
+
+def down(
+    run: str = typer.Argument(None, help="Run id, id prefix or recipe name (default: the latest live run)."),
+    all_: bool = typer.Option(False, "--all", help="Stop every running server."),
+    grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> None:
+    """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
+    from sparkit.errors import UsageError
+    from sparkit.runs import find_run, live_runs, mark_stale, stop
+
+    stale = mark_stale()
+    if all_:
+        targets = live_runs()
+    else:
+        targets = [find_run(run)]
+    for target in targets:
+        stop(target, grace=grace)
+        err_console().print(f"stopped {target.id}")
+    if json_out:
+        print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
+    elif not targets and not all_:
+        raise UsageError("nothing to stop")
+    elif not targets:
+        err_console().print("no servers running")
+
+
+def check(
+    run: str = typer.Argument(None, help="Run id, id prefix or recipe name (default: the latest live run)."),
+    url: str = typer.Option(None, "--url", help="Check any live server at this URL instead of a run."),
+    recipe: str = typer.Option(None, "--recipe", help="With --url: the recipe whose expectations to check."),
+    set_: list[str] = typer.Option([], "--set", help="With --recipe: override a recipe value (repeatable)."),
+    api_key: str = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+) -> None:
+    """Run the activation checks again against a live server."""
+    from sparkit.checks.results import Status, worst
+    from sparkit.checks.runner import run_activation_checks
+    from sparkit.errors import CheckFailed, UsageError
+    from sparkit.recipes.plan import LaunchPlan
+    from sparkit.runs import resolve_server
+
+    target = resolve_server(run=run, url=url, api_key=api_key)
+    if target.run is not None:
+        plan = LaunchPlan.load(target.run.plan_path)
+        run_path = target.run.path
+    elif recipe:
+        from sparkit.recipes.compile import compile_plan
+        from sparkit.recipes.load import load_recipe
+
+        plan = compile_plan(load_recipe(recipe, list(set_)))
+        run_path = None
+    else:
+        raise UsageError("--url needs --recipe RECIPE: the checks compare the server with what a recipe asks for")
+    results = run_activation_checks(target.url, plan, run_path, api_key=target.api_key)
+    if json_out:
+        print_json({"url": target.url, "run": target.run.id if target.run else None, "checks": [r.to_dict() for r in results]})
+    else:
+        render_checks(results, title=f"checks of {target.url}")
+    if worst(results) == Status.FAIL:
+        raise CheckFailed("startup check(s) failed: " + ", ".join(r.title for r in results if r.status == Status.FAIL))
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("up")(up)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("down")(down)
+    app.command("check")(check)

@@ -1,0 +1,563 @@
+"""Activation checks: proof, from a live server, that each optimisation of the plan is active.
+
+Each check is a plain function `(plan, evidence) -> CheckResult`. The evidence
+(resolved args from /server_info, the parsed log, the activation reports
+written from inside the engine, and a short greedy probe) is gathered by
+sparkit.checks.runner; the same checks serve SGLang and the embedded engine,
+because both expose the same evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkit.checks.evidence import LogEvidence, ServerInfo
+from sparkit.checks.results import CheckResult, Status
+from sparkit.engines.activation import ActivationReport
+from sparkit.recipes.plan import LaunchPlan
+
+
+@dataclass
+class ProbeRequest:
+    prompt: str
+    completion_tokens: int
+    spec_verify_ct: int | None
+    decode_tok_s: float | None
+    latency_s: float
+
+
+@dataclass
+class ProbeResult:
+    """A few short greedy /generate requests: the measured accept length and decode speed."""
+
+    requests: list[ProbeRequest] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.requests)
+
+    @property
+    def spec_verify_ct(self) -> int | None:
+        counts = [r.spec_verify_ct for r in self.requests if r.spec_verify_ct]
+        return sum(counts) if counts else None
+
+    @property
+    def accept_length(self) -> float | None:
+        """completion_tokens / spec_verify_ct over the requests that speculated."""
+        spec = [r for r in self.requests if r.spec_verify_ct]
+        if not spec:
+            return None
+        return sum(r.completion_tokens for r in spec) / sum(r.spec_verify_ct for r in spec)  # type: ignore[misc]
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Median per-request decode speed (excluding TTFT)."""
+        values = sorted(r.decode_tok_s for r in self.requests if r.decode_tok_s)
+        if not values:
+            return None
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": [vars(r) for r in self.requests],
+            "completion_tokens": self.completion_tokens,
+            "spec_verify_ct": self.spec_verify_ct,
+            "accept_length": self.accept_length,
+            "decode_tok_s": self.decode_tok_s,
+            "error": self.error,
+        }
+
+
+@dataclass
+class ServerEvidence:
+    """Everything the checks may look at. Any part may be missing (None / empty)."""
+
+    engine: str
+    server_info: ServerInfo | None = None
+    log: LogEvidence | None = None
+    reports: list[ActivationReport] = field(default_factory=list)
+    probe: ProbeResult | None = None
+    server_info_error: str | None = None
+
+    @property
+    def args(self) -> dict[str, Any] | None:
+        if self.server_info is not None:
+            return self.server_info.args
+        if self.log is not None and self.log.server_args:
+            return self.log.server_args
+        return None
+
+    @property
+    def report(self) -> ActivationReport | None:
+        return self.reports[0] if self.reports else None
+
+
+# -- helpers -----------------------------------------------------------------------------------
+_DTYPE_NAMES = {
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2": "fp8",
+    "fp8": "fp8",
+    "e4m3": "fp8",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float16": "fp16",
+    "fp16": "fp16",
+}
+
+
+def normalise_dtype(name: str | None) -> str | None:
+    if name is None:
+        return None
+    short = str(name).rsplit(".", 1)[-1].lower()  # "torch.float8_e4m3fn" -> "float8_e4m3fn"
+    return _DTYPE_NAMES.get(short, short)
+
+
+def _result(name: str, title: str, status: Status, detail: str, **kw: Any) -> CheckResult:
+    return CheckResult(name=name, title=title, status=status, detail=detail, **kw)
+
+
+# The ServerArgs key each Expectations field corresponds to.
+_EXPECTATION_KEYS = {
+    "num_steps": "speculative_num_steps",
+    "eagle_topk": "speculative_eagle_topk",
+    "num_draft_tokens": "speculative_num_draft_tokens",
+    "tp": "tp_size",
+    "ep": "ep_size",
+    "attention_backend": "attention_backend",
+    "mem_fraction_static": "mem_fraction_static",
+    "moe_backend": "moe_runner_backend",
+}
+
+
+def expected_server_args(plan: LaunchPlan) -> dict[str, Any]:
+    exp = plan.expectations
+    wanted: dict[str, Any] = {}
+    for attr, key in _EXPECTATION_KEYS.items():
+        value = getattr(exp, attr)
+        if value is not None:
+            wanted[key] = value
+    if exp.speculative_algorithm_reported or exp.speculative:
+        wanted["speculative_algorithm"] = exp.speculative_algorithm_reported or exp.speculative.upper()  # type: ignore[union-attr]
+    wanted.update(exp.server_args or {})
+    return wanted
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(a)))
+    if isinstance(a, str) and isinstance(b, str):
+        return a.strip().lower() == b.strip().lower()
+    return a == b
+
+
+@dataclass
+class ArgDifference:
+    key: str
+    wanted: Any
+    got: Any
+    kind: str  # "alias" | "resolved" | "rewritten" | "mismatch" | "missing"
+    note: str
+
+
+def compare_args(plan: LaunchPlan, args: dict[str, Any]) -> list[ArgDifference]:
+    """Every difference between what the plan asked for and what the server resolved, named."""
+    diffs: list[ArgDifference] = []
+    wanted = expected_server_args(plan)
+    for key, want in wanted.items():
+        if key not in args:
+            diffs.append(ArgDifference(key, want, None, "missing", f"{key} is not reported by the server"))
+            continue
+        got = args[key]
+        if _same(want, got):
+            continue
+        if key == "speculative_algorithm" and str(want).upper() == "NEXTN" and str(got).upper() == "EAGLE":
+            diffs.append(ArgDifference(key, want, got, "alias", "NEXTN is an alias of EAGLE; SGLang reports EAGLE"))
+        elif key == "moe_runner_backend" and str(want).lower() == "auto":
+            diffs.append(ArgDifference(key, want, got, "resolved", f"the auto MoE backend resolved to {got}"))
+        elif key == "speculative_algorithm" and str(got).upper() == "EAGLE" and plan.expectations.speculative_algorithm_reported == "EAGLE":
+            diffs.append(ArgDifference(key, want, got, "alias", "reported as EAGLE, as expected"))
+        elif (
+            key == "speculative_num_draft_tokens"
+            and args.get("speculative_eagle_topk") == 1
+            and isinstance(args.get("speculative_num_steps"), int)
+            and got == args["speculative_num_steps"] + 1
+        ):
+            diffs.append(
+                ArgDifference(
+                    key, want, got, "rewritten",
+                    f"with eagle_topk 1 the engine forces draft tokens to num_steps+1 = {got} (asked {want})",
+                )
+            )
+        elif want is None and got is not None and key.endswith("_path"):
+            continue
+        else:
+            diffs.append(ArgDifference(key, want, got, "mismatch", f"{key}: asked {want!r}, server runs {got!r}"))
+    return diffs
+
+
+# -- the checks --------------------------------------------------------------------------------
+def check_resolved_args(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "resolved_args", "resolved args"
+    args = ev.args
+    if args is None:
+        return _result(
+            name, title, Status.WARN,
+            "the server's resolved arguments could not be read",
+            evidence=[ev.server_info_error or "no /server_info and no server_args= log line"],
+            fix="make sure /server_info is reachable (API key?) or that the log is in the run directory",
+        )
+    diffs = compare_args(plan, args)
+    source = "/server_info" if ev.server_info is not None else "log server_args="
+    evidence = [f"{d.key}: asked {d.wanted!r} -> {d.got!r} ({d.note})" for d in diffs]
+    bad = [d for d in diffs if d.kind == "mismatch"]
+    missing = [d for d in diffs if d.kind == "missing"]
+    data = {"differences": [vars(d) for d in diffs], "source": source}
+    if bad:
+        return _result(
+            name, title, Status.FAIL,
+            f"{len(bad)} setting(s) differ from the recipe: " + "; ".join(d.note for d in bad),
+            evidence=evidence + [f"source: {source}"],
+            fix="check the recipe against the installed engine (`sparkit plan RECIPE` shows the argv); a flag may be ignored or overridden by a model-specific default",
+            cause="the server is not running the configuration the recipe describes",
+            data=data,
+        )
+    if missing:
+        return _result(
+            name, title, Status.WARN,
+            "the server does not report: " + ", ".join(d.key for d in missing),
+            evidence=evidence + [f"source: {source}"],
+            fix="these settings cannot be verified from /server_info on this engine version",
+            data=data,
+        )
+    n = len(expected_server_args(plan))
+    detail = f"all {n} requested settings are in effect"
+    if diffs:
+        detail += " (" + "; ".join(d.note for d in diffs) + ")"
+    return _result(name, title, Status.PASS, detail, evidence=evidence + [f"source: {source}"], data=data)
+
+
+def _report_runner(ev: ServerEvidence) -> tuple[str | None, list[str]]:
+    rep = ev.report
+    if rep and rep.target and rep.target.moe:
+        moe = rep.target.moe
+        return moe.runner, [f"activation report: target moe runner={moe.runner}, quant_method={moe.quant_method}, experts={moe.expert_weight_format}"]
+    return None, []
+
+
+def check_moe_runner(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "moe_runner", "MoE runner"
+    want = plan.expectations.moe_backend
+    if not want:
+        return _result(name, title, Status.SKIP, "the recipe does not ask for a MoE backend")
+    evidence: list[str] = []
+    runner, rep_ev = _report_runner(ev)
+    evidence += rep_ev
+    args = ev.args or {}
+    resolved = args.get("moe_runner_backend")
+    if resolved is not None:
+        evidence.append(f"resolved moe_runner_backend={resolved}")
+    log = ev.log
+    if log is not None:
+        for key in ("humming_gemm", "moe_backend_override", "mixed_mxfp4"):
+            if key in log.lines:
+                evidence.append(f"log: {log.lines[key]}")
+        if log.target_load and log.target_load.quant:
+            evidence.append(f"log: weights quant={log.target_load.quant} ({log.target_load.model_class})")
+    # What runs: the report from inside the engine beats log lines, which beat resolved args.
+    actual = runner
+    if actual is None and log is not None:
+        if log.humming_gemm:
+            actual = "humming"
+        elif log.moe_backend_override:
+            actual = log.moe_backend_override
+    if actual is None and resolved not in (None, "auto"):
+        actual = str(resolved)
+    data = {"requested": want, "in_use": actual, "resolved": resolved}
+    # The expert weight format must also match the requested weights.
+    rep = ev.report
+    want_weights = plan.expectations.weights
+    if rep and rep.target and rep.target.moe and want_weights:
+        fmt = normalise_dtype(rep.target.moe.expert_weight_format)
+        if fmt != normalise_dtype(want_weights):
+            return _result(
+                name, title, Status.FAIL,
+                f"experts run in {fmt}, the recipe asks for {want_weights}",
+                evidence=evidence, data=data,
+                fix="check weights / quantization in the recipe and the checkpoint's quant_method",
+                cause="the MoE layers are not quantised as requested, so the speed-up is not there",
+            )
+    if actual is None:
+        if ev.engine == "sglang" and want.lower() == "humming":
+            return _result(
+                name, title, Status.WARN,
+                "humming requested, but no log line proves it ran",
+                evidence=evidence + ['expected log line: "Using indexed gemm for humming moe"'],
+                fix="send a request and re-run `sparkit check`: humming logs its GEMM type on first use; or install the sparkit SGLang plugin for an activation report",
+                data=data,
+            )
+        return _result(
+            name, title, Status.WARN,
+            "no evidence of which MoE runner is in use",
+            evidence=evidence or ["no activation report, no MoE log line, no resolved args"],
+            fix="install the sparkit SGLang plugin (it writes the activation report)",
+            data=data,
+        )
+    if want.lower() == "auto":
+        return _result(name, title, Status.PASS, f"auto resolved to {actual}", evidence=evidence, data=data)
+    if actual.lower() != want.lower():
+        return _result(
+            name, title, Status.FAIL,
+            f"requested {want}, but {actual} is in use",
+            evidence=evidence, data=data,
+            fix=f"set the MoE backend explicitly (--moe-runner-backend {want}) and check the engine supports it for this checkpoint",
+            cause="a model-specific default or an unsupported combination replaced the requested MoE backend",
+        )
+    return _result(name, title, Status.PASS, f"{actual} is in use", evidence=evidence, data=data)
+
+
+def check_lm_head_dtype(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "lm_head_dtype", "lm_head dtype"
+    want = normalise_dtype(plan.expectations.lm_head)
+    if not want:
+        return _result(name, title, Status.SKIP, "the recipe does not ask for an lm_head dtype")
+    evidence: list[str] = []
+    rep = ev.report
+    actual: str | None = None
+    draft_dtype: str | None = None
+    if rep and rep.target:
+        actual = normalise_dtype(rep.target.lm_head.weight_dtype)
+        evidence.append(f"activation report: target lm_head {rep.target.lm_head.weight_dtype} via {rep.target.lm_head.quant_method}")
+        if rep.draft:
+            draft_dtype = normalise_dtype(rep.draft.lm_head.weight_dtype)
+            evidence.append(f"activation report: draft lm_head {rep.draft.lm_head.weight_dtype} via {rep.draft.lm_head.quant_method}")
+    args = ev.args or {}
+    log = ev.log
+    if log is not None and log.fp8_lm_head:
+        evidence.append(f"log: {log.lines['fp8_lm_head']}")
+    if actual is None:
+        # No report (SGLang without the plugin): the log line and resolved args are the evidence.
+        if log is not None and log.fp8_lm_head:
+            actual = "fp8"
+        elif args.get("enable_fp32_lm_head"):
+            actual = "fp32"
+            evidence.append("resolved enable_fp32_lm_head=True")
+        elif log is not None and log.weight_loads:
+            actual = "bf16"
+            evidence.append("log: no 'Online FP8 quantization enabled for lm_head.' line and no fp32 lm_head flag")
+    data = {"requested": want, "in_use": actual, "draft": draft_dtype}
+    if actual is None:
+        return _result(
+            name, title, Status.WARN, "no evidence of the lm_head dtype",
+            evidence=evidence or ["no activation report and no log"],
+            fix="install the sparkit SGLang plugin, or keep the server log in the run directory",
+            data=data,
+        )
+    if actual != want:
+        cause = "the FP8 lm_head is not active, so every token still reads the full-precision head"
+        fix = "on SGLang 0.5.23 upstream ignores SGLANG_ENABLE_FP8_LM_HEAD: install the sparkit plugin (pip install sparkit) or the Ling patch"
+        if want != "fp8":
+            cause, fix = "the lm_head runs in another precision than requested", "check lm_head in the recipe and the engine flags it compiled to"
+        return _result(
+            name, title, Status.FAIL, f"requested {want}, the lm_head runs in {actual}",
+            evidence=evidence, data=data, fix=fix, cause=cause,
+        )
+    return _result(name, title, Status.PASS, f"lm_head runs in {actual}", evidence=evidence, data=data)
+
+
+def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "shared_lm_head", "draft shares lm_head"
+    exp = plan.expectations
+    if not exp.speculative or exp.draft_shares_lm_head is None:
+        return _result(name, title, Status.SKIP, "no draft model, or sharing is not asserted by the recipe")
+    rep = ev.report
+    if rep is None or rep.target is None:
+        return _result(
+            name, title, Status.WARN, "no activation report: sharing cannot be proven",
+            evidence=["no activation-tp*.json in the run directory"],
+            fix="install the sparkit SGLang plugin (it reports the draft's lm_head module)",
+        )
+    if rep.draft is None:
+        return _result(
+            name, title, Status.FAIL, "the activation report has no draft model",
+            evidence=[f"report models: {sorted(rep.models)}"],
+            fix="check the speculative settings: the engine did not load a draft",
+            cause="speculative decoding is not active",
+        )
+    target, draft = rep.target.lm_head, rep.draft.lm_head
+    same_module = draft.module_id == target.module_id
+    shared = bool(draft.shared_with_target) or same_module
+    evidence = [
+        f"target lm_head module_id={target.module_id} storage={target.storage_ptr} dtype={target.weight_dtype}",
+        f"draft lm_head module_id={draft.module_id} storage={draft.storage_ptr} dtype={draft.weight_dtype} shared_with_target={draft.shared_with_target}",
+    ]
+    data = {"shared": shared, "same_module": same_module, "same_storage": draft.storage_ptr == target.storage_ptr}
+    if shared == exp.draft_shares_lm_head:
+        detail = "the draft uses the target's lm_head module" if shared else "the draft has its own lm_head, as the recipe says"
+        return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
+    if exp.draft_shares_lm_head:
+        cause = "the draft reads its own copy of the head"
+        if normalise_dtype(target.weight_dtype) == "fp8" and normalise_dtype(draft.weight_dtype) != "fp8":
+            cause = "the target's head was quantised to FP8 but the draft still reads it through a BF16 method: its drafts are garbage (accept length ~1.0)"
+        return _result(
+            name, title, Status.FAIL, "the draft does not use the target's lm_head module",
+            evidence=evidence, data=data, cause=cause,
+            fix="use an engine that shares the quantised lm_head module with the draft (sparkit plugin / set_lm_head_from_target), or turn the FP8 lm_head off",
+        )
+    return _result(
+        name, title, Status.FAIL, "the draft shares the target's lm_head, the recipe says it should not",
+        evidence=evidence, data=data, fix="check expectations.draft_shares_lm_head in the recipe",
+    )
+
+
+DEFAULT_MIN_ACCEPT = 1.0
+
+
+def check_acceptance(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "acceptance", "accept length"
+    exp = plan.expectations
+    if not exp.speculative:
+        return _result(name, title, Status.SKIP, "no speculative decoding in this recipe")
+    floor = exp.min_accept_length if exp.min_accept_length is not None else DEFAULT_MIN_ACCEPT
+    probe = ev.probe
+    accept: float | None = probe.accept_length if probe else None
+    evidence: list[str] = []
+    if probe and probe.requests:
+        evidence.append(
+            f"probe: {len(probe.requests)} greedy requests, {probe.completion_tokens} tokens / {probe.spec_verify_ct} verify steps"
+        )
+    source = "probe"
+    if accept is None and ev.server_info and ev.server_info.avg_spec_accept_length is not None:
+        accept, source = ev.server_info.avg_spec_accept_length, "/server_info avg_spec_accept_length"
+        evidence.append(f"{source}={accept:.2f}")
+    if accept is None and ev.log and ev.log.last_accept_length is not None:
+        accept, source = ev.log.last_accept_length, "log accept len"
+        evidence.append(f"log: {ev.log.decode_stats[-1].line}")
+    data = {"accept_length": accept, "min_accept_length": floor, "source": source}
+    if accept is None:
+        return _result(
+            name, title, Status.WARN if not (probe and probe.error) else Status.FAIL,
+            "accept length could not be measured" + (f": {probe.error}" if probe and probe.error else ""),
+            evidence=evidence or ["the probe got no spec_verify_ct in meta_info"],
+            fix="check that speculative decoding is on (/server_info speculative_algorithm) and re-run `sparkit check`",
+            data=data,
+        )
+    if accept > floor:
+        return _result(name, title, Status.PASS, f"accept length {accept:.2f} > {floor:.2f}", evidence=evidence, data=data)
+    causes = []
+    if accept < 1.15:
+        rep = ev.report
+        if rep and rep.draft and rep.target:
+            if not (rep.draft.lm_head.shared_with_target or rep.draft.lm_head.module_id == rep.target.lm_head.module_id):
+                causes.append("the draft does not share the target's lm_head (with an FP8 head it decodes garbage drafts)")
+            if rep.speculative.draft_model_path:
+                causes.append(f"the draft model {rep.speculative.draft_model_path} may not belong to this target (wrong draft)")
+        if exp.draft_model:
+            causes.append(f"the draft model {exp.draft_model} may not match the target (wrong draft model)")
+        if not causes:
+            causes = ["an unshared FP8 lm_head (the draft reads FP8 bytes through a BF16 method)", "a wrong draft model"]
+        detail = f"accept length {accept:.2f} is ~1: the draft is useless, every verify step commits only the bonus token"
+    else:
+        causes.append("drafts are accepted less often than the recipe expects: a weaker draft, a sampling mismatch or a quantisation change")
+        detail = f"accept length {accept:.2f} <= {floor:.2f} (the recipe's minimum)"
+    return _result(
+        name, title, Status.FAIL, detail, evidence=evidence, data=data,
+        cause="likely: " + "; ".join(causes),
+        fix="check the draft model path and the shared-head check above; run without the FP8 lm_head to confirm",
+    )
+
+
+def check_decode_speed(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    name, title = "decode_speed", "decode speed"
+    floor = plan.expectations.min_decode_tok_s
+    probe = ev.probe
+    tok_s = probe.decode_tok_s if probe else None
+    evidence = []
+    if probe and probe.requests:
+        evidence.append("probe per-request tok/s: " + ", ".join(f"{r.decode_tok_s:.1f}" for r in probe.requests if r.decode_tok_s))
+    data = {"decode_tok_s": tok_s, "min_decode_tok_s": floor}
+    if tok_s is None:
+        status = Status.FAIL if (floor is not None and probe and probe.error) else Status.WARN
+        return _result(
+            name, title, status, "decode speed could not be measured" + (f": {probe.error}" if probe and probe.error else ""),
+            evidence=evidence, data=data, fix="re-run `sparkit check` once the server answers /generate",
+        )
+    if floor is not None and tok_s < floor:
+        return _result(
+            name, title, Status.FAIL, f"{tok_s:.1f} tok/s is below the recipe's floor of {floor:.1f} tok/s",
+            evidence=evidence, data=data,
+            cause="an optimisation is not active, or the machine is busy",
+            fix="look at the other checks first; `sparkit bench` measures it properly",
+        )
+    detail = f"{tok_s:.1f} tok/s (batch 1, short greedy probe)"
+    if floor is not None:
+        detail += f" >= floor {floor:.1f}"
+    return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
+
+
+_ENV_NAME = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")
+
+
+def check_ignored_settings(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """Env vars the installed engine does not know (plan.warnings) and flags it rewrote.
+
+    A rewrite or unknown variable is a warning; it fails when an optimisation the
+    plan relies on is provided by exactly such an ignored variable.
+    """
+    name, title = "ignored_settings", "ignored settings"
+    evidence = [f"plan: {w}" for w in plan.warnings]
+    if ev.args is not None:
+        for d in compare_args(plan, ev.args):
+            if d.kind == "rewritten":
+                evidence.append(f"engine rewrote {d.key}: {d.note}")
+    if ev.log is not None:
+        evidence += [f"log: {line}" for line in ev.log.rewrites]
+    ignored_vars = {v for w in plan.warnings for v in _ENV_NAME.findall(w)}
+    relied = [p for p in plan.provisions if p.provider == "sglang-env" and any(v in p.detail for v in ignored_vars)]
+    data = {"ignored_env": sorted(ignored_vars), "count": len(evidence)}
+    if relied:
+        return _result(
+            name, title, Status.FAIL,
+            "the recipe relies on settings the engine ignores: " + ", ".join(f"{p.optimisation} via {p.detail}" for p in relied),
+            evidence=evidence, data=data,
+            cause="unknown SGLANG_* variables are silently ignored, so the optimisation is not active",
+            fix="use the sparkit plugin provider for it, or an SGLang build that knows the variable",
+        )
+    if evidence:
+        return _result(
+            name, title, Status.WARN, f"{len(evidence)} setting(s) ignored or rewritten by the engine",
+            evidence=evidence, data=data,
+            fix="remove them from the recipe, or pin the engine version that knows them",
+        )
+    return _result(name, title, Status.PASS, "the engine took every setting as given", data=data)
+
+
+ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [
+    check_resolved_args,
+    check_moe_runner,
+    check_lm_head_dtype,
+    check_shared_lm_head,
+    check_acceptance,
+    check_decode_speed,
+    check_ignored_settings,
+]
+
+
+def evaluate(plan: LaunchPlan, ev: ServerEvidence) -> list[CheckResult]:
+    """Run every activation check on gathered evidence. A check that crashes is reported, not raised."""
+    results = []
+    for check in ACTIVATION_CHECKS:
+        try:
+            results.append(check(plan, ev))
+        except Exception as exc:  # a bug in one check must not hide the others
+            name = check.__name__.removeprefix("check_")
+            results.append(CheckResult(name=name, title=name.replace("_", " "), status=Status.WARN,
+                                       detail=f"the check itself failed: {type(exc).__name__}: {exc}"))
+    return results

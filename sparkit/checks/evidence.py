@@ -1,0 +1,351 @@
+"""Evidence of what a live engine really runs: its log lines and its /server_info body.
+
+SGLang (0.5.23) and the embedded engine write the same startup lines (see
+../shared/docs/sglang-facts.md §5 and sparkit.engines.embedded.api), so one
+parser reads both. Everything here is pure text -> data: no I/O, no network.
+
+Also here, because they read the same lines: the startup phase shown while a
+server starts (`detect_phase`) and the diagnosis of a failed start
+(`diagnose_failure`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# -- log line patterns (SGLang's wording; lines carry a "[time TPn] " prefix we ignore) --
+_SERVER_ARGS = re.compile(r"server_args=(.*)$")
+_LOAD_BEGIN = re.compile(r"Load weight begin\b")
+_LOAD_END = re.compile(r"Load weight end\.\s*(?P<rest>.*)$")
+_KV = re.compile(r"(?P<key>[A-Za-z_][\w ]*?)=(?P<value>[^,]*)")
+_MIXED_MXFP4 = re.compile(r"Detected mixed checkpoint layout: routed experts are MXFP4")
+_BAILING_MOE = re.compile(r"Bailing V3 mixed FP8/MXFP4 checkpoint: moe_runner_backend=(?P<backend>\w+)")
+_HUMMING_GEMM = re.compile(r"Using (?P<gemm>\w+) gemm for humming moe")
+_FP8_LM_HEAD = re.compile(r"Online FP8 quantization enabled for lm_head")
+_GRAPH_BEGIN = re.compile(r"Capture (?P<what>.*?)(?:CUDA|cuda|CPU|cpu) graph begin", re.IGNORECASE)
+_GRAPH_END = re.compile(r"Capture (?P<what>.*?)(?:CUDA|cuda|CPU|cpu) graph end", re.IGNORECASE)
+_GRAPH_FAILED = re.compile(r"Capture (?:\w+ )?(?:cuda|CUDA|CPU|cpu) graph failed:?\s*(?P<why>.*)$")
+_DECODE = re.compile(r"Decode batch\b.*?accept len: (?P<accept>[\d.]+)(?:, accept rate: (?P<rate>[\d.]+))?")
+_DECODE_ANY = re.compile(r"Decode batch\b")
+_GEN_TPUT = re.compile(r"gen throughput \(token/s\): (?P<tput>[\d.]+)")
+_GRAPH_FLAG = re.compile(r"(?:cuda graph|cpu graph): (?P<flag>True|False)")
+_READY = re.compile(r"The server is fired up and ready to roll")
+_WARMUP = re.compile(r"Uvicorn running on|Application startup complete|Start(?:ing)? (?:the )?warm ?up|warmup", re.IGNORECASE)
+_DRAFT_TOKENS_WARN = re.compile(r"speculative_num_draft_tokens.*(?:adjusted|changed|forced|overrid|set to)", re.IGNORECASE)
+_OVERRIDING = re.compile(r"\boverriding\b|\bis changed to\b|\bhas been set to\b|\bforce(?:d|-disabled)\b", re.IGNORECASE)
+
+
+@dataclass
+class WeightLoad:
+    """One "Load weight end." line: one per model (target, then the NextN draft)."""
+
+    model_class: str | None
+    quant: str | None
+    elapsed_s: float | None
+    line: str
+
+
+@dataclass
+class DecodeStat:
+    """One periodic "Decode batch ..." line (every 40 decode steps)."""
+
+    accept_length: float | None
+    accept_rate: float | None
+    gen_throughput: float | None
+    graph: bool | None
+    line: str
+
+
+@dataclass
+class LogEvidence:
+    server_args: dict[str, Any] | None = None
+    weight_loads: list[WeightLoad] = field(default_factory=list)
+    mixed_mxfp4_experts: bool = False
+    moe_backend_override: str | None = None  # "Bailing V3 mixed ... moe_runner_backend=X"
+    humming_gemm: str | None = None  # "indexed" | "grouped" when humming MoE ran
+    fp8_lm_head: bool = False
+    graph_captures: int = 0
+    graph_capture_failed: str | None = None
+    decode_stats: list[DecodeStat] = field(default_factory=list)
+    ready: bool = False
+    rewrites: list[str] = field(default_factory=list)  # warnings where the engine changed a setting
+    lines: dict[str, str] = field(default_factory=dict)  # evidence name -> the log line that proves it
+
+    @property
+    def target_load(self) -> WeightLoad | None:
+        return self.weight_loads[0] if self.weight_loads else None
+
+    @property
+    def draft_load(self) -> WeightLoad | None:
+        drafts = [w for w in self.weight_loads if w.model_class and w.model_class.endswith("NextN")]
+        if drafts:
+            return drafts[-1]
+        return self.weight_loads[1] if len(self.weight_loads) > 1 else None
+
+    @property
+    def last_accept_length(self) -> float | None:
+        values = [d.accept_length for d in self.decode_stats if d.accept_length is not None]
+        return values[-1] if values else None
+
+    @property
+    def last_gen_throughput(self) -> float | None:
+        values = [d.gen_throughput for d in self.decode_stats if d.gen_throughput is not None]
+        return values[-1] if values else None
+
+
+def _number(text: str) -> float | None:
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    return float(match.group()) if match else None
+
+
+def parse_server_args_payload(payload: str) -> dict[str, Any] | None:
+    """The text after "server_args=": a Python dict repr (SGLang 0.5.23 logs
+    `resolved_dict()`), JSON, or a `ServerArgs(k=v, ...)` repr (older versions)."""
+    payload = payload.strip()
+    try:
+        value = json.loads(payload)
+        return value if isinstance(value, dict) else None
+    except ValueError:
+        pass
+    try:
+        value = ast.literal_eval(payload)
+        return value if isinstance(value, dict) else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        tree = ast.parse(payload, mode="eval")
+    except SyntaxError:
+        return None
+    node = tree.body
+    result: dict[str, Any] = {}
+    if isinstance(node, ast.Call):
+        for kw in node.keywords:
+            if kw.arg is None:
+                continue
+            try:
+                result[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError:  # an object repr: keep its source text
+                result[kw.arg] = ast.get_source_segment(payload, kw.value)
+    elif isinstance(node, ast.Dict):
+        for key, val in zip(node.keys, node.values):
+            try:
+                k = ast.literal_eval(key) if key is not None else None
+            except ValueError:
+                continue
+            if not isinstance(k, str):
+                continue
+            try:
+                result[k] = ast.literal_eval(val)
+            except ValueError:
+                result[k] = ast.get_source_segment(payload, val)
+    return result or None
+
+
+def parse_load_end(rest: str, line: str) -> WeightLoad:
+    values = {m.group("key").strip(): m.group("value").strip() for m in _KV.finditer(rest)}
+    elapsed = values.get("elapsed")
+    return WeightLoad(
+        model_class=values.get("type"),
+        quant=values.get("quant"),
+        elapsed_s=_number(elapsed) if elapsed else None,
+        line=line.strip(),
+    )
+
+
+def parse_log(text: str) -> LogEvidence:
+    """Read every evidence line of a server log (SGLang's or the embedded engine's)."""
+    ev = LogEvidence()
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line:
+            continue
+        if (m := _SERVER_ARGS.search(line)) and ev.server_args is None:
+            ev.server_args = parse_server_args_payload(m.group(1))
+            continue
+        if m := _LOAD_END.search(line):
+            ev.weight_loads.append(parse_load_end(m.group("rest"), line))
+            continue
+        if _MIXED_MXFP4.search(line):
+            ev.mixed_mxfp4_experts = True
+            ev.lines["mixed_mxfp4"] = line.strip()
+        if m := _BAILING_MOE.search(line):
+            ev.moe_backend_override = m.group("backend")
+            ev.lines["moe_backend_override"] = line.strip()
+        if m := _HUMMING_GEMM.search(line):
+            ev.humming_gemm = m.group("gemm")
+            ev.lines["humming_gemm"] = line.strip()
+        if _FP8_LM_HEAD.search(line):
+            ev.fp8_lm_head = True
+            ev.lines["fp8_lm_head"] = line.strip()
+        if m := _GRAPH_FAILED.search(line):
+            ev.graph_capture_failed = m.group("why").strip() or line.strip()
+            ev.lines["graph_capture_failed"] = line.strip()
+        elif _GRAPH_END.search(line):
+            ev.graph_captures += 1
+        if _DECODE_ANY.search(line):
+            m = _DECODE.search(line)
+            tput = _GEN_TPUT.search(line)
+            flag = _GRAPH_FLAG.search(line)
+            ev.decode_stats.append(
+                DecodeStat(
+                    accept_length=float(m.group("accept")) if m else None,
+                    accept_rate=float(m.group("rate")) if m and m.group("rate") else None,
+                    gen_throughput=float(tput.group("tput")) if tput else None,
+                    graph=(flag.group("flag") == "True") if flag else None,
+                    line=line.strip(),
+                )
+            )
+        if _READY.search(line):
+            ev.ready = True
+        if _DRAFT_TOKENS_WARN.search(line) or (_OVERRIDING.search(line) and "WARN" in line.upper()):
+            ev.rewrites.append(line.strip())
+    return ev
+
+
+# -- /server_info ------------------------------------------------------------------------------
+@dataclass
+class ServerInfo:
+    """The parts of a /server_info body the checks read."""
+
+    args: dict[str, Any]  # every resolved ServerArgs field
+    version: str | None = None
+    launch_command: str | None = None
+    avg_spec_accept_length: float | None = None  # from internal_states[], once speculation ran
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+_NOT_ARGS = {"internal_states", "version", "launch_command", "startup_time", "frontend", "kv_events"}
+
+
+def parse_server_info(body: dict[str, Any]) -> ServerInfo:
+    args = {k: v for k, v in body.items() if k not in _NOT_ARGS}
+    accepts = []
+    for state in body.get("internal_states") or []:
+        if isinstance(state, dict) and state.get("avg_spec_accept_length") is not None:
+            try:
+                accepts.append(float(state["avg_spec_accept_length"]))
+            except (TypeError, ValueError):
+                pass
+    launch = body.get("launch_command")
+    if isinstance(launch, list):
+        launch = " ".join(str(x) for x in launch)
+    return ServerInfo(
+        args=args,
+        version=body.get("version"),
+        launch_command=launch,
+        avg_spec_accept_length=sum(accepts) / len(accepts) if accepts else None,
+        raw=body,
+    )
+
+
+# -- startup phase -----------------------------------------------------------------------------
+PHASES = ("starting", "loading weights", "capturing CUDA graphs", "warming up", "ready")
+
+
+def detect_phase(text: str) -> str:
+    """The furthest startup phase the log has reached (one of PHASES)."""
+    phase = 0
+    for line in text.splitlines():
+        if _READY.search(line):
+            phase = max(phase, 4)
+        elif _GRAPH_BEGIN.search(line) or _GRAPH_END.search(line):
+            phase = max(phase, 2)
+        elif _LOAD_BEGIN.search(line) or _LOAD_END.search(line) or "Loading safetensors" in line:
+            phase = max(phase, 1)
+        elif _WARMUP.search(line):
+            phase = max(phase, 3)
+    return PHASES[phase]
+
+
+# -- failed start ------------------------------------------------------------------------------
+@dataclass
+class Diagnosis:
+    cause: str  # short name: "out of memory", "unknown flag", ...
+    detail: str  # one sentence for the user
+    hint: str
+    line: str | None = None  # the log line that gave it away
+
+
+_DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
+    (
+        re.compile(r"No module named '?(sglang|torch|sparkit)\b"),
+        "engine not installed",
+        "the engine's Python package is not installed in this environment",
+        "install it (e.g. `pip install sglang==0.5.23` or `pip install sparkit[embedded]`)",
+    ),
+    (
+        re.compile(r"unrecognized arguments|ambiguous option|error: argument|no such option|invalid choice", re.IGNORECASE),
+        "unknown flag",
+        "the engine rejected a command-line flag",
+        "check the flag against the installed engine version (`sparkit plan` shows the exact argv); remove or rename it in the recipe's engine extras",
+    ),
+    (
+        re.compile(r"Address already in use|address already in use|\[Errno 98\]|port \d+ is (?:already )?in use", re.IGNORECASE),
+        "port in use",
+        "the port is already taken by another process",
+        "pick another port with `--port N`, or `--port auto`; `sparkit status` shows running servers",
+    ),
+    (
+        re.compile(r"Capture (?:\w+ )?(?:cuda|CUDA) graph failed"),
+        "CUDA graph capture failed",
+        "capturing CUDA graphs failed",
+        "lower --cuda-graph-max-bs-decode or mem_fraction_static, or disable CUDA graphs to confirm",
+    ),
+    (
+        re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory|Not enough memory|MemoryError|Cannot allocate memory", re.IGNORECASE),
+        "out of memory",
+        "the engine ran out of memory",
+        "lower mem_fraction_static (0.68 on a DGX Spark), the context length or the CUDA graph batch sizes; stop other GPU processes",
+    ),
+    (
+        re.compile(
+            r"does not appear to have a file named|Repository Not Found|is not a local folder and is not a valid model identifier"
+            r"|No such file or directory.*(?:config\.json|model|safetensors)|model path .* does not exist|not a valid model|"
+            r"(?:FileNotFoundError|OSError).*(?:config\.json|checkpoint|model)",
+            re.IGNORECASE,
+        ),
+        "missing model",
+        "the model (or its draft) could not be found",
+        "check model.path in the recipe (a local directory or a hub id already downloaded); build the tiny model with `sparkit model build`",
+    ),
+    (
+        re.compile(r"Unknown speculative algorithm name"),
+        "unknown speculative algorithm",
+        "the engine does not know the speculative algorithm",
+        "use NEXTN (MTP), EAGLE, DSPARK, ... ; MTP is not a valid name in SGLang 0.5.23",
+    ),
+]
+
+
+def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
+    """Name the most likely cause of a failed start from the log's last lines."""
+    lines = log_text.splitlines()
+    for pattern, cause, detail, hint in _DIAGNOSES:
+        for line in reversed(lines[-400:]):
+            if pattern.search(line):
+                return Diagnosis(cause, detail, hint, line.strip())
+    if returncode is not None and returncode in (-9, 137):
+        return Diagnosis(
+            "killed",
+            "the engine was killed (SIGKILL), which on a unified-memory box usually means the kernel's OOM killer",
+            "check `dmesg` for the OOM killer; lower mem_fraction_static",
+        )
+    if returncode is not None:
+        return Diagnosis(
+            "process exited",
+            f"the engine exited with code {returncode} before it became healthy",
+            "read the log lines above; `sparkit logs RUN` shows the whole log",
+        )
+    return Diagnosis(
+        "not healthy in time",
+        "the engine did not answer /health in time",
+        "raise --timeout (first starts compile kernels and capture graphs), or read the log",
+    )
+
+
+def tail_lines(text: str, n: int = 20) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-n:]
