@@ -1,0 +1,205 @@
+"""Request parsing and response shaping of the embedded server (no server, no torch)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from sparkit.engines.embedded import protocol as proto
+from sparkit.engines.embedded.server import ServerMetrics, build_arg_parser, validate_args
+from sparkit.client import parse_prometheus
+
+
+def parse(body, model=proto.GenerateRequest):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return proto.parse_body(raw, model, "/generate")
+
+
+def test_generate_request_parses_sampling_params():
+    req = parse({"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 5, "stop": "\n", "top_k": 3}, "stream": True})
+    assert req.text == "hi" and req.stream
+    assert req.sampling_params.max_new_tokens == 5
+    assert req.sampling_params.stop_list() == ["\n"]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b"", "empty request body"),
+        (b"[1, 2]", "batched requests"),
+        (b'"text"', "must be a JSON object"),
+        ({"text": "a", "sampling_param": {}}, "sampling_param: unknown field"),
+        ({"text": "a", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token: unknown field"),
+        ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+        ({"text": "a", "input_ids": [1]}, "exactly one of"),
+        ({}, "exactly one of"),
+        ({"text": ["a", "b"]}, "batched requests"),
+        ({"text": "a", "sampling_params": {"top_k": 0}}, "top_k must be -1"),
+        ({"text": "a", "sampling_params": {"n": 2}}, "n=2 is not supported"),
+        ({"text": "a", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature"),
+    ],
+)
+def test_bad_generate_bodies_are_400_naming_the_problem(body, needle):
+    with pytest.raises(proto.ApiError) as info:
+        parse(body)
+    assert info.value.status == 400
+    assert needle in info.value.message
+    err = info.value.body()["error"]
+    assert set(err) >= {"message", "type", "code"} and err["code"] == 400
+
+
+def test_unknown_field_lists_the_allowed_ones():
+    with pytest.raises(proto.ApiError) as info:
+        parse({"text": "a", "sampling_params": {"temprature": 0}})
+    assert "allowed:" in info.value.message and "temperature" in info.value.message
+
+
+def test_chat_request_accepts_what_the_openai_client_and_sparkit_send():
+    req = proto.parse_body(
+        json.dumps({
+            "model": "tiny-ling", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True,
+            "temperature": 0, "top_k": 1, "max_tokens": 4, "seed": 3,
+        }).encode(),
+        proto.ChatCompletionRequest, "/v1/chat/completions",
+    )
+    assert req.include_usage and req.return_spec_tokens_details
+    assert req.messages[1].text() == "hi"
+    assert req.requested_max_tokens() == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "frequency_penalty=0.5 is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus: unknown field"),
+    ],
+)
+def test_bad_chat_bodies(body, needle):
+    with pytest.raises(proto.ApiError) as info:
+        proto.parse_body(json.dumps(body).encode(), proto.ChatCompletionRequest, "/v1/chat/completions")
+    assert info.value.status == 400 and needle in info.value.message
+
+
+def test_completion_prompt_forms():
+    one = proto.parse_body(b'{"prompt": ["abc"]}', proto.CompletionRequest, "/v1/completions")
+    assert one.prompt_text_or_ids() == "abc"
+    ids = proto.parse_body(b'{"prompt": [1, 2, 3]}', proto.CompletionRequest, "/v1/completions")
+    assert ids.prompt_text_or_ids() == [1, 2, 3]
+    with pytest.raises(proto.ApiError, match="batched prompts"):
+        proto.parse_body(b'{"prompt": ["a", "b"]}', proto.CompletionRequest, "/v1/completions")
+
+
+def _progress(**kw):
+    base = dict(rid="r1", prompt_tokens=5, speculative=True, output_ids=[1, 2, 3, 4, 5, 6], text="abcdef",
+                finish_reason={"type": "length", "length": 6}, spec_verify_ct=2, spec_num_correct_drafts=4,
+                spec_num_proposed_drafts=6, e2e_latency=0.5)
+    base.update(kw)
+    return proto.RequestProgress(**base)
+
+
+def test_meta_info_has_sglang_keys_and_accept_length():
+    meta = proto.generate_response(_progress())["meta_info"]
+    assert meta["completion_tokens"] == 6 and meta["prompt_tokens"] == 5 and meta["cached_tokens"] == 0
+    assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == 3.0
+    assert meta["spec_accept_rate"] == pytest.approx(4 / 6)
+    assert meta["e2e_latency"] == 0.5 and meta["id"] == "r1"
+    plain = proto.meta_info(_progress(speculative=False))
+    assert "spec_verify_ct" not in plain
+
+
+def test_unfinished_meta_has_no_latency():
+    meta = proto.meta_info(_progress(finish_reason=None))
+    assert meta["finish_reason"] is None and "e2e_latency" not in meta
+
+
+def test_chat_completion_shape_and_spec_details():
+    body = proto.chat_completion(_progress(), "tiny-ling", 1, want_spec=True)
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "abcdef"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": None}
+    assert body["sglext"]["spec_tokens_details"]["spec_accept_length"] == 3.0
+    assert "sglext" not in proto.chat_completion(_progress(), "tiny-ling", 1, want_spec=False)
+
+
+def test_finish_reason_mapping():
+    assert proto.openai_finish_reason({"type": "stop", "matched": 257}) == "stop"
+    assert proto.openai_finish_reason({"type": "length", "length": 3}) == "length"
+    assert proto.openai_finish_reason(None) is None
+    assert proto.matched_stop({"type": "stop", "matched": "\n"}) == "\n"
+
+
+def test_closing_chunks_order_sglext_then_usage():
+    chunks = proto.closing_chunks("chat", _progress(), "m", 1, include_usage=True, want_spec=True)
+    assert [("sglext" in c, "usage" in c) for c in chunks] == [(True, False), (False, True)]
+    assert all(c["choices"] == [] for c in chunks)
+    assert proto.closing_chunks("chat", _progress(), "m", 1, include_usage=False, want_spec=False) == []
+
+
+def test_sse_framing():
+    assert proto.sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert proto.SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_stable_text_holds_back_half_a_character():
+    assert proto.stable_text("ab\ufffd", finished=False) == "ab"
+    assert proto.stable_text("ab\ufffd", finished=True) == "ab\ufffd"
+
+
+def test_find_stop_earliest_and_from_offset():
+    assert proto.find_stop("hello world. bye", [".", "world"]) == (6, "world")
+    assert proto.find_stop("a.b.c", ["."], search_from=2) == (3, ".")
+    assert proto.find_stop("abc", ["x"]) is None
+
+
+def test_arg_parser_accepts_the_documented_flags_without_heavy_imports():
+    args = build_arg_parser().parse_args([
+        "--model-path", "m", "--speculative-algorithm", "nextn", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--lm-head-dtype", "fp8",
+        "--expert-weights", "mxfp4", "--enable-metrics", "--context-length", "512", "--max-queued-requests", "8",
+    ])
+    assert args.speculative_algorithm == "NEXTN" and validate_args(args) == []
+
+
+def test_server_module_imports_without_torch_or_starlette():
+    import subprocess
+
+    code = "import sys, sparkit.engines.embedded.server as s; s.build_arg_parser(); print(sorted(m for m in ('torch','starlette','uvicorn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--speculative-num-steps", "3"], "without --speculative-algorithm"),
+        (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2"], "only 1"),
+        (["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "3"], "num-steps + 1"),
+    ],
+)
+def test_inconsistent_speculative_flags_are_reported(argv, needle):
+    args = build_arg_parser().parse_args(["--model-path", "m", *argv])
+    assert any(needle in p for p in validate_args(args))
+
+
+def test_metrics_render_is_parsable_with_sglang_names():
+    metrics = ServerMetrics(speculative=True, context_length=512, spec_steps=3, spec_draft_tokens=4)
+    metrics.record_request(_progress(first_token_latency=0.1), queue_seconds=0.0, aborted=False)
+    metrics.record_request(_progress(output_ids=[7, 8], spec_verify_ct=1, first_token_latency=0.2), queue_seconds=0.01, aborted=False)
+    values = parse_prometheus(metrics.render("tiny-ling"))
+    assert values["sglang:generation_tokens_total"] == 8
+    assert values["sglang:prompt_tokens_total"] == 10
+    assert values["sglang:num_requests_total"] == 2
+    assert values["sglang:spec_verify_calls_total"] == 3
+    assert values["sglang:time_to_first_token_seconds_count"] == 2
+    assert values['sglang:time_to_first_token_seconds_bucket{model_name="tiny-ling",le="0.1"}'] == 1
+    assert values["sglang:context_len"] == 512
+    assert metrics.avg_spec_accept_length == pytest.approx(8 / 3)
