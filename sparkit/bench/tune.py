@@ -1,0 +1,350 @@
+"""`sparkit tune`: sweep recipe parameters, one server per point, and pick the best.
+
+For each combination of `--param KEY=v1,v2,...` values the recipe is loaded with
+those overrides, launched (sparkit.runs.launch), benchmarked and stopped. The
+sweep file is rewritten after every point, so an interrupted sweep keeps what
+it measured and re-running the same command skips the points already done.
+
+Ranking: mean TPOT first (what a user waits per token; with speculation it is
+step time / accept length); points whose TPOT is within noise of the best are
+ordered by the step-time estimate (a cheaper step is more robust when the real
+workload accepts fewer drafts than the synthetic one). "Measurably better"
+than the first point means the TPOT difference exceeds twice its standard
+error, paired over the same prompts (every point gets the same prompts).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkit.bench.metrics import RequestTimeline, mean, stdev
+from sparkit.bench.runner import BenchConfig
+from sparkit.errors import SparkitError, UsageError
+
+TUNE_KIND = "sparkit-tune"
+NOISE_SIGMAS = 2.0
+_TOP_LEVEL = {"extends", "description", "engine", "model", "target", "stack", "server", "checks"}
+_STACK_KEYS = {"weights", "quantization", "moe_backend", "lm_head", "speculative", "attention_backend", "tp", "ep"}
+
+
+@dataclass
+class SweepParam:
+    key: str  # the recipe key path as given, e.g. speculative.num_steps
+    values: list[str]
+
+
+def parse_params(specs: list[str]) -> list[SweepParam]:
+    """`KEY=v1,v2,...` strings to parameters; values stay YAML text (as for --set)."""
+    if not specs:
+        raise UsageError("tune needs at least one --param", hint="e.g. --param speculative.num_steps=1,2,3,4")
+    params: list[SweepParam] = []
+    for spec in specs:
+        key, sep, raw = spec.partition("=")
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not sep or not key.strip() or not values:
+            raise UsageError(f"--param {spec!r}: expected KEY=VALUE[,VALUE...]", hint="e.g. --param speculative.num_steps=1,2,3,4")
+        if any(p.key == key.strip() for p in params):
+            raise UsageError(f"--param {key.strip()!r} is given twice")
+        params.append(SweepParam(key.strip(), values))
+    return params
+
+
+def recipe_key(key: str) -> str:
+    """Accept `speculative.num_steps` as short for `stack.speculative.num_steps`."""
+    head = key.split(".", 1)[0]
+    if head not in _TOP_LEVEL and head in _STACK_KEYS:
+        return f"stack.{key}"
+    return key
+
+
+def grid(params: list[SweepParam]) -> list[dict[str, str]]:
+    return [dict(zip([p.key for p in params], combo)) for combo in itertools.product(*(p.values for p in params))]
+
+
+def overrides_for(point: dict[str, str], base_recipe: Any) -> list[str]:
+    """--set assignments for one point. Sweeping NEXTN num_steps implies the method and,
+    for a chain (eagle_topk 1), num_draft_tokens = num_steps + 1, unless swept too."""
+    sets = {recipe_key(k): v for k, v in point.items()}
+    steps_key = "stack.speculative.num_steps"
+    if steps_key in sets:
+        spec = getattr(getattr(base_recipe, "stack", None), "speculative", None)
+        method = getattr(spec, "method", "none")
+        if method == "none" and "stack.speculative.method" not in sets:
+            sets["stack.speculative.method"] = "nextn"
+        topk = sets.get("stack.speculative.eagle_topk", getattr(spec, "eagle_topk", None))
+        if str(topk) in ("1", "None") and "stack.speculative.num_draft_tokens" not in sets:
+            sets["stack.speculative.eagle_topk"] = "1"
+            sets["stack.speculative.num_draft_tokens"] = str(int(sets[steps_key]) + 1)
+    return [f"{k}={v}" for k, v in sets.items()]
+
+
+def point_label(point: dict[str, str]) -> str:
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items())
+
+
+@dataclass
+class SweepPoint:
+    values: dict[str, str]
+    overrides: list[str]
+    status: str = "pending"  # pending | done | failed
+    error: str | None = None
+    bench_file: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    tpot_per_request_ms: list[float] = field(default_factory=list)
+    step_time_per_request_ms: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return point_label(self.values)
+
+
+def _per_request(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Per-prompt TPOT and step time, averaged over repeats (prompts are the same each repeat)."""
+    repeats = [r for r in doc.get("repeats", []) if r.get("complete")]
+    tpots: list[list[float]] = []
+    steps: list[list[float]] = []
+    for repeat in repeats:
+        timelines = [RequestTimeline.from_dict(t) for t in repeat["requests"]]
+        tpots.append([t.tpot * 1000 if t.tpot is not None else math.nan for t in timelines])
+        steps.append([t.step_time * 1000 if t.step_time is not None else math.nan for t in timelines])
+
+    def average(rows: list[list[float]]) -> list[float]:
+        return [mean(list(col)) for col in zip(*rows)] if rows else []
+
+    return average(tpots), average(steps)
+
+
+def difference_noise(a: list[float], b: list[float]) -> float | None:
+    """Twice the standard error of mean(b) - mean(a): paired when the prompts line up."""
+    a = [x for x in a if math.isfinite(x)]
+    b = [x for x in b if math.isfinite(x)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if len(a) == len(b):
+        diffs = [y - x for x, y in zip(a, b)]
+        return NOISE_SIGMAS * stdev(diffs) / math.sqrt(len(diffs))
+    return NOISE_SIGMAS * math.sqrt(stdev(a) ** 2 / len(a) + stdev(b) ** 2 / len(b))
+
+
+@dataclass
+class Ranking:
+    order: list[int]  # indices into points, best first
+    best: int | None
+    baseline: int | None  # the first point that finished (the sweep's first value)
+    measurably_better: bool | None
+    tpot_gain_ms: float | None  # baseline TPOT - best TPOT
+    noise_ms: float | None
+    verdict: str
+
+
+def rank(points: list[SweepPoint]) -> Ranking:
+    done = [i for i, p in enumerate(points) if p.status == "done" and p.figures.get("tpot_mean_ms") is not None]
+    if not done:
+        return Ranking([], None, None, None, None, None, "no point finished")
+    tpot = {i: points[i].figures["tpot_mean_ms"] for i in done}
+    fastest = min(done, key=lambda i: tpot[i])
+    # Within noise of the fastest, prefer the cheaper step.
+    near = []
+    for i in done:
+        noise = difference_noise(points[fastest].tpot_per_request_ms, points[i].tpot_per_request_ms)
+        if i == fastest or (noise is not None and tpot[i] - tpot[fastest] <= noise):
+            near.append(i)
+    step = {i: points[i].figures.get("step_time_estimate_ms") or math.inf for i in done}
+    near_sorted = sorted(near, key=lambda i: (step[i], tpot[i]))
+    rest = sorted((i for i in done if i not in near), key=lambda i: tpot[i])
+    order = near_sorted + rest
+    best, baseline = order[0], done[0]
+    if best == baseline:
+        return Ranking(order, best, baseline, False, 0.0, None,
+                       f"none of the other points is measurably better than {points[baseline].label}")
+    noise = difference_noise(points[baseline].tpot_per_request_ms, points[best].tpot_per_request_ms)
+    gain = tpot[baseline] - tpot[best]
+    if noise is None:
+        return Ranking(order, best, baseline, None, gain, None,
+                       f"{points[best].label} has the lowest TPOT, but noise is unknown (too few prompts)")
+    if gain > noise:
+        verdict = (f"{points[best].label} is measurably better than {points[baseline].label}: "
+                   f"TPOT {tpot[best]:.3f} vs {tpot[baseline]:.3f} ms (gain {gain:.3f} ms > noise {noise:.3f} ms)")
+        return Ranking(order, best, baseline, True, gain, noise, verdict)
+    verdict = (f"no point is measurably better than {points[baseline].label}: best {points[best].label} gains "
+               f"{gain:.3f} ms TPOT, within noise {noise:.3f} ms")
+    return Ranking(order, best, baseline, False, gain, noise, verdict)
+
+
+def new_recipe_path(source: Path, label: str, directory: Path | None = None) -> Path:
+    """A file name that does not exist yet: never overwrite the user's recipe."""
+    directory = directory or source.parent
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in label.replace(",", "_").replace("=", ""))
+    candidate = directory / f"{source.stem}-tuned-{safe}.yaml"
+    n = 2
+    while candidate.exists():
+        candidate = directory / f"{source.stem}-tuned-{safe}-{n}.yaml"
+        n += 1
+    return candidate
+
+
+def write_best_recipe(source: Path, overrides: list[str], summary: str, directory: Path | None = None, label: str = "best") -> Path:
+    """A recipe that `extends` the original and sets the winning values."""
+    import yaml
+
+    from sparkit.paths import repo_recipes_dir
+
+    target = new_recipe_path(source, label, directory)
+    if directory is None:
+        try:  # never write into the shipped recipes folder
+            source.resolve().relative_to(repo_recipes_dir().resolve())
+            target = new_recipe_path(source, label, Path.cwd())
+        except ValueError:
+            pass
+    tree: dict[str, Any] = {}
+    for assignment in overrides:
+        key, _, raw = assignment.partition("=")
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    extends = source.name if target.parent.resolve() == source.parent.resolve() else str(source.resolve())
+    body = {"extends": extends, "description": f"tuned from {source.name}: {summary}"[:200], **tree}
+    header = f"# Written by `sparkit tune` ({_dt.datetime.now().isoformat(timespec='seconds')}).\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "x", encoding="utf-8") as handle:  # "x": fail rather than overwrite
+        handle.write(header + yaml.safe_dump(body, sort_keys=False))
+    return target
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+PointFn = Callable[[SweepPoint, int, int], None]  # (point, index, total) after each point
+
+
+def run_tune(
+    recipe_ref: str,
+    param_specs: list[str],
+    config: BenchConfig,
+    *,
+    out_path: Path,
+    base_overrides: list[str] | None = None,
+    write_recipe_dir: Path | None = None,
+    write_recipe: bool = True,
+    on_point: PointFn | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+    launch_timeout: float = 600,
+) -> dict[str, Any]:
+    """Run the sweep; return the sweep document (also kept up to date at `out_path`)."""
+    from sparkit.bench.runner import run_bench
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+    from sparkit import runs
+
+    import asyncio
+
+    params = parse_params(param_specs)
+    base_overrides = list(base_overrides or [])
+    base = load_recipe(recipe_ref, base_overrides)
+    points = [SweepPoint(values=v, overrides=base_overrides + overrides_for(v, base.recipe)) for v in grid(params)]
+    for point in points:  # fail fast on a bad value, before any server starts
+        load_recipe(recipe_ref, point.overrides)
+
+    doc: dict[str, Any] = {
+        "kind": TUNE_KIND,
+        "recipe": str(base.path or recipe_ref),
+        "recipe_name": base.name,
+        "params": [asdict(p) for p in params],
+        "base_overrides": base_overrides,
+        "bench_config": asdict(config),
+        "points": [],
+        "ranking": None,
+        "best_recipe": None,
+        "complete": False,
+    }
+    previous = _previous_points(out_path, doc)
+    for i, point in enumerate(points):
+        old = previous.get(json.dumps(point.values, sort_keys=True))
+        if old is not None and old.status == "done":
+            points[i] = old
+    doc["points"] = [asdict(p) for p in points]
+    _write_json(out_path, doc)
+
+    for index, point in enumerate(points):
+        if point.status == "done":
+            if on_point:
+                on_point(point, index, len(points))
+            continue
+        bench_file = out_path.with_name(f"{out_path.stem}-{_safe(point.label)}.json")
+        run = None
+        try:
+            loaded = load_recipe(recipe_ref, point.overrides)
+            plan = compile_plan(loaded)
+            if on_progress:
+                on_progress(f"start {point.label}", 0, 1)
+            run = runs.launch(plan, timeout=launch_timeout)
+            target = runs.resolve_server(run.id)
+            bench_doc = asyncio.run(
+                run_bench(target.url, config, api_key=target.api_key, out_path=bench_file,
+                          recipe=plan.recipe, run_id=run.id,
+                          on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
+            )
+            point.figures = bench_doc["summary"]["figures"]
+            point.tpot_per_request_ms, point.step_time_per_request_ms = _per_request(bench_doc)
+            point.bench_file = str(bench_file)
+            point.status = "done"
+        except KeyboardInterrupt:
+            raise
+        except SparkitError as exc:
+            point.status, point.error = "failed", str(exc)
+        finally:
+            if run is not None:
+                runs.stop(run)
+            doc["points"] = [asdict(p) for p in points]
+            _write_json(out_path, doc)
+        if on_point:
+            on_point(point, index, len(points))
+
+    ranking = rank(points)
+    doc["ranking"] = asdict(ranking)
+    if write_recipe and ranking.best is not None and base.path is not None:
+        best = points[ranking.best]
+        summary = f"{best.label} (TPOT {best.figures.get('tpot_mean_ms', math.nan):.3f} ms); {ranking.verdict}"
+        doc["best_recipe"] = str(write_best_recipe(Path(base.path), best.overrides, summary, write_recipe_dir, best.label))
+    doc["complete"] = True
+    _write_json(out_path, doc)
+    return doc
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+
+
+def _previous_points(path: Path, doc: dict[str, Any]) -> dict[str, SweepPoint]:
+    """Finished points of an earlier run of the same sweep (same recipe, params, bench settings)."""
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    same = all(old.get(k) == doc[k] for k in ("kind", "recipe", "base_overrides", "bench_config"))
+    if not same:
+        return {}
+    found = {}
+    for raw in old.get("points", []):
+        try:
+            point = SweepPoint(**raw)
+        except TypeError:
+            continue
+        found[json.dumps(point.values, sort_keys=True)] = point
+    return found

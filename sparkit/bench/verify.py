@@ -1,0 +1,295 @@
+"""`sparkit verify`: the correctness gate for an optimisation (protocols.md).
+
+Against a baseline recipe, on a fixed prompt set, greedy, 256 new tokens, ignore_eos:
+
+1. Byte-exact outputs: the candidate's greedy text equals the baseline's, prompt by prompt.
+2. Accept length within 0.05 of the baseline's when both speculate.
+3. State pollution: the candidate's greedy requests are re-run after interleaved
+   temperature-sampled requests and must reproduce its own first pass byte for byte.
+
+Changes that legitimately change rounding (lm_head fp8/fp32 vs bf16, weight
+formats, dtype) are declared as such (detected from the two recipes, or
+declared with --rounding-changing) and judged instead by token agreement and
+accept length: agreement is reported; accept length must stay within 5% of
+the baseline's (the study's break-even for a depth step), and the
+state-pollution re-run must still be byte-exact (it compares a configuration
+with itself).
+
+Token agreement rate: over all prompts, the tokens before the first divergence
+divided by the tokens generated (after a divergence the contexts differ, so
+later positions are not comparable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sparkit.checks.results import CheckResult, Status
+
+ACCEPT_TOLERANCE = 0.05  # absolute, for rounding-preserving changes
+ROUNDING_ACCEPT_TOLERANCE = 0.05  # relative, for declared rounding-changing changes
+MAX_NEW_TOKENS = 256
+
+# Recipe keys whose change alters floating-point rounding of the logits.
+ROUNDING_KEYS = ("stack.lm_head", "stack.weights", "stack.quantization", "model.dtype", "stack.moe_backend")
+
+VERIFY_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. Then the dog",
+    "Question: A farmer has 17 sheep and buys 5 more. How many sheep does he have?\nAnswer:",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived",
+    "The three primary colours are",
+    "Write a short note to a colleague about tomorrow's meeting:\n",
+    "1, 2, 3, 5, 8, 13,",
+    "In the beginning the engineers measured everything twice, because",
+]
+
+
+@dataclass
+class GreedyOutput:
+    prompt_index: int
+    text: str
+    output_ids: list[int] | None
+    completion_tokens: int
+    spec_verify_ct: int | None
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else None
+
+
+@dataclass
+class SideResult:
+    """One configuration's outputs."""
+
+    recipe: str
+    speculative: bool
+    greedy: list[GreedyOutput]
+    rerun: list[GreedyOutput] = field(default_factory=list)  # after interleaved sampled requests
+    server_accept_length: float | None = None
+
+    @property
+    def accept_length(self) -> float | None:
+        values = [g.accept_length for g in self.greedy if g.accept_length is not None]
+        return sum(values) / len(values) if values else None
+
+
+async def collect_outputs(
+    url: str,
+    *,
+    api_key: str | None = None,
+    prompts: list[str] = VERIFY_PROMPTS,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    pollution_rerun: bool = True,
+    recipe: str = "",
+    speculative: bool = False,
+) -> SideResult:
+    from sparkit.bench.runner import internal_state
+    from sparkit.client import EngineClient
+
+    greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    sampled = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": max(16, max_new_tokens // 4), "ignore_eos": True}
+
+    def as_output(index: int, gen: Any) -> GreedyOutput:
+        return GreedyOutput(index, gen.text, gen.output_ids, gen.completion_tokens, gen.spec_verify_ct)
+
+    async with EngineClient(url, api_key=api_key) as client:
+        first = [as_output(i, await client.generate(p, sampling_params=greedy)) for i, p in enumerate(prompts)]
+        again: list[GreedyOutput] = []
+        if pollution_rerun:
+            for i, prompt in enumerate(prompts):
+                # A sampled request on the same prompt and one on another, then the greedy one again.
+                await client.generate(prompt, sampling_params=sampled)
+                await client.generate(prompts[(i + 1) % len(prompts)], sampling_params=sampled)
+                again.append(as_output(i, await client.generate(prompt, sampling_params=greedy)))
+        server_accept = internal_state(await client.server_info()).get("avg_spec_accept_length")
+    return SideResult(recipe, speculative, first, again, server_accept)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def rounding_changes(baseline: dict[str, Any], candidate: dict[str, Any], declared: list[str] = ()) -> list[str]:
+    """Rounding-changing differences between two resolved recipes, as 'key: a -> b'."""
+    a, b = _flatten(baseline), _flatten(candidate)
+    found = [f"{k}: {a.get(k)} -> {b.get(k)}" for k in ROUNDING_KEYS if a.get(k) != b.get(k)]
+    return found + [f"declared: {d}" for d in declared]
+
+
+def token_agreement(baseline: list[GreedyOutput], candidate: list[GreedyOutput]) -> tuple[float | None, str]:
+    """Tokens before the first divergence / tokens generated; characters when ids are missing."""
+    unit = "tokens"
+    matched = total = 0
+    for a, b in zip(baseline, candidate):
+        if a.output_ids is not None and b.output_ids is not None:
+            x, y = a.output_ids, b.output_ids
+        else:
+            unit = "characters (the server returned no output_ids)"
+            x, y = a.text, b.text
+        prefix = 0
+        for u, v in zip(x, y):
+            if u != v:
+                break
+            prefix += 1
+        matched += prefix
+        total += max(len(x), len(y))
+    return (matched / total if total else None), unit
+
+
+def _first_mismatch(a: list[GreedyOutput], b: list[GreedyOutput]) -> list[str]:
+    evidence = []
+    for x, y in zip(a, b):
+        if x.text != y.text:
+            at = next((i for i, (u, v) in enumerate(zip(x.text, y.text)) if u != v), min(len(x.text), len(y.text)))
+            evidence.append(f"prompt {x.prompt_index}: differs at character {at}: {x.text[at:at + 30]!r} vs {y.text[at:at + 30]!r}")
+    return evidence
+
+
+def judge(baseline: SideResult, candidate: SideResult, rounding: list[str], max_new_tokens: int = MAX_NEW_TOKENS) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    identical = sum(1 for a, b in zip(baseline.greedy, candidate.greedy) if a.text == b.text)
+    n = len(candidate.greedy)
+    agreement, unit = token_agreement(baseline.greedy, candidate.greedy)
+    agreement_text = f"{agreement:.1%}" if agreement is not None else "n/a"
+    data = {"identical": identical, "prompts": n, "agreement_rate": agreement, "agreement_unit": unit}
+    mismatches = _first_mismatch(baseline.greedy, candidate.greedy)
+    if rounding:
+        results.append(CheckResult(
+            "greedy_outputs", "greedy outputs vs baseline", Status.PASS if identical == n else Status.WARN,
+            f"rounding-changing ({'; '.join(rounding)}): not judged by bit equality; "
+            f"{identical}/{n} outputs identical, token agreement {agreement_text} ({unit} before first divergence)",
+            evidence=mismatches[:3], data=data,
+            cause=None if identical == n else "expected for a change of rounding; judged by accept length and task accuracy",
+        ))
+    else:
+        results.append(CheckResult(
+            "greedy_outputs", "greedy outputs byte-exact vs baseline", Status.PASS if identical == n else Status.FAIL,
+            f"{identical}/{n} greedy {max_new_tokens}-token outputs byte-identical (token agreement {agreement_text})",
+            evidence=mismatches[:3], data=data,
+            fix=None if identical == n else "the change alters greedy output: find the op that changes numerics, or declare it rounding-changing (--rounding-changing)",
+        ))
+
+    a_acc, b_acc = baseline.accept_length, candidate.accept_length
+    acc_data = {"baseline": a_acc, "candidate": b_acc, "baseline_server": baseline.server_accept_length, "candidate_server": candidate.server_accept_length}
+    if baseline.speculative and candidate.speculative and a_acc is not None and b_acc is not None:
+        delta = b_acc - a_acc
+        tolerance = ROUNDING_ACCEPT_TOLERANCE * a_acc if rounding else ACCEPT_TOLERANCE
+        label = f"{ROUNDING_ACCEPT_TOLERANCE:.0%} of baseline" if rounding else f"{ACCEPT_TOLERANCE}"
+        ok = abs(delta) <= tolerance
+        results.append(CheckResult(
+            "accept_length", "accept length vs baseline", Status.PASS if ok else Status.FAIL,
+            f"accept length {b_acc:.3f} vs baseline {a_acc:.3f} (delta {delta:+.3f}, tolerance {label})",
+            data={**acc_data, "delta": delta, "tolerance": tolerance},
+            fix=None if ok else "the draft no longer matches the target as before: check that the draft shares the lm_head",
+        ))
+    else:
+        why = "not both configurations speculate" if not (baseline.speculative and candidate.speculative) else "no spec_verify_ct reported"
+        results.append(CheckResult("accept_length", "accept length vs baseline", Status.SKIP, f"not compared: {why}", data=acc_data))
+
+    if candidate.rerun:
+        same = sum(1 for a, b in zip(candidate.greedy, candidate.rerun) if a.text == b.text)
+        m = len(candidate.rerun)
+        results.append(CheckResult(
+            "state_pollution", "greedy re-run after sampled requests", Status.PASS if same == m else Status.FAIL,
+            f"{same}/{m} greedy outputs reproduced after interleaved temperature-sampled requests",
+            evidence=_first_mismatch(candidate.greedy, candidate.rerun)[:3],
+            data={"reproduced": same, "prompts": m},
+            fix=None if same == m else "state leaks between requests (KV cache / draft state not reset)",
+        ))
+    else:
+        results.append(CheckResult("state_pollution", "greedy re-run after sampled requests", Status.SKIP, "not run"))
+    return results
+
+
+@dataclass
+class VerifyReport:
+    recipe: str
+    baseline: str
+    rounding_changes: list[str]
+    checks: list[CheckResult]
+    candidate: dict[str, Any]
+    reference: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != Status.FAIL for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "baseline": self.baseline,
+            "passed": self.passed,
+            "rounding_changes": self.rounding_changes,
+            "checks": [c.to_dict() for c in self.checks],
+            "candidate": self.candidate,
+            "reference": self.reference,
+        }
+
+
+def _side_summary(side: SideResult) -> dict[str, Any]:
+    return {
+        "recipe": side.recipe,
+        "speculative": side.speculative,
+        "accept_length": side.accept_length,
+        "server_accept_length": side.server_accept_length,
+        "outputs": [asdict(g) for g in side.greedy],
+    }
+
+
+def run_verify(
+    recipe_ref: str,
+    against_ref: str,
+    *,
+    recipe_overrides: list[str] | None = None,
+    against_overrides: list[str] | None = None,
+    declared_rounding: list[str] | None = None,
+    num_prompts: int | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    on_progress: Any = None,
+    launch_timeout: float = 600,
+) -> VerifyReport:
+    """Start the baseline, collect; stop; start the candidate, collect; stop; judge."""
+    import asyncio
+
+    from sparkit import runs
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    prompts = VERIFY_PROMPTS[: num_prompts or len(VERIFY_PROMPTS)]
+    baseline_loaded = load_recipe(against_ref, against_overrides or [])
+    candidate_loaded = load_recipe(recipe_ref, recipe_overrides or [])
+    rounding = rounding_changes(
+        baseline_loaded.recipe.model_dump(mode="json"), candidate_loaded.recipe.model_dump(mode="json"), declared_rounding or []
+    )
+    sides: list[SideResult] = []
+    for step, (loaded, pollution) in enumerate(((baseline_loaded, False), (candidate_loaded, True))):
+        if on_progress:
+            on_progress(f"verify {loaded.name}", step, 2)
+        plan = compile_plan(loaded)
+        run = runs.launch(plan, timeout=launch_timeout)
+        try:
+            target = runs.resolve_server(run.id)
+            sides.append(asyncio.run(collect_outputs(
+                target.url, api_key=target.api_key, prompts=prompts, max_new_tokens=max_new_tokens,
+                pollution_rerun=pollution, recipe=loaded.name, speculative=loaded.recipe.stack.speculative.enabled,
+            )))
+        finally:
+            runs.stop(run)
+    if on_progress:
+        on_progress("verify", 2, 2)
+    baseline, candidate = sides
+    return VerifyReport(
+        recipe=candidate_loaded.name,
+        baseline=baseline_loaded.name,
+        rounding_changes=rounding,
+        checks=judge(baseline, candidate, rounding, max_new_tokens),
+        candidate=_side_summary(candidate),
+        reference=_side_summary(baseline),
+    )

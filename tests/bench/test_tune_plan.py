@@ -1,0 +1,80 @@
+"""tune's sweep grid, implied overrides, ranking and recipe writing (no servers)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sparkit.bench.tune import SweepPoint, grid, overrides_for, parse_params, rank, write_best_recipe
+from sparkit.errors import UsageError
+
+
+def test_param_grid_is_the_cartesian_product():
+    params = parse_params(["speculative.num_steps=1,2", "stack.lm_head=bf16,fp8"])
+    assert grid(params) == [
+        {"speculative.num_steps": "1", "stack.lm_head": "bf16"},
+        {"speculative.num_steps": "1", "stack.lm_head": "fp8"},
+        {"speculative.num_steps": "2", "stack.lm_head": "bf16"},
+        {"speculative.num_steps": "2", "stack.lm_head": "fp8"},
+    ]
+
+
+@pytest.mark.parametrize("bad", ["speculative.num_steps", "=1,2", "speculative.num_steps="])
+def test_malformed_param_is_a_usage_error(bad):
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        parse_params([bad])
+
+
+def test_num_steps_implies_nextn_chain_and_draft_tokens():
+    recipe = SimpleNamespace(stack=SimpleNamespace(speculative=SimpleNamespace(method="none", eagle_topk=None)))
+    sets = overrides_for({"speculative.num_steps": "3"}, recipe)
+    assert "stack.speculative.num_steps=3" in sets
+    assert "stack.speculative.method=nextn" in sets
+    assert "stack.speculative.num_draft_tokens=4" in sets
+    assert "stack.speculative.eagle_topk=1" in sets
+
+
+def point(label_value, tpots, step_factor):
+    return SweepPoint(
+        values={"speculative.num_steps": label_value},
+        overrides=[],
+        status="done",
+        figures={"tpot_mean_ms": sum(tpots) / len(tpots), "step_time_estimate_ms": sum(tpots) / len(tpots) * step_factor},
+        tpot_per_request_ms=tpots,
+    )
+
+
+def test_rank_picks_a_measurably_faster_depth():
+    points = [point("1", [10.0, 10.2, 9.8, 10.1], 1.6), point("2", [7.0, 7.1, 6.9, 7.2], 2.5), point("3", [7.5, 7.4, 7.6, 7.5], 3.0)]
+    ranking = rank(points)
+    assert ranking.best == 1 and ranking.baseline == 0
+    assert ranking.measurably_better is True
+    assert "measurably better" in ranking.verdict
+
+
+def test_rank_says_honestly_when_no_depth_beats_the_first():
+    points = [point("1", [10.0, 11.0, 9.0, 10.0], 1.6), point("2", [9.9, 11.1, 9.1, 9.7], 2.5)]
+    ranking = rank(points)
+    assert ranking.measurably_better is False
+    assert ranking.verdict.startswith("no point is measurably better") or ranking.verdict.startswith("none of the other")
+
+
+def test_within_noise_the_cheaper_step_wins():
+    points = [point("1", [10.0, 10.2, 9.8, 10.1], 1.6), point("2", [7.0, 7.1, 6.9, 7.2], 2.5), point("3", [6.95, 7.15, 6.85, 7.15], 3.0)]
+    ranking = rank(points)
+    assert ranking.best == 1  # depth 3 is within noise of depth 2 but has a dearer step
+
+
+def test_best_recipe_goes_to_a_new_file_that_extends_the_original(tmp_path):
+    source = tmp_path / "mine.yaml"
+    source.write_text("model: {path: x}\n")
+    first = write_best_recipe(source, ["stack.speculative.num_steps=3"], "steps 3", label="num_steps=3")
+    second = write_best_recipe(source, ["stack.speculative.num_steps=3"], "steps 3", label="num_steps=3")
+    assert first != second and first.exists() and second.exists()
+    assert source.read_text() == "model: {path: x}\n"
+    import yaml
+
+    body = yaml.safe_load(first.read_text())
+    assert body["extends"] == "mine.yaml"
+    assert body["stack"]["speculative"]["num_steps"] == 3

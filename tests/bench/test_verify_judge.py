@@ -1,0 +1,73 @@
+"""The correctness gate's judgement on collected outputs (the e2e tests collect real ones)."""
+
+from __future__ import annotations
+
+from sparkit.bench.verify import GreedyOutput, SideResult, judge, rounding_changes, token_agreement
+from sparkit.checks.results import Status
+
+
+def side(texts, ids=None, verify_ct=None, speculative=False, rerun_texts=None) -> SideResult:
+    ids = ids or [None] * len(texts)
+    greedy = [GreedyOutput(i, t, ids[i], 8, verify_ct) for i, t in enumerate(texts)]
+    rerun = [GreedyOutput(i, t, None, 8, verify_ct) for i, t in enumerate(rerun_texts or [])]
+    return SideResult("r", speculative, greedy, rerun)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_identical_outputs_pass_all_three_checks():
+    base = side(["abc", "def"], verify_ct=4, speculative=True)
+    cand = side(["abc", "def"], verify_ct=4, speculative=True, rerun_texts=["abc", "def"])
+    checks = by_name(judge(base, cand, rounding=[]))
+    assert checks["greedy_outputs"].status == Status.PASS
+    assert checks["accept_length"].status == Status.PASS
+    assert checks["state_pollution"].status == Status.PASS
+
+
+def test_one_changed_byte_fails_the_byte_exact_check_with_the_place_it_differs():
+    base = side(["abc", "def"])
+    cand = side(["abc", "dXf"], rerun_texts=["abc", "dXf"])
+    check = by_name(judge(base, cand, rounding=[]))["greedy_outputs"]
+    assert check.status == Status.FAIL
+    assert "1/2" in check.detail
+    assert "character 1" in check.evidence[0]
+
+
+def test_accept_length_drift_beyond_005_fails_when_both_speculate():
+    base = side(["a"], verify_ct=4, speculative=True)  # 8/4 = 2.0
+    cand = side(["a"], verify_ct=5, speculative=True)  # 8/5 = 1.6
+    assert by_name(judge(base, cand, rounding=[]))["accept_length"].status == Status.FAIL
+    # and is skipped when the baseline does not speculate
+    assert by_name(judge(side(["a"]), cand, rounding=[]))["accept_length"].status == Status.SKIP
+
+
+def test_state_pollution_is_caught():
+    cand = side(["abc"], rerun_texts=["abd"])
+    assert by_name(judge(side(["abc"]), cand, rounding=[]))["state_pollution"].status == Status.FAIL
+
+
+def test_rounding_changing_change_is_judged_by_agreement_not_bits():
+    base = side(["abcd"], ids=[[1, 2, 3, 4]], verify_ct=4, speculative=True)
+    cand = side(["abXY"], ids=[[1, 2, 9, 9]], verify_ct=4, speculative=True, rerun_texts=["abXY"])
+    rounding = rounding_changes({"stack": {"lm_head": "bf16"}}, {"stack": {"lm_head": "fp8"}})
+    assert rounding == ["stack.lm_head: bf16 -> fp8"]
+    checks = by_name(judge(base, cand, rounding))
+    assert checks["greedy_outputs"].status == Status.WARN
+    assert "rounding-changing" in checks["greedy_outputs"].detail
+    assert checks["greedy_outputs"].data["agreement_rate"] == 0.5
+    assert all(c.status != Status.FAIL for c in checks.values())
+
+
+def test_speculation_settings_are_not_rounding_changes():
+    a = {"stack": {"lm_head": "bf16", "speculative": {"method": "none"}}}
+    b = {"stack": {"lm_head": "bf16", "speculative": {"method": "nextn", "num_steps": 3}}}
+    assert rounding_changes(a, b) == []
+
+
+def test_token_agreement_counts_tokens_before_first_divergence():
+    a = [GreedyOutput(0, "", [1, 2, 3, 4], 4, None), GreedyOutput(1, "", [5, 6], 2, None)]
+    b = [GreedyOutput(0, "", [1, 2, 0, 4], 4, None), GreedyOutput(1, "", [5, 6], 2, None)]
+    rate, unit = token_agreement(a, b)
+    assert rate == (2 + 2) / 6 and unit == "tokens"
