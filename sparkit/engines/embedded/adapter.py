@@ -1,0 +1,201 @@
+"""Embedded-engine adapter: compile a recipe to `python -m sparkit.engines.embedded ...`.
+
+Built-in models (`sparkit:tiny-ling[:seed=N]`) are planned, not built: the plan
+lists them in `model_builds` and the launcher builds them before starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparkit.engines.base import EngineInfo, package_version
+
+BUILTIN_PREFIX = "sparkit:"
+_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?$")
+BUILTIN_MODELS = ("tiny-ling",)
+
+
+def _fallback_parser() -> argparse.ArgumentParser:
+    """The launch flags documented in sparkit/engines/embedded/api.py, used only while
+    the embedded server (and its own build_arg_parser) is not importable."""
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str):
+            raise ValueError(message)
+
+    p = _Parser(prog="sparkit.engines.embedded", allow_abbrev=False)
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--served-model-name")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--expert-weights", choices=["bf16", "fp8", "mxfp4"])
+    p.add_argument("--lm-head-dtype", choices=["bf16", "fp32", "fp8"])
+    p.add_argument("--dtype", choices=["bfloat16", "float32"])
+    p.add_argument("--speculative-algorithm", choices=["NEXTN", "EAGLE"])
+    p.add_argument("--speculative-num-steps", type=int)
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--draft-lm-head-sharing", choices=["module", "tensor"])
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--api-key")
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-queued-requests", type=int)
+    return p
+
+
+def embedded_arg_parser() -> tuple[argparse.ArgumentParser, str]:
+    """The embedded server's own parser when importable, else the documented flag list."""
+    try:
+        from sparkit.engines.embedded.server import build_arg_parser
+    except ImportError:
+        return _fallback_parser(), "documented flags (sparkit/engines/embedded/api.py)"
+    parser = build_arg_parser()
+
+    def error(message: str):
+        raise ValueError(message)
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser, "the embedded server's parser"
+
+
+def parse_builtin(path: str) -> tuple[str, int] | None:
+    """('tiny-ling', seed) for `sparkit:tiny-ling[:seed=N]`; None for other paths."""
+    m = _BUILTIN.match(path)
+    if not m:
+        return None
+    return m.group("name"), int(m.group("seed") or 0)
+
+
+def builtin_dir(name: str, seed: int) -> Path:
+    from sparkit.paths import cache_dir
+
+    return cache_dir() / "models" / f"{name}-s{seed}"
+
+
+class EmbeddedAdapter:
+    name = "embedded"
+
+    def probe(self) -> EngineInfo:
+        import importlib.util
+
+        missing = [m for m in ("torch", "safetensors", "transformers", "starlette", "uvicorn")
+                   if importlib.util.find_spec(m) is None]
+        extras = {pkg: package_version(pkg) for pkg in ("torch", "safetensors", "transformers", "uvicorn")}
+        detail = "" if not missing else "missing " + ", ".join(missing) + ": pip install 'sparkit[embedded]'"
+        from sparkit import __version__
+
+        return EngineInfo("embedded", not missing, __version__, detail, extras)
+
+    def _model_dir(self, loaded, key: str, path: str, builds: list[dict[str, Any]]) -> str:
+        if path.startswith(BUILTIN_PREFIX):
+            parsed = parse_builtin(path)
+            if parsed is None or parsed[0] not in BUILTIN_MODELS:
+                raise loaded.error(key, f"unknown built-in model {path!r}",
+                                   hint="built-in models: sparkit:tiny-ling or sparkit:tiny-ling:seed=N")
+            name, seed = parsed
+            directory = str(builtin_dir(name, seed))
+            if not any(b["dir"] == directory for b in builds):
+                builds.append({"name": name, "seed": seed, "dir": directory})
+            return directory
+        return str(Path(path).expanduser())
+
+    def compile(self, loaded, *, port: int | None = None):
+        from sparkit.recipes.compile import base_expectations, build_plan
+        from sparkit.recipes.plan import Provision
+
+        r = loaded.recipe
+        stack, server, spec = r.stack, r.server, r.stack.speculative
+        builds: list[dict[str, Any]] = []
+        model_dir = self._model_dir(loaded, "model.path", r.model.path, builds)
+        parsed = parse_builtin(r.model.path)
+        served = r.model.served_name or (parsed[0] if parsed else Path(model_dir).name)
+        port = port if port is not None else server.port
+        device = {"cpu": "cpu", "auto": "auto"}.get(r.target, "cuda")
+
+        args = ["--model-path", model_dir, "--served-model-name", served, "--host", server.host, "--port", str(port),
+                "--device", device, "--expert-weights", stack.weights, "--lm-head-dtype", stack.lm_head]
+        if r.model.dtype in ("bfloat16", "float32"):
+            args += ["--dtype", r.model.dtype]
+        draft_dir = None
+        if spec.method == "nextn":
+            args += ["--speculative-algorithm", "NEXTN"]
+            if spec.num_steps is not None:
+                args += ["--speculative-num-steps", str(spec.num_steps), "--speculative-eagle-topk", str(spec.eagle_topk),
+                         "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+            if spec.draft_model:
+                draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", spec.draft_model, builds)
+                args += ["--speculative-draft-model-path", draft_dir]
+        if r.model.context_length:
+            args += ["--context-length", str(r.model.context_length)]
+        if server.enable_metrics:
+            args.append("--enable-metrics")
+
+        parser, parser_name = embedded_arg_parser()
+        for i, item in enumerate(server.extra_args):
+            if item.startswith("--") and item.split("=")[0] in args:
+                raise loaded.error(f"server.extra_args.{i}", f"{item.split('=')[0]} is set from the recipe",
+                                   hint="set the matching recipe key instead of passing the flag")
+        try:
+            parser.parse_args(["--model-path", "x", *server.extra_args])
+        except (ValueError, SystemExit) as exc:
+            raise loaded.error("server.extra_args", f"the embedded engine rejects the pass-through flags: {exc}",
+                               hint=f"flags are checked against {parser_name}") from None
+        args += list(server.extra_args)
+        if model_dir and model_dir.startswith("-"):
+            raise loaded.error("model.path", "a model path cannot start with '-'")
+
+        warnings: list[str] = []
+        sharing = _flag_value(server.extra_args, "--draft-lm-head-sharing")
+        if sharing == "tensor" and spec.method == "nextn" and stack.lm_head == "fp8":
+            warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
+                            "shared-head trap (the draft reads FP8 bytes as bf16: accept length ~1.0); the "
+                            "draft_lm_head check is expected to fail")
+        env = dict(server.env)
+
+        expectations = base_expectations(r)
+        expectations.speculative_algorithm_reported = "NEXTN" if spec.method == "nextn" else None
+        if spec.method == "nextn" and stack.lm_head == "fp8":
+            # The recipe asks for a shared head; the check verifies it (and catches "tensor").
+            expectations.draft_shares_lm_head = True
+        if draft_dir:
+            expectations.draft_model = draft_dir
+        sa: dict[str, Any] = {"tp_size": 1, "ep_size": 1}
+        if spec.method == "nextn":
+            sa["speculative_algorithm"] = "NEXTN"
+            for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
+                if getattr(spec, k) is not None:
+                    sa[f"speculative_{k}"] = getattr(spec, k)
+        expectations.server_args = sa
+
+        provisions = [
+            Provision(f"weights={stack.weights}", "embedded", f"--expert-weights {stack.weights} (quantised at load)"),
+            Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
+            Provision(f"lm_head={stack.lm_head}", "embedded", f"--lm-head-dtype {stack.lm_head}"),
+        ]
+        if spec.method == "nextn":
+            provisions.append(Provision("speculative=nextn", "embedded", "--speculative-algorithm NEXTN"))
+            if stack.lm_head == "fp8":
+                provisions.append(Provision("draft_lm_head=shared", "embedded",
+                                            f"--draft-lm-head-sharing {sharing or 'module'}"))
+
+        argv = [sys.executable, "-m", "sparkit.engines.embedded", *args]
+        plan = build_plan(loaded, engine="embedded", argv=argv, env=env, port=port, expectations=expectations,
+                          provisions=provisions, warnings=warnings, served_model_name=served)
+        plan.model_builds = builds
+        return plan
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, item in enumerate(args):
+        if item == flag and i + 1 < len(args):
+            return args[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None

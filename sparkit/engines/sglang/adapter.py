@@ -1,0 +1,311 @@
+"""SGLang adapter: compile a recipe to an exact `sglang.launch_server` command and
+check it against the *installed* sglang (its own argparse parser and its env registry).
+
+Importing sglang's parser costs seconds (it pulls torch), so it happens lazily and
+once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any
+
+from sparkit.engines.base import EngineInfo, package_version
+from sparkit.errors import RecipeError
+
+FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
+PLUGIN_NAME = "sparkit"
+PLUGIN_ENTRY_POINT = "sparkit.engines.sglang.plugin:register"
+
+# Resolved-args names sparkit sets from recipe keys: a pass-through flag with the same
+# destination would fight the recipe, so it is an error naming the key to use instead.
+MANAGED_DESTS = {
+    "model_path": "model.path",
+    "served_model_name": "model.served_name",
+    "trust_remote_code": "model.trust_remote_code",
+    "context_length": "model.context_length",
+    "dtype": "model.dtype",
+    "json_model_override_args": "model.overrides",
+    "quantization": "stack.quantization",
+    "moe_runner_backend": "stack.moe_backend",
+    "enable_fp32_lm_head": "stack.lm_head",
+    "speculative_algorithm": "stack.speculative.method",
+    "speculative_num_steps": "stack.speculative.num_steps",
+    "speculative_eagle_topk": "stack.speculative.eagle_topk",
+    "speculative_num_draft_tokens": "stack.speculative.num_draft_tokens",
+    "speculative_draft_model_path": "stack.speculative.draft_model",
+    "attention_backend": "stack.attention_backend",
+    "tp_size": "stack.tp",
+    "ep_size": "stack.ep",
+    "host": "server.host",
+    "port": "server.port",
+    "api_key": "server.api_key_env",
+    "mem_fraction_static": "server.mem_fraction_static",
+    "max_running_requests": "server.max_running_requests",
+    "cuda_graph_max_bs_decode": "server.cuda_graph.max_bs_decode",
+    "cuda_graph_max_bs_prefill": "server.cuda_graph.max_bs_prefill",
+    "enable_metrics": "server.enable_metrics",
+}
+
+
+class ParserRejected(Exception):
+    """sglang's argparse parser refused the arguments; str() is its own message."""
+
+
+@functools.cache
+def server_arg_parser():
+    """sglang's own server-args parser, raising ParserRejected instead of exiting."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # argparse would print usage and exit(2)
+            raise ParserRejected(message)
+
+    parser = _Parser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+@functools.cache
+def env_registry() -> frozenset[str]:
+    """Names of the environment variables the installed sglang reads (sglang.srt.environ.envs)."""
+    from sglang.srt.environ import Envs
+
+    return frozenset(n for n, v in vars(Envs).items() if type(v).__name__.startswith("Env"))
+
+
+@functools.cache
+def installed_version() -> str | None:
+    return package_version("sglang")
+
+
+def parse_args(args: list[str]) -> Any:
+    """Parse with sglang's parser (raises ParserRejected). Returns the argparse Namespace."""
+    return server_arg_parser().parse_args(args)
+
+
+def choices_for(dest: str) -> list[str] | None:
+    for action in server_arg_parser()._actions:
+        if action.dest == dest and action.choices:
+            return [str(c) for c in action.choices]
+    return None
+
+
+def _action_for(flag: str):
+    parser = server_arg_parser()
+    name = flag.split("=", 1)[0]
+    if name in parser._option_string_actions:
+        return parser._option_string_actions[name]
+    return None
+
+
+class SGLangAdapter:
+    name = "sglang"
+
+    def probe(self) -> EngineInfo:
+        import importlib.util
+
+        version = installed_version()
+        importable = importlib.util.find_spec("sglang") is not None
+        extras = {pkg: package_version(pkg) for pkg in ("humming-kernels", "flashinfer-python", "sgl-kernel", "torch")}
+        detail = "" if importable else "pip install sglang (GPU machine) to serve real models"
+        return EngineInfo("sglang", importable, version, detail, extras)
+
+    def compile(self, loaded, *, port: int | None = None):
+        from sparkit.recipes.compile import base_expectations, build_plan
+
+        r = loaded.recipe
+        stack, server, spec = r.stack, r.server, r.stack.speculative
+        warnings: list[str] = []
+        self._check_choices(loaded)
+
+        args: list[str] = ["--model-path", r.model.path]
+        if r.model.served_name:
+            args += ["--served-model-name", r.model.served_name]
+        if r.model.trust_remote_code:
+            args.append("--trust-remote-code")
+        if r.model.context_length:
+            args += ["--context-length", str(r.model.context_length)]
+        if r.model.dtype != "auto":
+            args += ["--dtype", r.model.dtype]
+        if r.model.overrides:
+            args += ["--json-model-override-args", json.dumps(r.model.overrides, separators=(",", ":"))]
+        if stack.quantization:
+            args += ["--quantization", stack.quantization]
+        if stack.moe_backend != "auto":
+            args += ["--moe-runner-backend", stack.moe_backend]
+        if stack.lm_head == "fp32":
+            args.append("--enable-fp32-lm-head")
+        if spec.method == "nextn":
+            args += ["--speculative-algorithm", "NEXTN"]
+            if spec.num_steps is not None:
+                args += ["--speculative-num-steps", str(spec.num_steps), "--speculative-eagle-topk", str(spec.eagle_topk),
+                         "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+            if spec.draft_model:
+                args += ["--speculative-draft-model-path", spec.draft_model]
+        elif spec.method == "dspark":
+            args += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", spec.draft_model]
+        if stack.attention_backend:
+            args += ["--attention-backend", stack.attention_backend]
+        if stack.tp != 1:
+            args += ["--tp-size", str(stack.tp)]
+        if stack.ep != 1:
+            args += ["--ep-size", str(stack.ep)]
+        if server.mem_fraction_static is not None:
+            args += ["--mem-fraction-static", str(server.mem_fraction_static)]
+        if server.max_running_requests is not None:
+            args += ["--max-running-requests", str(server.max_running_requests)]
+        if not server.cuda_graph.enabled:
+            args += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+        if server.cuda_graph.max_bs_decode:
+            args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph.max_bs_decode)]
+        if server.cuda_graph.max_bs_prefill:
+            args += ["--cuda-graph-max-bs-prefill", str(server.cuda_graph.max_bs_prefill)]
+        if server.enable_metrics:
+            args.append("--enable-metrics")
+        port = port if port is not None else server.port
+        args += ["--host", server.host, "--port", str(port)]
+
+        warnings += self._check_passthrough(loaded)
+        args += list(server.extra_args)
+        try:
+            parse_args(args)
+        except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
+            raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
+
+        env = dict(server.env)
+        warnings += self._check_env(loaded)
+        provisions = self._provisions(loaded, env)
+
+        expectations = base_expectations(r)
+        expectations.speculative_algorithm_reported = {"nextn": "EAGLE", "dspark": "DSPARK"}.get(spec.method)
+        sa: dict[str, Any] = {"tp_size": stack.tp, "ep_size": stack.ep,
+                              "enable_fp32_lm_head": stack.lm_head == "fp32"}
+        if stack.moe_backend != "auto":
+            sa["moe_runner_backend"] = stack.moe_backend
+        if spec.enabled:
+            sa["speculative_algorithm"] = expectations.speculative_algorithm_reported
+            for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
+                if getattr(spec, k) is not None:
+                    sa[f"speculative_{k}"] = getattr(spec, k)
+            if spec.draft_model:
+                sa["speculative_draft_model_path"] = spec.draft_model
+        if stack.attention_backend:
+            sa["attention_backend"] = stack.attention_backend
+        if server.mem_fraction_static is not None:
+            sa["mem_fraction_static"] = server.mem_fraction_static
+        if r.model.served_name:
+            sa["served_model_name"] = r.model.served_name
+        expectations.server_args = sa
+
+        argv = [sys.executable, "-m", "sglang.launch_server", *args]
+        return build_plan(loaded, engine="sglang", argv=argv, env=env, port=port, expectations=expectations,
+                          provisions=provisions, warnings=warnings, served_model_name=r.model.served_name or r.model.path)
+
+    # ------------------------------------------------------------ feature detection
+
+    def _check_choices(self, loaded) -> None:
+        r = loaded.recipe
+        for key, dest, value in (
+            ("stack.moe_backend", "moe_runner_backend", r.stack.moe_backend),
+            ("stack.attention_backend", "attention_backend", r.stack.attention_backend),
+            ("stack.quantization", "quantization", r.stack.quantization),
+        ):
+            if value is None:
+                continue
+            allowed = choices_for(dest)
+            if allowed is not None and value not in allowed:
+                raise loaded.error(key, f"{value!r} is not one of {', '.join(allowed)} (sglang {installed_version()})")
+
+    def _check_passthrough(self, loaded) -> list[str]:
+        """Each pass-through flag must exist in the installed sglang and not fight a recipe key."""
+        extra = list(loaded.recipe.server.extra_args)
+        warnings = []
+        for i, item in enumerate(extra):
+            if not item.startswith("-"):
+                continue
+            key = f"server.extra_args.{i}"
+            try:
+                parse_args(["--model-path", "x", *(extra[i:i + 2] if _takes_value(item) else [item])])
+            except ParserRejected as exc:
+                raise loaded.error(key, f"sglang {installed_version()} rejects {item!r}: {exc}",
+                                   hint="flags change between sglang versions: check `python -m sglang.launch_server --help`") from None
+            action = _action_for(item)
+            if action is None:  # argparse accepted an abbreviation; name the real flag
+                action = _abbreviated(item)
+            if action is None:
+                continue
+            if action.dest in MANAGED_DESTS and not (action.dest == "enable_fp32_lm_head" and loaded.recipe.stack.lm_head == "fp8"):
+                raise loaded.error(key, f"{item.split('=')[0]} is set from the recipe key {MANAGED_DESTS[action.dest]}",
+                                   hint=f"set {MANAGED_DESTS[action.dest]} instead of passing the flag")
+            if type(action).__name__.startswith("Deprecated"):
+                new = getattr(action, "new_flag", None) or "see sglang --help"
+                warnings.append(f"{key}: {item} is deprecated in sglang {installed_version()} (use {new})")
+        try:
+            parse_args(["--model-path", "x", *extra])
+        except ParserRejected as exc:
+            raise loaded.error("server.extra_args", f"sglang {installed_version()} rejects the pass-through flags: {exc}") from None
+        return warnings
+
+    def _check_env(self, loaded) -> list[str]:
+        known = env_registry()
+        out = []
+        for name in loaded.recipe.server.env:
+            if name.startswith("SGLANG_") and name not in known:
+                out.append(f"server.env.{name}: the installed sglang {installed_version()} ignores {name} "
+                           "(not in sglang.srt.environ.envs); it is passed but has no effect")
+        return out
+
+    def _provisions(self, loaded, env: dict[str, str]):
+        from sparkit.recipes.plan import Provision
+
+        r = loaded.recipe
+        stack, spec = r.stack, r.stack.speculative
+        out = [Provision(f"weights={stack.weights}", "checkpoint", r.model.path)]
+        if stack.moe_backend == "auto":
+            out.append(Provision("moe_backend=auto", "sglang-default",
+                                 "sglang picks (flashinfer_mxfp4 for Ling V3 FP8/MXFP4 on SM90/100/120)"))
+        else:
+            out.append(Provision(f"moe_backend={stack.moe_backend}", "sglang-flag", f"--moe-runner-backend {stack.moe_backend}"))
+        if stack.lm_head == "fp32":
+            out.append(Provision("lm_head=fp32", "sglang-flag", "--enable-fp32-lm-head"))
+        elif stack.lm_head == "bf16":
+            out.append(Provision("lm_head=bf16", "checkpoint", "the checkpoint's lm_head as is"))
+        else:
+            if FP8_LM_HEAD_ENV in env_registry():
+                env[FP8_LM_HEAD_ENV] = "1"
+                out.append(Provision("lm_head=fp8", "sglang-env", f"{FP8_LM_HEAD_ENV}=1 (in this sglang's registry)"))
+                provider, detail = "sglang-env", "the patched sglang shares the quantised module (set_lm_head_from_target)"
+            else:
+                env["SPARKIT_SGLANG_PLUGIN"] = "1"
+                plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
+                env["SGLANG_PLUGINS"] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
+                out.append(Provision("lm_head=fp8", "sparkit-plugin",
+                                     f"{PLUGIN_ENTRY_POINT} (sglang {installed_version()} has no {FP8_LM_HEAD_ENV})"))
+                provider, detail = "sparkit-plugin", f"{PLUGIN_ENTRY_POINT} gives the NextN draft the target's FP8 lm_head module"
+            if spec.method == "nextn":
+                out.append(Provision("draft_lm_head=shared", provider, detail))
+        if spec.method == "nextn":
+            out.append(Provision("speculative=nextn", "sglang-flag",
+                                 "--speculative-algorithm NEXTN (an alias of EAGLE; /server_info reports EAGLE)"))
+        elif spec.method == "dspark":
+            out.append(Provision("speculative=dspark", "sglang-flag", f"--speculative-algorithm DSPARK, draft {spec.draft_model}"))
+        return out
+
+
+def _takes_value(flag: str) -> bool:
+    if "=" in flag:
+        return False
+    action = _action_for(flag) or _abbreviated(flag)
+    return action is not None and action.nargs != 0
+
+
+def _abbreviated(flag: str):
+    name = flag.split("=", 1)[0]
+    matches = [a for s, a in server_arg_parser()._option_string_actions.items() if s.startswith(name)]
+    unique = {id(a): a for a in matches}
+    return next(iter(unique.values())) if len(unique) == 1 else None

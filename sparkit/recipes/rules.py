@@ -1,0 +1,267 @@
+"""Compatibility rules over a recipe (and what the installed engine supports).
+
+Each rule has a name, a one-sentence reason and a fix. A rule returns the
+violations it finds; `error` violations stop planning, `warning`s are printed
+with the plan. Engine-specific rules that need the installed engine (flags its
+parser no longer has, env names its registry ignores) live in the engine adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sparkit.recipes.load import LoadedRecipe
+
+Severity = Literal["error", "warning"]
+
+FP8_BLOCK = 128
+
+# moe_intermediate_size of models we know by hub id, for when no local config.json exists.
+KNOWN_EXPERT_WIDTHS = {
+    "ling-3.0-flash": 768,
+}
+
+
+@dataclass
+class Violation:
+    rule: str
+    severity: Severity
+    key: str  # dotted recipe key the problem is about
+    message: str
+    reason: str
+    fix: str
+
+    def text(self) -> str:
+        return f"[{self.rule}] {self.message} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    reason: str
+    fix: str
+    check: Callable[[LoadedRecipe], list[tuple[Severity, str, str]]]  # (severity, key, message)
+
+
+RULES: list[Rule] = []
+
+
+def rule(name: str, reason: str, fix: str):
+    def register(fn: Callable[[LoadedRecipe], list[tuple[Severity, str, str]]]):
+        RULES.append(Rule(name, reason, fix, fn))
+        return fn
+
+    return register
+
+
+def _flag_present(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@rule(
+    "fp8-head-excludes-fp32-head",
+    "an FP8 lm_head and --enable-fp32-lm-head both replace the output matmul, so only one can be active",
+    "keep stack.lm_head: fp8 and drop --enable-fp32-lm-head (or use stack.lm_head: fp32 without FP8)",
+)
+def _fp8_vs_fp32_head(loaded: LoadedRecipe):
+    stack, server = loaded.recipe.stack, loaded.recipe.server
+    out = []
+    if stack.lm_head == "fp8" and _flag_present(server.extra_args, "--enable-fp32-lm-head"):
+        out.append(("error", "server.extra_args", "stack.lm_head is fp8 but server.extra_args passes --enable-fp32-lm-head"))
+    if stack.lm_head != "fp8" and _truthy(server.env.get("SGLANG_ENABLE_FP8_LM_HEAD")):
+        out.append(("error", "server.env.SGLANG_ENABLE_FP8_LM_HEAD",
+                    f"SGLANG_ENABLE_FP8_LM_HEAD is set but stack.lm_head is {stack.lm_head}"))
+    return out
+
+
+@rule(
+    "speculative-numbers-all-or-none",
+    "sglang crashes at start on a partial set (only num_steps: TypeError; only eagle_topk: AssertionError)",
+    "give speculative.num_steps, eagle_topk and num_draft_tokens together, or none of them for the model's defaults",
+)
+def _spec_all_or_none(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method != "nextn":
+        return []
+    given = {k: getattr(spec, k) for k in ("num_steps", "eagle_topk", "num_draft_tokens")}
+    missing = [k for k, v in given.items() if v is None]
+    if missing and len(missing) < 3:
+        return [("error", "stack.speculative", "speculative numbers are partial: missing " + ", ".join(missing))]
+    return []
+
+
+@rule(
+    "topk1-draft-tokens",
+    "with eagle_topk 1 sglang silently rewrites num_draft_tokens to num_steps + 1, so the recipe would not be what runs",
+    "set speculative.num_draft_tokens to num_steps + 1",
+)
+def _topk1_draft_tokens(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method == "nextn" and spec.eagle_topk == 1 and spec.num_steps and spec.num_draft_tokens:
+        if spec.num_draft_tokens != spec.num_steps + 1:
+            return [("error", "stack.speculative.num_draft_tokens",
+                     f"with eagle_topk 1, num_draft_tokens must be num_steps + 1 = {spec.num_steps + 1}, "
+                     f"not {spec.num_draft_tokens}")]
+    return []
+
+
+@rule(
+    "dspark-needs-draft-model",
+    "DSpark drafts with a separate block-draft checkpoint; the target has no DSpark layer",
+    "set stack.speculative.draft_model (e.g. inclusionAI/Ling-3.0-flash-dspark)",
+)
+def _dspark_draft(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method == "dspark" and not spec.draft_model:
+        return [("error", "stack.speculative", "speculative method dspark needs draft_model")]
+    return []
+
+
+@rule(
+    "dspark-takes-no-step-numbers",
+    "DSpark's block size comes from the draft checkpoint; sglang takes no num-steps / draft-tokens / topk for it",
+    "remove speculative.num_steps, eagle_topk and num_draft_tokens",
+)
+def _dspark_numbers(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method != "dspark":
+        return []
+    given = [k for k in ("num_steps", "eagle_topk", "num_draft_tokens") if getattr(spec, k) is not None]
+    if given:
+        return [("error", f"stack.speculative.{given[0]}", "dspark takes no " + ", ".join(given))]
+    return []
+
+
+@rule(
+    "dspark-disables-metadata-glue-graph",
+    "sglang force-disables SGLANG_ENABLE_METADATA_GLUE_GRAPH under DSpark/DFlash (it rebuilds attention plans every step)",
+    "drop SGLANG_ENABLE_METADATA_GLUE_GRAPH from server.env for DSpark recipes",
+)
+def _dspark_glue_graph(loaded: LoadedRecipe):
+    spec, env = loaded.recipe.stack.speculative, loaded.recipe.server.env
+    if spec.method == "dspark" and _truthy(env.get("SGLANG_ENABLE_METADATA_GLUE_GRAPH")):
+        return [("warning", "server.env.SGLANG_ENABLE_METADATA_GLUE_GRAPH",
+                 "SGLANG_ENABLE_METADATA_GLUE_GRAPH has no effect under dspark (sglang force-disables it)")]
+    return []
+
+
+def expert_width(model_path: str) -> int | None:
+    """moe_intermediate_size from a local config.json, else from the known-models table."""
+    config = Path(model_path).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            value = json.loads(config.read_text()).get("moe_intermediate_size")
+            return int(value) if value else None
+        except (OSError, ValueError):
+            return None
+    lowered = model_path.lower().rsplit("/", 1)[-1]
+    for prefix, width in KNOWN_EXPERT_WIDTHS.items():
+        if lowered.startswith(prefix):
+            return width
+    return None
+
+
+@rule(
+    "fp8-block-quant-tp-split",
+    f"FP8 block quantisation (block {FP8_BLOCK}) cannot split an expert whose width is not a multiple of {FP8_BLOCK} x (tp / ep)",
+    "set stack.ep equal to stack.tp so that whole experts are placed on each GPU",
+)
+def _fp8_block_split(loaded: LoadedRecipe):
+    r = loaded.recipe
+    fp8 = r.stack.weights == "fp8" or (r.stack.quantization or "").startswith("fp8")
+    if not fp8 or r.engine != "sglang" or r.stack.tp == 1:
+        return []
+    width = expert_width(r.model.path)
+    moe_tp = max(1, r.stack.tp // r.stack.ep)
+    if width and moe_tp > 1 and width % (FP8_BLOCK * moe_tp) != 0:
+        return [("error", "stack.tp",
+                 f"expert width {width} split {moe_tp} ways is {width // moe_tp}, not a multiple of {FP8_BLOCK}; "
+                 f"use stack.ep: {r.stack.tp}")]
+    return []
+
+
+@rule(
+    "no-inline-api-key",
+    "a key on the command line is visible to every user of the machine and ends up in plan.json",
+    "put the key in an environment variable and name it in server.api_key_env",
+)
+def _inline_api_key(loaded: LoadedRecipe):
+    if _flag_present(loaded.recipe.server.extra_args, "--api-key"):
+        return [("error", "server.extra_args", "--api-key given inline")]
+    return []
+
+
+@rule(
+    "gb10-mem-fraction",
+    "on DGX Spark the GPU shares memory with the OS; the cookbook measured that 0.75 risks GPU OOM and driver lockups",
+    "use server.mem_fraction_static: 0.68",
+)
+def _gb10_mem_fraction(loaded: LoadedRecipe):
+    r = loaded.recipe
+    if r.target == "gb10" and r.server.mem_fraction_static is not None and r.server.mem_fraction_static >= 0.75:
+        return [("warning", "server.mem_fraction_static",
+                 f"mem_fraction_static {r.server.mem_fraction_static} on gb10")]
+    return []
+
+
+@rule(
+    "embedded-moe-backend",
+    "the embedded engine has one MoE implementation (PyTorch); sglang's kernels do not exist there",
+    "use stack.moe_backend: auto (or embedded-torch) with engine: embedded",
+)
+def _embedded_moe(loaded: LoadedRecipe):
+    r = loaded.recipe
+    if r.engine == "embedded" and r.stack.moe_backend not in ("auto", "embedded-torch"):
+        return [("error", "stack.moe_backend",
+                 f"moe_backend {r.stack.moe_backend!r} is not available on the embedded engine (auto or embedded-torch)")]
+    if r.engine == "sglang" and r.stack.moe_backend == "embedded-torch":
+        return [("error", "stack.moe_backend", "moe_backend 'embedded-torch' exists only on engine: embedded")]
+    return []
+
+
+@rule(
+    "embedded-speculative-nextn-only",
+    "the embedded engine implements NEXTN MTP only, on one device",
+    "use speculative.method: nextn (or none), tp 1 and ep 1 with engine: embedded",
+)
+def _embedded_limits(loaded: LoadedRecipe):
+    r = loaded.recipe
+    if r.engine != "embedded":
+        return []
+    out = []
+    if r.stack.speculative.method == "dspark":
+        out.append(("error", "stack.speculative.method", "dspark is not available on the embedded engine"))
+    if r.stack.tp != 1 or r.stack.ep != 1:
+        out.append(("error", "stack.tp" if r.stack.tp != 1 else "stack.ep", "the embedded engine runs on one device (tp 1, ep 1)"))
+    if r.target not in ("cpu", "auto"):
+        out.append(("warning", "target", f"embedded engine with target {r.target}: it runs, but publishes no {r.target} figures"))
+    return out
+
+
+def check_rules(loaded: LoadedRecipe) -> list[Violation]:
+    """Every violation of every engine-independent rule, in rule order."""
+    found = []
+    for r in RULES:
+        for severity, key, message in r.check(loaded):
+            found.append(Violation(r.name, severity, key, message, r.reason, r.fix))
+    return found
+
+
+def raise_for_errors(loaded: LoadedRecipe, violations: list[Violation]) -> list[str]:
+    """Raise a RecipeError for the first error (naming the others); return warning texts."""
+    errors = [v for v in violations if v.severity == "error"]
+    if errors:
+        first = errors[0]
+        message = f"{first.message} [{first.rule}: {first.reason}]"
+        if len(errors) > 1:
+            message += "; also: " + "; ".join(f"{e.key}: {e.message} [{e.rule}]" for e in errors[1:])
+        raise loaded.error(first.key, message, hint=first.fix)
+    return [f"{v.key}: {v.message} [{v.rule}: {v.reason}] fix: {v.fix}" for v in violations if v.severity == "warning"]

@@ -1,0 +1,251 @@
+"""The recipe schema: what a user writes in a recipe YAML file.
+
+pydantic models with `extra="forbid"`, so a typo is an error rather than a
+silently ignored key. The docstring under each field is the user documentation:
+docs/recipe-reference.md is generated from it (scripts/gen_recipe_reference.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The MoE runner backends of sglang 0.5.23 plus the embedded engine's own. The
+# sglang adapter also checks the value against the *installed* sglang's choices.
+MoeBackend = Literal[
+    "auto",
+    "humming",
+    "flashinfer_mxfp4",
+    "flashinfer_cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_trtllm_routed",
+    "flashinfer_cutedsl",
+    "triton",
+    "triton_kernel",
+    "cutlass",
+    "marlin",
+    "deep_gemm",
+    "aiter",
+    "embedded-torch",
+]
+
+TargetName = Literal["auto", "gb10", "blackwell-tp4", "hopper", "cpu"]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class ModelSpec(_Strict):
+    """The model to serve."""
+
+    path: str
+    """Local checkpoint directory, hub id (`inclusionAI/Ling-3.0-flash`), or a built-in
+    model of the embedded engine: `sparkit:tiny-ling` (seed 0) or `sparkit:tiny-ling:seed=1`."""
+
+    served_name: str | None = None
+    """Name the server answers to in /v1/models and requests (default: engine's choice)."""
+
+    trust_remote_code: bool = False
+    """Allow the checkpoint's own Python code (needed by Ling on some sglang versions)."""
+
+    context_length: int | None = Field(default=None, ge=1)
+    """Maximum context length in tokens (default: the model's)."""
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Activation / dense weight dtype."""
+
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Model config overrides (sglang `--json-model-override-args`)."""
+
+
+class Speculative(_Strict):
+    """Speculative decoding. `method: none` (the default), `nextn` (the model's own MTP
+    layer) or `dspark` (a separate block draft model). A bare string (`speculative: nextn`)
+    is accepted as the method."""
+
+    method: Literal["none", "nextn", "dspark"] = "none"
+    """Which speculative decoder to use."""
+
+    num_steps: int | None = Field(default=None, ge=1)
+    """NEXTN: draft tokens proposed per step. Give all three numbers or none."""
+
+    eagle_topk: int | None = Field(default=None, ge=1)
+    """NEXTN: branching factor of the draft tree (1 = a chain)."""
+
+    num_draft_tokens: int | None = Field(default=None, ge=1)
+    """NEXTN: tokens verified per step; with eagle_topk 1 it must be num_steps + 1."""
+
+    draft_model: str | None = None
+    """Draft checkpoint: required for dspark; for nextn it replaces the target's own NextN
+    layer (embedded engine: `sparkit:tiny-ling:seed=1` is a deliberately wrong draft)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_method(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"method": value}
+        if value is None:
+            return {"method": "none"}
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
+class Stack(_Strict):
+    """The optimisation stack."""
+
+    weights: Literal["bf16", "fp8", "mxfp4"] = "bf16"
+    """What the checkpoint's expert weights hold (for the embedded engine: what the experts
+    are quantised to at load). Describes the checkpoint; it sets no `--quantization`."""
+
+    quantization: str | None = None
+    """Explicit sglang `--quantization` (online quantisation). Leave unset for pre-quantised
+    checkpoints such as Ling's -fp4: a value that contradicts the checkpoint is an sglang error."""
+
+    moe_backend: MoeBackend = "auto"
+    """MoE runner backend (`--moe-runner-backend`); `embedded-torch` or `auto` for the embedded engine."""
+
+    lm_head: Literal["bf16", "fp32", "fp8"] = "bf16"
+    """Output layer precision: bf16 (the checkpoint's), fp32 (`--enable-fp32-lm-head`) or
+    fp8 (online FP8 quantisation at load)."""
+
+    speculative: Speculative = Field(default_factory=Speculative)
+    """Speculative decoding (see `speculative.*`). In a recipe that `extends` another, a
+    different `method` replaces the base's whole speculative section; the same method merges."""
+
+    attention_backend: str | None = None
+    """Attention backend (`--attention-backend`), checked against the installed sglang."""
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size (GPUs per replica)."""
+
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel size (divides the experts between GPUs instead of splitting each one)."""
+
+
+class CudaGraph(_Strict):
+    """CUDA graph capture."""
+
+    enabled: bool = True
+    """Capture CUDA graphs for decode (off = `--disable-cuda-graph`)."""
+
+    max_bs_decode: int | None = Field(default=None, ge=1)
+    """Largest decode batch size captured (`--cuda-graph-max-bs-decode`)."""
+
+    max_bs_prefill: int | None = Field(default=None, ge=1)
+    """Largest prefill batch size captured (`--cuda-graph-max-bs-prefill`)."""
+
+
+class Server(_Strict):
+    """How the server listens and engine extras."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+
+    port: int = Field(default=30000, ge=1, le=65535)
+    """Port to listen on (`sparkit up --port` wins)."""
+
+    api_key_env: str | None = None
+    """Name of the environment variable that holds the API key (never the key itself)."""
+
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    """Fraction of GPU memory for weights + KV cache (DGX Spark cookbook: 0.68)."""
+
+    max_running_requests: int | None = Field(default=None, ge=1)
+    """Most requests decoded at once."""
+
+    cuda_graph: CudaGraph = Field(default_factory=CudaGraph)
+    """CUDA graph settings."""
+
+    enable_metrics: bool = True
+    """Expose Prometheus /metrics (the startup checks read it)."""
+
+    extra_args: list[str] = Field(default_factory=list)
+    """Pass-through engine flags, validated by the installed engine's own parser."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the engine; SGLANG_* names are checked against the
+    installed sglang's registry (a warning for each one it ignores)."""
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name (name the variable, not the key)")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        # YAML reads `SGLANG_X: 1` as an int; the environment only holds strings.
+        if isinstance(value, dict):
+            return {k: ("1" if v is True else "0" if v is False else str(v)) if not isinstance(v, (dict, list)) else v
+                    for k, v in value.items()}
+        return value
+
+
+class Checks(_Strict):
+    """What the startup checks expect of the live server."""
+
+    min_accept_length: float | None = Field(default=None, ge=1)
+    """Minimum mean speculative accept length (default 1.5 when speculative decoding is on)."""
+
+    min_decode_tok_s: float | None = Field(default=None, gt=0)
+    """Minimum batch-1 decode throughput in tokens/s (not asserted when unset)."""
+
+
+class Recipe(_Strict):
+    """A recipe: what to serve and how. Keys not listed here are errors."""
+
+    extends: str | None = None
+    """Base recipe (a path relative to this file, or a shipped name) deep-merged under this one."""
+
+    description: str | None = None
+    """One line shown by `sparkit recipes list`."""
+
+    engine: Literal["sglang", "embedded"] = "sglang"
+    """Which engine serves the model."""
+
+    model: ModelSpec
+    """The model."""
+
+    target: TargetName = "auto"
+    """Hardware profile the recipe is for: gb10, blackwell-tp4, hopper, cpu, or auto (any host)."""
+
+    stack: Stack = Field(default_factory=Stack)
+    """The optimisation stack."""
+
+    server: Server = Field(default_factory=Server)
+    """Server settings and engine pass-through."""
+
+    checks: Checks = Field(default_factory=Checks)
+    """Startup-check expectations."""
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    """A named hardware profile a recipe is written for."""
+
+    name: str
+    gpu_count: int  # 0 = no GPU needed; for "auto" the minimum is engine-dependent
+    cc_majors: tuple[int, ...]  # allowed compute-capability majors (empty = any)
+    cc_exact: tuple[int, int] | None  # exact capability when the target is one chip
+    memory: Literal["unified", "discrete", "host", "any"]
+    description: str
+
+
+TARGETS: dict[str, TargetProfile] = {
+    "gb10": TargetProfile("gb10", 1, (12,), (12, 1), "unified", "one NVIDIA GB10 (DGX Spark), sm_121, 128 GB unified memory"),
+    "blackwell-tp4": TargetProfile("blackwell-tp4", 4, (10, 12), None, "discrete", "4 NVIDIA Blackwell GPUs (sm_100/sm_120)"),
+    "hopper": TargetProfile("hopper", 1, (9,), None, "discrete", "NVIDIA Hopper GPUs (sm_90), one or more"),
+    "cpu": TargetProfile("cpu", 0, (), None, "host", "no GPU: host CPU and RAM"),
+    "auto": TargetProfile("auto", 0, (), None, "any", "whatever this host has"),
+}
