@@ -34,7 +34,7 @@ _DECODE_ANY = re.compile(r"Decode batch\b")
 _GEN_TPUT = re.compile(r"gen throughput \(token/s\): (?P<tput>[\d.]+)")
 _GRAPH_FLAG = re.compile(r"(?:cuda graph|cpu graph): (?P<flag>True|False)")
 _READY = re.compile(r"The server is fired up and ready to roll")
-_WARMUP = re.compile(r"Uvicorn running on|Application startup complete|Start(?:ing)? (?:the )?warm ?up|warmup", re.IGNORECASE)
+_WARMUP = re.compile(r"Uvicorn running on|Application startup complete|Start(?:ing)? (?:the )?warm ?up\b", re.IGNORECASE)
 _DRAFT_TOKENS_WARN = re.compile(r"speculative_num_draft_tokens.*(?:adjusted|changed|forced|overrid|set to)", re.IGNORECASE)
 _OVERRIDING = re.compile(r"\boverriding\b|\bis changed to\b|\bhas been set to\b|\bforce(?:d|-disabled)\b", re.IGNORECASE)
 
@@ -250,6 +250,8 @@ def detect_phase(text: str) -> str:
     """The furthest startup phase the log has reached (one of PHASES)."""
     phase = 0
     for line in text.splitlines():
+        if _SERVER_ARGS.search(line):  # the args dump names warmup and graph settings
+            continue
         if _READY.search(line):
             phase = max(phase, 4)
         elif _GRAPH_BEGIN.search(line) or _GRAPH_END.search(line):

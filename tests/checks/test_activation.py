@@ -1,0 +1,260 @@
+"""Each activation check, failing for a real reason and passing.
+
+Evidence is built from the real shapes: activation reports (sparkit.engines.activation),
+/server_info bodies and log text parsed by sparkit.checks.evidence, probe results
+as the runner measures them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkit.checks.activation import (
+    ProbeRequest,
+    ProbeResult,
+    ServerEvidence,
+    check_acceptance,
+    check_decode_speed,
+    check_ignored_settings,
+    check_lm_head_dtype,
+    check_moe_runner,
+    check_resolved_args,
+    check_shared_lm_head,
+    compare_args,
+    evaluate,
+)
+from sparkit.checks.evidence import parse_log, parse_server_info
+from sparkit.checks.results import Status
+from sparkit.engines.activation import (
+    ActivationReport,
+    LmHeadReport,
+    ModelReport,
+    MoeReport,
+    SpeculativeReport,
+)
+from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
+
+
+def make_plan(engine="sglang", warnings=(), provisions=(), **expect) -> LaunchPlan:
+    defaults = dict(
+        weights="mxfp4", moe_backend="humming", lm_head="fp8", speculative="nextn",
+        speculative_algorithm_reported="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+        draft_shares_lm_head=True, tp=1, min_accept_length=1.5,
+    )
+    defaults.update(expect)
+    return LaunchPlan(
+        engine=engine, argv=["sglang", "serve"], env={}, host="127.0.0.1", port=30000,
+        model="inclusionAI/Ling-3.0-flash-fp4", served_model_name="ling", recipe_name="ling-spark",
+        recipe_path=None, expectations=Expectations(**defaults), provisions=list(provisions), warnings=list(warnings),
+    )
+
+
+def resolved(**over):
+    body = {
+        "model_path": "inclusionAI/Ling-3.0-flash-fp4", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "moe_runner_backend": "humming",
+        "tp_size": 1, "ep_size": 1, "enable_fp32_lm_head": False, "version": "0.5.23", "internal_states": [{}],
+    }
+    body.update(over)
+    return parse_server_info(body)
+
+
+def report(*, head_dtype="float8_e4m3fn", draft=True, shared=True, runner="humming", experts="mxfp4", draft_path=None):
+    target_head = LmHeadReport(head_dtype, "Fp8LmHeadMethod" if "float8" in head_dtype else "UnquantizedLinearMethod", 111, 5000)
+    models = {"target": ModelReport("TinyLingForCausalLM", target_head, MoeReport(experts, "EmbeddedExperts", runner))}
+    if draft:
+        if shared:
+            draft_head = LmHeadReport(head_dtype, target_head.quant_method, 111, 5000, shared_with_target=True)
+        else:  # its own module, reading the target's storage through a bf16 method: the trap
+            draft_head = LmHeadReport("bfloat16", "UnquantizedLinearMethod", 222, 5000, shared_with_target=False)
+        models["draft"] = ModelReport("TinyLingForCausalLMNextN", draft_head)
+    return ActivationReport(
+        engine="embedded", engine_version="0.1.0", device="cpu", models=models,
+        speculative=SpeculativeReport("NEXTN", 3, 1, 4, draft_path),
+    )
+
+
+def probe(accept: float | None, tok_s: float = 50.0, n: int = 3) -> ProbeResult:
+    requests = []
+    for i in range(n):
+        tokens = 48
+        verify = round(tokens / accept) if accept else None
+        requests.append(ProbeRequest(prompt=f"p{i}", completion_tokens=tokens, spec_verify_ct=verify, decode_tok_s=tok_s, latency_s=1.0))
+    return ProbeResult(requests=requests)
+
+
+# -- resolved args -----------------------------------------------------------------------------
+def test_resolved_args_pass_names_the_alias_and_the_forced_draft_tokens():
+    plan = make_plan(engine="sglang", speculative_algorithm_reported=None, num_draft_tokens=6)
+    result = check_resolved_args(plan, ServerEvidence("sglang", server_info=resolved()))
+    assert result.status == Status.PASS
+    text = " ".join(result.evidence)
+    assert "NEXTN is an alias of EAGLE" in text
+    assert "forces draft tokens to num_steps+1 = 4" in text
+
+
+def test_resolved_args_auto_moe_backend_resolution_is_named():
+    plan = make_plan(moe_backend="auto")
+    result = check_resolved_args(plan, ServerEvidence("sglang", server_info=resolved(moe_runner_backend="flashinfer_mxfp4")))
+    assert result.status == Status.PASS
+    assert "auto MoE backend resolved to flashinfer_mxfp4" in result.detail
+
+
+def test_resolved_args_fail_names_each_difference():
+    plan = make_plan(tp=4, server_args={"attention_backend": "trtllm_mla"})
+    ev = ServerEvidence("sglang", server_info=resolved(tp_size=1, attention_backend="flashinfer"))
+    result = check_resolved_args(plan, ev)
+    assert result.status == Status.FAIL
+    assert "tp_size: asked 4, server runs 1" in result.detail
+    assert "attention_backend: asked 'trtllm_mla', server runs 'flashinfer'" in result.detail
+    assert result.fix
+
+
+def test_resolved_args_from_the_log_when_server_info_is_unreachable():
+    log = parse_log("server_args={'tp_size': 2, 'speculative_algorithm': 'EAGLE', 'speculative_num_steps': 3, "
+                    "'speculative_eagle_topk': 1, 'speculative_num_draft_tokens': 4, 'moe_runner_backend': 'humming'}\n")
+    result = check_resolved_args(make_plan(), ServerEvidence("sglang", log=log, server_info_error="HTTP 401"))
+    assert result.status == Status.FAIL and "tp_size" in result.detail
+    assert "source: log server_args=" in result.evidence
+
+
+# -- MoE runner --------------------------------------------------------------------------------
+def test_moe_runner_pass_from_sglang_log_line():
+    log = parse_log("[TP0] Using indexed gemm for humming moe\n")
+    result = check_moe_runner(make_plan(), ServerEvidence("sglang", server_info=resolved(), log=log))
+    assert result.status == Status.PASS
+    assert any("Using indexed gemm for humming moe" in e for e in result.evidence)
+
+
+def test_moe_runner_fail_when_a_model_default_replaced_the_backend():
+    log = parse_log("Bailing V3 mixed FP8/MXFP4 checkpoint: moe_runner_backend=flashinfer_mxfp4 for BailingMoeV3ForCausalLM.\n")
+    ev = ServerEvidence("sglang", server_info=resolved(moe_runner_backend="flashinfer_mxfp4"), log=log)
+    result = check_moe_runner(make_plan(), ev)
+    assert result.status == Status.FAIL
+    assert result.detail == "requested humming, but flashinfer_mxfp4 is in use"
+
+
+def test_moe_runner_warns_without_proof_on_sglang():
+    result = check_moe_runner(make_plan(), ServerEvidence("sglang", server_info=resolved(moe_runner_backend="auto")))
+    assert result.status == Status.WARN
+
+
+def test_moe_runner_embedded_report():
+    plan = make_plan(engine="embedded", moe_backend="embedded-torch", weights="fp8")
+    assert check_moe_runner(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="fp8")])).status == Status.PASS
+    failed = check_moe_runner(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="bf16")]))
+    assert failed.status == Status.FAIL and "experts run in bf16" in failed.detail
+
+
+# -- lm_head dtype -----------------------------------------------------------------------------
+def test_lm_head_fp8_from_report_passes_and_bf16_fails():
+    plan = make_plan(engine="embedded")
+    assert check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report()])).status == Status.PASS
+    failed = check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report(head_dtype="bfloat16")]))
+    assert failed.status == Status.FAIL
+    assert failed.detail == "requested fp8, the lm_head runs in bf16"
+
+
+def test_lm_head_on_sglang_reads_the_log_line():
+    base = "Load weight end. elapsed=38.21 s, type=BailingMoeV3ForCausalLM, quant=fp8, avail mem=54.77 GB, mem usage=64.73 GB.\n"
+    with_line = parse_log("Online FP8 quantization enabled for lm_head.\n" + base)
+    assert check_lm_head_dtype(make_plan(), ServerEvidence("sglang", log=with_line)).status == Status.PASS
+    # Upstream 0.5.23 ignores SGLANG_ENABLE_FP8_LM_HEAD: no line, the head stays BF16.
+    failed = check_lm_head_dtype(make_plan(), ServerEvidence("sglang", log=parse_log(base)))
+    assert failed.status == Status.FAIL and "plugin" in failed.fix
+
+
+def test_lm_head_fp32_from_resolved_args():
+    plan = make_plan(lm_head="fp32")
+    ev = ServerEvidence("sglang", server_info=resolved(enable_fp32_lm_head=True), log=parse_log(""))
+    assert check_lm_head_dtype(plan, ev).status == Status.PASS
+
+
+# -- shared lm_head ----------------------------------------------------------------------------
+def test_shared_head_pass_and_fail():
+    plan = make_plan(engine="embedded")
+    assert check_shared_lm_head(plan, ServerEvidence("embedded", reports=[report()])).status == Status.PASS
+    failed = check_shared_lm_head(plan, ServerEvidence("embedded", reports=[report(shared=False)]))
+    assert failed.status == Status.FAIL
+    assert "BF16 method" in failed.cause
+
+
+def test_shared_head_without_report_is_not_proven():
+    result = check_shared_lm_head(make_plan(), ServerEvidence("sglang", server_info=resolved()))
+    assert result.status == Status.WARN
+
+
+def test_shared_head_skipped_without_speculation():
+    plan = make_plan(speculative=None, draft_shares_lm_head=None)
+    assert check_shared_lm_head(plan, ServerEvidence("sglang")).status == Status.SKIP
+
+
+# -- acceptance --------------------------------------------------------------------------------
+def test_acceptance_pass():
+    result = check_acceptance(make_plan(), ServerEvidence("embedded", probe=probe(3.0)))
+    assert result.status == Status.PASS
+    assert result.data["accept_length"] == pytest.approx(3.0)
+
+
+def test_acceptance_near_one_names_the_likely_causes():
+    ev = ServerEvidence("embedded", probe=probe(1.0), reports=[report(shared=False)])
+    result = check_acceptance(make_plan(), ev)
+    assert result.status == Status.FAIL
+    assert "~1" in result.detail
+    assert "does not share the target's lm_head" in result.cause
+    ev = ServerEvidence("embedded", probe=probe(1.02), reports=[report(draft_path="/models/other")])
+    assert "wrong draft" in check_acceptance(make_plan(), ev).cause
+
+
+def test_acceptance_below_the_recipe_minimum_fails():
+    result = check_acceptance(make_plan(min_accept_length=2.5), ServerEvidence("embedded", probe=probe(2.0)))
+    assert result.status == Status.FAIL and "2.50" in result.detail
+
+
+def test_acceptance_falls_back_to_server_info():
+    ev = ServerEvidence("sglang", server_info=resolved(internal_states=[{"avg_spec_accept_length": 3.1}]), probe=probe(None))
+    result = check_acceptance(make_plan(), ev)
+    assert result.status == Status.PASS and result.data["source"].startswith("/server_info")
+
+
+# -- decode speed ------------------------------------------------------------------------------
+def test_decode_speed_reported_and_compared_with_the_floor():
+    passed = check_decode_speed(make_plan(min_decode_tok_s=40.0), ServerEvidence("embedded", probe=probe(3.0, tok_s=55.0)))
+    assert passed.status == Status.PASS and passed.data["decode_tok_s"] == pytest.approx(55.0)
+    failed = check_decode_speed(make_plan(min_decode_tok_s=40.0), ServerEvidence("embedded", probe=probe(1.0, tok_s=24.0)))
+    assert failed.status == Status.FAIL and "below the recipe's floor" in failed.detail
+    no_floor = check_decode_speed(make_plan(), ServerEvidence("embedded", probe=probe(3.0, tok_s=24.0)))
+    assert no_floor.status == Status.PASS
+
+
+# -- ignored settings --------------------------------------------------------------------------
+def test_ignored_settings_pass_warn_fail():
+    clean = check_ignored_settings(make_plan(), ServerEvidence("sglang", server_info=resolved()))
+    assert clean.status == Status.PASS
+    warn = check_ignored_settings(
+        make_plan(warnings=["SGLANG_ENABLE_FUSED_VERIFY_EXTEND_GRAPH is not known to sglang 0.5.23 and will be ignored"]),
+        ServerEvidence("sglang", server_info=resolved()),
+    )
+    assert warn.status == Status.WARN and warn.data["ignored_env"] == ["SGLANG_ENABLE_FUSED_VERIFY_EXTEND_GRAPH"]
+    rewritten = check_ignored_settings(make_plan(num_draft_tokens=6), ServerEvidence("sglang", server_info=resolved()))
+    assert rewritten.status == Status.WARN and "speculative_num_draft_tokens" in rewritten.evidence[0]
+    relied = check_ignored_settings(
+        make_plan(
+            warnings=["SGLANG_ENABLE_FP8_LM_HEAD is not known to sglang 0.5.23 and will be ignored"],
+            provisions=[Provision("lm_head=fp8", "sglang-env", "SGLANG_ENABLE_FP8_LM_HEAD=1")],
+        ),
+        ServerEvidence("sglang", server_info=resolved()),
+    )
+    assert relied.status == Status.FAIL and "lm_head=fp8" in relied.detail
+
+
+def test_evaluate_runs_every_check_once():
+    results = evaluate(make_plan(engine="embedded"), ServerEvidence("embedded", server_info=resolved(), reports=[report()], probe=probe(3.0)))
+    assert [r.name for r in results] == [
+        "resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed", "ignored_settings",
+    ]
+    assert all(r.status in (Status.PASS, Status.SKIP) for r in results), [r.to_dict() for r in results]
+
+
+def test_compare_args_reports_nothing_when_equal():
+    assert compare_args(make_plan(), resolved().args) == []
