@@ -191,5 +191,123 @@ def compare(
         console().print(f"note: {note}")
 
 
+def render_sweep(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    ranking = doc.get("ranking") or {}
+    order = ranking.get("order") or []
+    best = ranking.get("best")
+    cfg = doc.get("bench_config", {})
+    table = Table(
+        title=f"tune {doc.get('recipe_name')}: {cfg.get('dataset')} {cfg.get('input_len')} in / {cfg.get('output_len')} out, "
+        f"{cfg.get('num_prompts')} prompts",
+        title_justify="left",
+    )
+    for column in ("point", "accept length", "mean TPOT ms", "step time ms (est.)", "tok/s", "rank"):
+        table.add_column(column, justify="left" if column == "point" else "right")
+    for index, point in enumerate(doc.get("points", [])):
+        label = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point["values"].items())
+        f = point.get("figures") or {}
+        if point.get("status") != "done":
+            table.add_row(label, "-", "-", "-", "-", point.get("status", "?") + (f": {point['error'][:60]}" if point.get("error") else ""))
+            continue
+        position = order.index(index) + 1 if index in order else "-"
+        mark = f"[bold green]{position} (best)[/]" if index == best else str(position)
+        table.add_row(
+            label, _fmt(f.get("accept_length_mean")), _fmt(f.get("tpot_mean_ms"), 3),
+            _fmt(f.get("step_time_estimate_ms"), 3), _fmt(f.get("output_throughput_tok_s"), 1), mark,
+        )
+    console().print(table)
+    if ranking.get("verdict"):
+        console().print(ranking["verdict"])
+    if doc.get("best_recipe"):
+        console().print(f"best recipe written to {doc['best_recipe']}")
+    console().print("step time = mean TPOT x mean accept length (an estimate, not a measurement); tok/s = output tokens / wall time.")
+
+
+def tune(
+    recipe: str = typer.Argument(..., help="Recipe file or shipped name to sweep."),
+    param: list[str] = typer.Option(..., "--param", help="KEY=V1,V2,... e.g. speculative.num_steps=1,2,3,4 (repeatable: a grid)."),
+    set_: list[str] = typer.Option([], "--set", help="Extra KEY=VALUE override applied to every point."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
+    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; cwd for shipped ones)."),
+    input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens per request."),
+    output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
+    num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
+    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | FILE."),
+    warmup: int = typer.Option(1, "--warmup"),
+    seed: int = typer.Option(0, "--seed"),
+    repeats: int = typer.Option(1, "--repeats"),
+    as_json: bool = typer.Option(False, "--json", help="Print the sweep document as JSON."),
+) -> None:
+    """Sweep recipe values (one server each), rank by TPOT and step-time estimate, write the best recipe to a new file."""
+    from sparkit.bench.runner import BenchConfig
+    from sparkit.bench.tune import parse_params, run_tune
+
+    parse_params(param)  # usage errors before anything starts
+    config = BenchConfig(input_len=input_len, output_len=output_len, num_prompts=num_prompts, dataset=dataset,
+                         warmup=warmup, seed=seed, repeats=repeats)
+    out_path = out or _default_out(f"tune-{Path(recipe).stem}")
+
+    def said(point: Any, index: int, total: int) -> None:
+        f = point.figures or {}
+        err_console().print(
+            f"[{index + 1}/{total}] {point.label}: {point.status}"
+            + (f", TPOT {_fmt(f.get('tpot_mean_ms'), 3)} ms, accept {_fmt(f.get('accept_length_mean'))}" if point.status == "done" else f" {point.error or ''}")
+        )
+
+    with progress_reporter() as on_progress:
+        doc = run_tune(recipe, param, config, out_path=out_path, base_overrides=set_,
+                       write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress)
+    err_console().print(f"sweep saved to {out_path}")
+    if as_json:
+        print_json(doc)
+    else:
+        render_sweep(doc)
+
+
+def verify(
+    recipe: str = typer.Argument(..., help="The candidate recipe."),
+    against: str = typer.Option(..., "--against", help="The baseline (reference) recipe."),
+    set_: list[str] = typer.Option([], "--set", help="Override for the candidate recipe."),
+    against_set: list[str] = typer.Option([], "--against-set", help="Override for the baseline recipe."),
+    rounding_changing: list[str] = typer.Option([], "--rounding-changing", help="Declare a rounding-changing optimisation not visible in the recipes (repeatable)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Greedy tokens per prompt."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution."""
+    from rich.table import Table
+
+    from sparkit.bench.verify import run_verify
+    from sparkit.errors import CheckFailed
+
+    with progress_reporter() as on_progress:
+        report = run_verify(recipe, against, recipe_overrides=set_, against_overrides=against_set,
+                            declared_rounding=rounding_changing, num_prompts=num_prompts,
+                            max_new_tokens=max_new_tokens, on_progress=on_progress)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        table = Table(title=f"verify {report.recipe} against {report.baseline}", title_justify="left")
+        for column in ("check", "status", "detail"):
+            table.add_column(column)
+        colours = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+        for check in report.checks:
+            status = check.status.value
+            table.add_row(check.title, f"[{colours[status]}]{status}[/]", check.detail)
+        console().print(table)
+        if report.rounding_changes:
+            console().print("rounding-changing: " + "; ".join(report.rounding_changes))
+        for check in report.checks:
+            for line in check.evidence:
+                console().print(f"  {check.name}: {line}", highlight=False)
+    if not report.passed:
+        failed = [c.name for c in report.checks if c.status.value == "fail"]
+        raise CheckFailed(f"verify failed: {', '.join(failed)}", hint="see the table above (or --json) for where outputs differ")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
+    app.command("tune")(tune)
+    app.command("verify")(verify)
