@@ -1,0 +1,209 @@
+"""Process lifecycle of sparkit.runs: launch, progress, failure diagnosis, stop, status.
+
+The engine here is a small real HTTP server process (a stand-in written below)
+that logs SGLang's startup lines; the real engines are exercised in tests/e2e.
+It lets each failure mode (exit during start, never healthy, SIGTERM ignored,
+forked children) happen for real, quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from sparkit.errors import LaunchError
+from sparkit.recipes.plan import Expectations, LaunchPlan
+from sparkit.runs import (
+    find_run,
+    free_port,
+    launch,
+    list_runs,
+    mark_stale,
+    resolve_server,
+    run_status,
+    stop,
+)
+
+STAND_IN = textwrap.dedent(
+    '''
+    import http.server, os, signal, subprocess, sys, time
+    mode, port = sys.argv[1], int(sys.argv[2])
+    print("[2026-11-29 10:00:00] server_args={'tp_size': 1}", flush=True)
+    print("[2026-11-29 10:00:01 TP0] Load weight begin. avail mem=10.00 GB", flush=True)
+    if mode == "port-in-use":
+        print("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', %d): address already in use" % port, flush=True)
+        sys.exit(1)
+    print("[2026-11-29 10:00:02 TP0] Load weight end. elapsed=0.10 s, type=Stand, avail mem=9.00 GB, mem usage=1.00 GB.", flush=True)
+    print("[2026-11-29 10:00:03 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=9.00 GB", flush=True)
+    print("[2026-11-29 10:00:04 TP0] Capture target decode CUDA graph end. elapsed=0.10 s, mem usage=0.10 GB, avail mem=8.90 GB.", flush=True)
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode in ("fork", "ignore-term"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print("child pid %d" % child.pid, flush=True)
+    print("env key=%s" % os.environ.get("SPARKIT_API_KEY"), flush=True)
+    print("report dir=%s" % os.environ.get("SPARKIT_REPORT_DIR"), flush=True)
+    print("argv=%s" % sys.argv, flush=True)
+    if mode == "hang":
+        time.sleep(600)
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+    print("The server is fired up and ready to roll!", flush=True)
+    server.serve_forever()
+    '''
+)
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    path = tmp_path / "stand_in_engine.py"
+    path.write_text(STAND_IN)
+    return path
+
+
+def make_plan(script, mode="ok", engine="embedded", api_key_env=None) -> LaunchPlan:
+    port = free_port()
+    return LaunchPlan(
+        engine=engine, argv=[sys.executable, str(script), mode, str(port)], env={"STAND_IN": "1"},
+        host="127.0.0.1", port=port, model="stand-in", served_model_name="stand-in", recipe_name="stand-in",
+        recipe_path=None, expectations=Expectations(), api_key_env=api_key_env,
+    )
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error, OSError):
+            pass
+    return members
+
+
+def child_pid(run) -> int:
+    for line in run.log_path.read_text().splitlines():
+        if line.startswith("child pid "):
+            return int(line.split()[-1])
+    raise AssertionError("no child pid in the log")
+
+
+def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_in):
+    events = []
+    plan = make_plan(stand_in, "fork")
+    run = launch(plan, on_progress=events.append, timeout=60)
+    try:
+        meta = run.read_meta()
+        assert meta.pid and meta.pgid == meta.pid
+        assert os.getpgid(meta.pid) == meta.pid != os.getpgid(0)  # its own process group
+        assert json.loads(run.plan_path.read_text())["argv"] == plan.argv
+        assert f"report dir={run.path}" in run.log_path.read_text()
+        phases = [e.phase for e in events]
+        assert phases[0] == "starting" and phases[-1] == "ready"
+        status = run_status(run)
+        assert status.state == "running" and status.healthy is True and status.pid == meta.pid
+        assert find_run(None).id == run.id
+        assert resolve_server().url == plan.url
+        kid = child_pid(run)
+        assert psutil.pid_exists(kid)
+    finally:
+        stop(run, grace=5)
+    assert group_members(meta.pgid) == []
+    assert not psutil.pid_exists(kid) or psutil.Process(kid).status() == psutil.STATUS_ZOMBIE
+    assert run.read_meta().extra["state"] == "stopped"
+    assert run_status(run).state == "stopped"
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(sparkit_home, stand_in):
+    run = launch(make_plan(stand_in, "ignore-term"), timeout=60)
+    pgid = run.read_meta().pgid
+    stop(run, grace=0.5)
+    assert group_members(pgid) == []
+
+
+def test_engine_exiting_during_start_is_diagnosed_and_leaves_nothing(sparkit_home, stand_in):
+    with pytest.raises(LaunchError) as info:
+        launch(make_plan(stand_in, "port-in-use"), timeout=60)
+    message = str(info.value)
+    assert "the engine exited during start: port in use" in message
+    assert "address already in use" in message  # the last log lines are shown
+    assert "--port" in info.value.hint
+    run = list_runs()[-1]
+    assert run.read_meta().extra["state"] == "failed"
+    assert group_members(run.read_meta().pgid) == []
+
+
+def test_timeout_is_honoured_and_the_group_is_stopped(sparkit_home, stand_in):
+    with pytest.raises(LaunchError) as info:
+        launch(make_plan(stand_in, "hang"), timeout=3)
+    assert "did not become healthy within 3 s" in str(info.value)
+    run = list_runs()[-1]
+    assert group_members(run.read_meta().pgid) == []
+
+
+def test_missing_engine_executable(sparkit_home, stand_in):
+    plan = make_plan(stand_in)
+    plan.argv = ["/nonexistent/sglang-engine", "serve"]
+    with pytest.raises(LaunchError) as info:
+        launch(plan, timeout=5)
+    assert "engine not installed" in str(info.value)
+
+
+def test_api_key_reaches_the_engine_but_never_argv_or_plan(sparkit_home, stand_in, monkeypatch):
+    monkeypatch.setenv("MY_SPARKIT_KEY", "s3cret-value")
+    run = launch(make_plan(stand_in, api_key_env="MY_SPARKIT_KEY"), timeout=60)
+    try:
+        log = run.log_path.read_text()
+        assert "env key=s3cret-value" in log
+        argv_line = next(line for line in log.splitlines() if line.startswith("argv="))
+        assert "s3cret" not in argv_line
+        assert "s3cret" not in run.plan_path.read_text() and "s3cret" not in run.meta_path.read_text()
+    finally:
+        stop(run, grace=5)
+
+
+def test_sglang_api_key_goes_through_a_private_config_file(sparkit_home, stand_in, monkeypatch):
+    monkeypatch.setenv("MY_SPARKIT_KEY", "s3cret-value")
+    run = launch(make_plan(stand_in, engine="sglang", api_key_env="MY_SPARKIT_KEY"), timeout=60)
+    try:
+        secrets = run.path / "secrets.yaml"
+        assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+        assert 's3cret-value' in secrets.read_text()
+        assert "--config" in run.log_path.read_text()  # argv names the file, not the key
+        assert "s3cret" not in run.plan_path.read_text()
+    finally:
+        stop(run, grace=5)
+
+
+def test_missing_api_key_is_a_launch_error(sparkit_home, stand_in, monkeypatch):
+    monkeypatch.delenv("MY_SPARKIT_KEY", raising=False)
+    with pytest.raises(LaunchError, match=r"\$MY_SPARKIT_KEY"):
+        launch(make_plan(stand_in, api_key_env="MY_SPARKIT_KEY"), timeout=5)
+
+
+def test_a_run_that_died_without_down_is_marked_stale(sparkit_home, stand_in):
+    run = launch(make_plan(stand_in), timeout=60)
+    meta = run.read_meta()
+    os.killpg(meta.pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while group_members(meta.pgid) and time.monotonic() < deadline:
+        from sparkit.runs import _reap
+
+        _reap(meta.pid)
+        time.sleep(0.05)
+    assert [r.id for r in mark_stale()] == [run.id]
+    assert run_status(run).state == "exited"
+    stop(run)  # harmless on a dead run
+    assert run.read_meta().extra["state"] == "stopped"
