@@ -1,0 +1,406 @@
+"""EmbeddedEngine: tiny-ling inference (prefill + KV-cache decode, sampling, NEXTN speculative
+decoding) behind the EngineProtocol of api.py. Batch 1; the server calls it from one thread."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sparkit.engines.embedded.api import CancelFlag, SamplingParams, StepOutput
+from sparkit.errors import LaunchError
+
+ENGINE_VERSION = "0.1.0"
+SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
+LM_HEAD_SHARING = ("module", "tensor")
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    served_model_name: str | None = None
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str | None = None  # bfloat16 | float32; None = float32 on cpu, bfloat16 on cuda
+    expert_weights: str = "bf16"  # bf16 | fp8 | mxfp4 (fp32 = keep the trained weights as is)
+    lm_head_dtype: str = "bf16"  # bf16 | fp32 | fp8
+    speculative_algorithm: str | None = None  # NEXTN | EAGLE (alias) | None
+    speculative_num_steps: int = 3
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int | None = None  # None = num_steps + 1
+    speculative_draft_model_path: str | None = None
+    draft_lm_head_sharing: str = "module"  # "tensor" reproduces SGLang 0.5.23's shared-head trap
+    context_length: int | None = None  # None = the model's max_position_embeddings
+    seed: int = 0
+
+
+class EmbeddedEngine:
+    def __init__(self, config: EngineConfig):
+        from sparkit.engines.embedded import builder, quant
+        from sparkit.engines.embedded.model import TinyLingForCausalLMNextN
+        from sparkit.engines.embedded.tokenizer import load_tokenizer
+
+        self.config = config
+        self._validate(config)
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.device)
+        self.model_path = str(Path(config.model_path))
+        self.model_name = config.served_model_name or Path(config.model_path).name
+        self.notes: list[str] = []
+        self.load_seconds: dict[str, float] = {}
+
+        started = time.monotonic()
+        self.model_config, model = builder.load_checkpoint(config.model_path)
+        try:
+            self.tokenizer = load_tokenizer(config.model_path)
+        except Exception as exc:
+            raise LaunchError(f"cannot load the tokenizer from {config.model_path}: {exc}") from None
+        self.vocab_limit = min(len(self.tokenizer), self.model_config.vocab_size)
+        self.context_length = min(config.context_length or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
+        head_weight = model.lm_head.weight.data
+        self._quantize_moe(model, config.expert_weights)
+        model.to(device=self.device, dtype=self.dtype)
+        model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype)
+        if config.lm_head_dtype == "fp8":
+            self.notes.append("Online FP8 quantization enabled for lm_head.")
+        self.model = model
+        self.load_seconds["target"] = time.monotonic() - started
+
+        self.speculative = config.speculative_algorithm is not None
+        self.num_steps = config.speculative_num_steps if self.speculative else 0
+        self.draft = None
+        if self.speculative:
+            started = time.monotonic()
+            nextn = model.mtp
+            if config.speculative_draft_model_path:
+                draft_cfg, draft_model = builder.load_checkpoint(config.speculative_draft_model_path)
+                if (draft_cfg.hidden_size, draft_cfg.vocab_size) != (self.model_config.hidden_size, self.model_config.vocab_size):
+                    raise LaunchError(
+                        f"draft model {config.speculative_draft_model_path} (hidden {draft_cfg.hidden_size}, vocab "
+                        f"{draft_cfg.vocab_size}) does not fit the target (hidden {self.model_config.hidden_size}, "
+                        f"vocab {self.model_config.vocab_size})"
+                    )
+                self._quantize_moe(draft_model, config.expert_weights)
+                draft_model.to(device=self.device, dtype=self.dtype)
+                nextn = draft_model.mtp
+            if config.draft_lm_head_sharing == "module":
+                draft_head = model.lm_head
+            else:
+                draft_head = quant.lm_head_from_raw_tensor(model.lm_head.weight, self.dtype)
+            self.draft = TinyLingForCausalLMNextN(nextn, model.embed_tokens, draft_head, model.rope, self.model_config)
+            self.load_seconds["draft"] = time.monotonic() - started
+        self._target_cache = model.new_cache(self.context_length, self.dtype, self.device)
+        self._draft_cache = self.draft.new_cache(self.context_length, self.dtype, self.device) if self.draft else None
+        self._generator = _make_generator(self.device, config.seed)
+        # accept-length bookkeeping for the server's metrics (totals since start)
+        self.total_verify_steps = 0
+        self.total_committed_in_verify = 0
+
+    # ---------------------------------------------------------------- protocol
+
+    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: CancelFlag) -> Iterator[StepOutput]:
+        if not input_ids:
+            raise ValueError("input_ids is empty")
+        if len(input_ids) >= self.context_length:
+            raise ValueError(f"the prompt has {len(input_ids)} tokens; the context length is {self.context_length}")
+        if params.max_new_tokens is not None and params.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        bad = [t for t in input_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.model_config.vocab_size})")
+        generator = _make_generator(self.device, params.seed) if params.seed is not None else self._generator
+        run = _Request(self, list(input_ids), params, generator)
+        try:
+            if self.draft is None:
+                yield from run.plain(cancelled)
+            else:
+                yield from run.speculative(cancelled)
+        finally:
+            self._target_cache.length = 0
+            if self._draft_cache is not None:
+                self._draft_cache.length = 0
+
+    def server_args(self) -> dict:
+        c = self.config
+        spec = self.speculative
+        fmt = c.expert_weights
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.model_name,
+            "tokenizer_path": self.model_path,
+            "device": self.device.type,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "context_length": self.context_length,
+            "quantization": None if fmt in ("bf16", "fp32") else fmt,
+            "expert_weights": fmt,
+            "lm_head_dtype": c.lm_head_dtype,
+            "enable_fp32_lm_head": c.lm_head_dtype == "fp32",
+            "moe_runner_backend": "embedded-torch",
+            "attention_backend": "torch_sdpa",
+            "tp_size": 1,
+            "ep_size": 1,
+            "dp_size": 1,
+            "random_seed": c.seed,
+            "speculative_algorithm": (c.speculative_algorithm.upper() if spec else None),
+            "speculative_num_steps": c.speculative_num_steps if spec else None,
+            "speculative_eagle_topk": c.speculative_eagle_topk if spec else None,
+            "speculative_num_draft_tokens": (c.speculative_num_draft_tokens or c.speculative_num_steps + 1) if spec else None,
+            "speculative_draft_model_path": c.speculative_draft_model_path if spec else None,
+            "draft_lm_head_sharing": c.draft_lm_head_sharing if spec else None,
+        }
+
+    def activation_report(self):
+        from sparkit.engines.activation import ActivationReport, LmHeadReport, ModelReport, MoeReport, SpeculativeReport
+
+        def head_report(head, shared=None) -> LmHeadReport:
+            return LmHeadReport(
+                weight_dtype=str(head.weight.dtype).replace("torch.", ""),
+                quant_method=type(head.quant_method).__name__,
+                module_id=id(head),
+                storage_ptr=head.weight.untyped_storage().data_ptr(),
+                shared_with_target=shared,
+            )
+
+        def moe_report(moe) -> MoeReport:
+            return MoeReport(expert_weight_format=moe.expert_format, quant_method=moe.quant_method_name, runner="embedded-torch")
+
+        models = {
+            "target": ModelReport(model_class=type(self.model).__name__, lm_head=head_report(self.model.lm_head), moe=moe_report(self.model.layers[0].mlp))
+        }
+        spec = SpeculativeReport()
+        if self.draft is not None:
+            models["draft"] = ModelReport(
+                model_class=self.draft.model_class,
+                lm_head=head_report(self.draft.lm_head, shared=self.draft.lm_head is self.model.lm_head),
+                moe=moe_report(self.draft.nextn.decoder.mlp),
+            )
+            c = self.config
+            spec = SpeculativeReport(
+                algorithm=c.speculative_algorithm.upper(),
+                num_steps=c.speculative_num_steps,
+                eagle_topk=c.speculative_eagle_topk,
+                num_draft_tokens=c.speculative_num_draft_tokens or c.speculative_num_steps + 1,
+                draft_model_path=c.speculative_draft_model_path,
+            )
+        device = str(self.device) if self.device.type == "cpu" else f"cuda:{self.device.index or 0}"
+        return ActivationReport(engine="embedded", engine_version=ENGINE_VERSION, device=device, models=models, speculative=spec, notes=list(self.notes))
+
+    # ---------------------------------------------------------------- internals
+
+    @staticmethod
+    def _validate(c: EngineConfig) -> None:
+        from sparkit.engines.embedded.quant import EXPERT_FORMATS, LM_HEAD_DTYPES
+
+        if c.expert_weights not in EXPERT_FORMATS:
+            raise ValueError(f"expert_weights must be one of {', '.join(EXPERT_FORMATS)}, not {c.expert_weights!r}")
+        if c.lm_head_dtype not in LM_HEAD_DTYPES:
+            raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}, not {c.lm_head_dtype!r}")
+        if c.speculative_algorithm is not None:
+            if c.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
+                raise ValueError(f"speculative_algorithm must be NEXTN or EAGLE, not {c.speculative_algorithm!r}")
+            if c.speculative_num_steps < 1:
+                raise ValueError("speculative_num_steps must be >= 1")
+            if c.speculative_eagle_topk != 1:
+                raise ValueError("the embedded engine supports speculative_eagle_topk 1 only")
+            if c.speculative_num_draft_tokens not in (None, c.speculative_num_steps + 1):
+                raise ValueError("with eagle_topk 1, speculative_num_draft_tokens must be speculative_num_steps + 1")
+        if c.draft_lm_head_sharing not in LM_HEAD_SHARING:
+            raise ValueError(f"draft_lm_head_sharing must be 'module' or 'tensor', not {c.draft_lm_head_sharing!r}")
+
+    def _quantize_moe(self, model, fmt: str) -> None:
+        from sparkit.engines.embedded.model import MoE
+
+        for module in model.modules():
+            if isinstance(module, MoE):
+                module.quantize_experts(fmt, self.dtype)
+                for holder in (module.experts_gate_up, module.experts_down):
+                    for name, tensor in holder.tensors().items():
+                        setattr(holder, name, tensor.to(self.device))
+                    if hasattr(holder, "packed"):
+                        holder.weight = holder.packed
+
+
+class _Request:
+    """State of one generation: committed tokens, RNG, finish rules."""
+
+    def __init__(self, engine: EmbeddedEngine, prompt: list[int], params: SamplingParams, generator):
+        self.engine, self.params, self.generator = engine, params, generator
+        self.seq = prompt
+        self.prompt_len = len(prompt)
+        self.greedy = _is_greedy(params)
+        self.stop_ids = set(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            self.stop_ids.add(engine.model_config.eos_token_id)
+        self.max_new = params.max_new_tokens if params.max_new_tokens is not None else engine.context_length
+        self.device = engine.device
+
+    @property
+    def generated(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    def pick(self, logits) -> int:
+        from sparkit.engines.embedded.speculative import logits_to_probs, sample
+
+        if self.greedy:
+            return int(logits.argmax())
+        return int(sample(logits_to_probs(logits[None], self.params), self.generator)[0])
+
+    def commit(self, tokens: list[int]) -> tuple[list[int], dict | None]:
+        """Append tokens up to the first finish condition; returns (committed, finish_reason)."""
+        out = []
+        for t in tokens:
+            out.append(t)
+            self.seq.append(t)
+            if t in self.stop_ids:
+                return out, {"type": "stop", "matched": t}
+            if self.generated >= self.max_new:
+                return out, {"type": "length", "length": self.max_new}
+        if len(self.seq) >= self.engine.context_length:
+            return out, {"type": "length", "length": self.generated}
+        return out, None
+
+    def _target_logits(self, hidden):
+        logits = self.engine.model.logits(hidden)[0].float()
+        if self.engine.vocab_limit < logits.shape[-1]:
+            logits[:, self.engine.vocab_limit :] = float("-inf")
+        return logits
+
+    def _prefill(self):
+        model, cache = self.engine.model, self.engine._target_cache
+        cache.length = 0
+        ids = torch.tensor([self.seq], device=self.device)
+        hidden = model.forward_hidden(ids, cache, 0)
+        cache.length = ids.shape[1]
+        return hidden
+
+    def plain(self, cancelled) -> Iterator[StepOutput]:
+        engine = self.engine
+        if self.max_new == 0:
+            yield StepOutput([], verify_step=False, finished=True, finish_reason={"type": "length", "length": 0})
+            return
+        if cancelled():
+            yield _aborted()
+            return
+        with torch.inference_mode():
+            hidden = self._prefill()
+            token = self.pick(self._target_logits(hidden[:, -1:])[-1])
+        while True:
+            committed, finish = self.commit([token])
+            yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish)
+            if finish is not None:
+                return
+            if cancelled():
+                yield _aborted()
+                return
+            with torch.inference_mode():
+                cache = engine._target_cache
+                pos = cache.length
+                hidden = engine.model.forward_hidden(torch.tensor([[token]], device=self.device), cache, pos)
+                cache.length = pos + 1
+                token = self.pick(self._target_logits(hidden)[-1])
+
+    def speculative(self, cancelled) -> Iterator[StepOutput]:
+        from sparkit.engines.embedded.speculative import NextnDrafter, logits_to_probs, verify_greedy, verify_rejection
+
+        engine = self.engine
+        k = engine.num_steps
+        if self.max_new == 0:
+            yield StepOutput([], verify_step=False, finished=True, finish_reason={"type": "length", "length": 0})
+            return
+        if cancelled():
+            yield _aborted()
+            return
+        drafter = NextnDrafter(engine.draft, k, engine._draft_cache)
+        drafter.reset()
+        with torch.inference_mode():
+            hidden = self._prefill()
+            token = self.pick(self._target_logits(hidden[:, -1:])[-1])
+        committed, finish = self.commit([token])
+        yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish)
+        if finish is not None:
+            return
+        with torch.inference_mode():
+            # MTP over the prompt: position t gets the target hidden at t and the token at t+1
+            next_ids = torch.tensor([self.seq[1:]], device=self.device)
+            drafter.extend(hidden, next_ids, 0)
+        target_cache = engine._target_cache
+        while True:
+            if cancelled():
+                yield _aborted()
+                return
+            m = len(self.seq) - 1  # position of the last committed token (not yet in the target cache)
+            if m + k + 1 > engine.context_length:
+                yield StepOutput([], verify_step=False, finished=True, finish_reason={"type": "length", "length": self.generated})
+                return
+            with torch.inference_mode():
+                if self.greedy:
+                    drafts, _ = drafter.propose(lambda lg: int(lg.argmax()), engine.vocab_limit)
+                else:
+                    drafts, draft_logits = drafter.propose(self.pick_from_draft, engine.vocab_limit)
+                ids = torch.tensor([[self.seq[-1]] + drafts], device=self.device)
+                hidden = engine.model.forward_hidden(ids, target_cache, m)
+                logits = self._target_logits(hidden)  # [k+1, V]
+                if self.greedy:
+                    accepted, bonus = verify_greedy(drafts, logits.argmax(dim=-1).tolist())
+                else:
+                    q = logits_to_probs(torch.stack(draft_logits), self.params)
+                    p = logits_to_probs(logits, self.params)
+                    accepted, bonus = verify_rejection(drafts, q, p, self.generator)
+                new_tokens = drafts[:accepted] + [bonus]
+                target_cache.length = m + accepted + 1
+            committed, finish = self.commit(new_tokens)
+            engine.total_verify_steps += 1
+            engine.total_committed_in_verify += len(committed)
+            yield StepOutput(committed, verify_step=True, num_accepted_drafts=len(committed) - 1 if finish else accepted,
+                             num_proposed_drafts=k, finished=finish is not None, finish_reason=finish)
+            if finish is not None:
+                return
+            with torch.inference_mode():
+                drafter.extend(hidden[:, : accepted + 1], torch.tensor([new_tokens], device=self.device), m)
+
+    def pick_from_draft(self, logits) -> int:
+        from sparkit.engines.embedded.speculative import logits_to_probs, sample
+
+        return int(sample(logits_to_probs(logits[None].float(), self.params), self.generator)[0])
+
+
+def _aborted() -> StepOutput:
+    return StepOutput([], verify_step=False, finished=True, finish_reason={"type": "abort"})
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    from sparkit.engines.embedded.speculative import is_greedy
+
+    return is_greedy(params)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LaunchError(f"device {device!r} requested but CUDA is not available", hint="use --device cpu or auto")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise LaunchError(f"unknown device {device!r}", hint="use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str | None, device: torch.device):
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise LaunchError(f"unknown dtype {dtype!r}", hint="use bfloat16 or float32")
+    return table[dtype]
+
+
+def _make_generator(device: torch.device, seed: int):
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed) % (2**63))
+    return g
+
+
+def default_threads() -> int:
+    return int(os.environ.get("SPARKIT_ENGINE_THREADS", "0")) or 0

@@ -1,0 +1,357 @@
+"""tiny-ling: Ling-3.0-flash in miniature (PyTorch).
+
+Decoder layers (RMSNorm, causal attention with RoPE and a rollback-able KV cache, a MoE FFN
+with E routed experts top-k plus one shared expert), a final norm and an lm_head; plus one
+NextN MTP layer that predicts token t+2 from the hidden state at t and the embedding of token
+t+1. The draft (TinyLingForCausalLMNextN) holds *references* to the target's embedding and
+lm_head modules, so whatever the head's quantisation, the draft computes with it.
+
+Shapes: activations are [B, T, H]; inference runs B = 1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+MODEL_CLASS = "TinyLingForCausalLM"
+DRAFT_CLASS = "TinyLingForCausalLMNextN"
+
+
+@dataclass
+class TinyLingConfig:
+    vocab_size: int = 264
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    head_dim: int = 32
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 192
+    shared_expert_intermediate_size: int = 192
+    num_nextn_predict_layers: int = 1
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int = 256
+    eos_token_id: int = 257
+    pad_token_id: int = 258
+    architectures: list[str] = field(default_factory=lambda: [MODEL_CLASS])
+    model_type: str = "tiny_ling"
+    torch_dtype: str = "float32"
+    sparkit: dict = field(default_factory=dict)  # builder metadata (seed, corpus, training stats)
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def top_k(self) -> int:
+        return self.num_experts_per_tok
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        # HF-style aliases, for readers that expect them
+        data["num_layers"] = self.num_hidden_layers
+        data["top_k"] = self.num_experts_per_tok
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TinyLingConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, directory: Path) -> None:
+        (Path(directory) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> "TinyLingConfig":
+        return cls.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight.to(x.dtype)
+
+
+class KVCache:
+    """Per-layer K/V buffers [1, heads, max_len, head_dim] and a committed length.
+
+    Rolling back after a rejected draft is `truncate(n)`: entries past n are simply
+    overwritten by the next write, so rollback costs nothing."""
+
+    def __init__(self, num_layers: int, num_heads: int, head_dim: int, max_len: int, dtype, device):
+        shape = (num_layers, 1, num_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+        self.max_len = max_len
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a KV cache of length {self.length} to {length}")
+        self.length = length
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_pos: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        t = torch.arange(max_pos, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, x, start: int):
+        # x: [B, heads, T, head_dim]; rotate halves (GPT-NeoX style)
+        T = x.shape[2]
+        cos = self.cos[start : start + T].to(x.dtype)
+        sin = self.sin[start : start + T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TinyLingConfig):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        inner = cfg.num_attention_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+
+    def forward(self, x, rope: RotaryEmbedding, cache: KVCache | None = None, layer: int = 0, start: int = 0):
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = rope(q, start), rope(k, start)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            end = start + T
+            if end > cache.max_len:
+                raise ValueError(f"sequence length {end} exceeds the KV cache ({cache.max_len})")
+            cache.k[layer, :, :, start:end] = k
+            cache.v[layer, :, :, start:end] = v
+            keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
+            if T == 1:
+                out = F.scaled_dot_product_attention(q, keys, values)
+            else:
+                # query i sits at position start+i and sees positions <= start+i
+                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class SharedExpert(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+# Up to this many tokens, gather the chosen experts' weights per token (decode and verify);
+# beyond it loop over experts (prefill, training).
+_GATHER_MAX_TOKENS = 8
+
+
+class MoE(nn.Module):
+    """E routed experts, softmax top-k routing (renormalised), plus one always-on shared expert.
+
+    Expert weights are nn.Parameters while training; `quantize_experts(fmt)` replaces them by an
+    ExpertWeights holder (bf16/fp8/mxfp4) that is dequantised in the forward."""
+
+    def __init__(self, cfg: TinyLingConfig):
+        super().__init__()
+        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.num_experts, self.top_k = E, cfg.num_experts_per_tok
+        self.gate = nn.Linear(H, E, bias=False)
+        self.w_gate_up = nn.Parameter(torch.randn(E, 2 * I, H) * H**-0.5)
+        self.w_down = nn.Parameter(torch.randn(E, H, I) * I**-0.5)
+        self.shared_expert = SharedExpert(H, cfg.shared_expert_intermediate_size)
+        self.experts_gate_up = None  # ExpertWeights once quantised
+        self.experts_down = None
+        self.aux_loss = None
+
+    @property
+    def expert_format(self) -> str:
+        return self.experts_gate_up.fmt if self.experts_gate_up is not None else "fp32"
+
+    @property
+    def quant_method_name(self) -> str:
+        from sparkit.engines.embedded.quant import ExpertWeights
+
+        return (self.experts_gate_up or ExpertWeights).method_name
+
+    def quantize_experts(self, fmt: str, compute_dtype) -> None:
+        from sparkit.engines.embedded.quant import make_expert_weights
+
+        self.experts_gate_up = make_expert_weights(self.w_gate_up.data, fmt, compute_dtype)
+        self.experts_down = make_expert_weights(self.w_down.data, fmt, compute_dtype)
+        del self.w_gate_up, self.w_down  # the quantised copy is the only one kept
+
+    def _weights(self):
+        if self.experts_gate_up is not None:
+            return self.experts_gate_up, self.experts_down
+        return None, None
+
+    def forward(self, x):
+        B, T, H = x.shape
+        flat = x.reshape(-1, H)
+        router_logits = self.gate(flat).float()
+        probs = router_logits.softmax(dim=-1)
+        topw, topi = probs.topk(self.top_k, dim=-1)
+        topw = (topw / topw.sum(dim=-1, keepdim=True)).to(x.dtype)
+        if self.training:
+            # Switch-style load balancing: fraction routed x mean probability per expert.
+            frac = F.one_hot(topi, self.num_experts).float().sum(dim=(0, 1)) / topi.numel()
+            self.aux_loss = self.num_experts * (frac * probs.mean(dim=0)).sum()
+        out = self.shared_expert(flat)
+        gate_up_q, down_q = self._weights()
+        n = flat.shape[0]
+        if n <= _GATHER_MAX_TOKENS and not self.training:
+            idx = topi.reshape(-1)  # [n*k]
+            if gate_up_q is not None:
+                wgu, wd = gate_up_q.select(idx), down_q.select(idx)
+            else:
+                wgu, wd = self.w_gate_up[idx], self.w_down[idx]
+            xs = flat.repeat_interleave(self.top_k, dim=0).unsqueeze(-1)  # [n*k, H, 1]
+            gate, up = torch.bmm(wgu, xs).squeeze(-1).chunk(2, dim=-1)
+            y = torch.bmm(wd, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [n*k, H]
+            out = out + (y.view(n, self.top_k, H) * topw.unsqueeze(-1)).sum(dim=1)
+        else:
+            for e in range(self.num_experts):
+                token_idx, slot = (topi == e).nonzero(as_tuple=True)
+                if token_idx.numel() == 0:
+                    continue
+                if gate_up_q is not None:
+                    wgu, wd = gate_up_q.dense(e), down_q.dense(e)
+                else:
+                    wgu, wd = self.w_gate_up[e], self.w_down[e]
+                xe = flat[token_idx]
+                gate, up = (xe @ wgu.T).chunk(2, dim=-1)
+                ye = (F.silu(gate) * up) @ wd.T
+                out = out.index_add(0, token_idx, ye * topw[token_idx, slot].unsqueeze(-1))
+        return out.view(B, T, H)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TinyLingConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg)
+
+    def forward(self, x, rope, cache=None, layer=0, start=0):
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LmHead(nn.Module):
+    """The output projection. Its `quant_method` decides how `weight` is used (SGLang's design):
+    UnquantizedLinearMethod for fp32/bf16, Fp8LmHeadMethod for an e4m3 weight + row scale."""
+
+    def __init__(self, weight, quant_method, weight_scale=None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale = weight_scale
+        self.quant_method = quant_method
+
+    def forward(self, x):
+        return self.quant_method.apply(self, x)
+
+
+class NextNLayer(nn.Module):
+    """The MTP layer's own weights: norms for the embedding and the hidden state, the projection
+    of their concatenation, one decoder layer, and the norm before the shared lm_head."""
+
+    def __init__(self, cfg: TinyLingConfig):
+        super().__init__()
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.decoder = DecoderLayer(cfg)
+        self.shared_head_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, hidden, next_embeds, rope, cache=None, start=0):
+        """hidden[t] (target hidden at t) + embedding of token t+1 -> MTP hidden at t (pre-norm)."""
+        x = self.eh_proj(torch.cat((self.enorm(next_embeds), self.hnorm(hidden)), dim=-1))
+        return self.decoder(x, rope, cache, 0, start)
+
+
+class TinyLingForCausalLM(nn.Module):
+    def __init__(self, cfg: TinyLingConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mtp = NextNLayer(cfg)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+
+    def forward_hidden(self, input_ids, cache: KVCache | None = None, start: int = 0):
+        """input_ids [B, T] -> last layer's hidden states [B, T, H] (before the final norm)."""
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.rope, cache, i, start)
+        return x
+
+    def logits(self, hidden):
+        return self.lm_head(self.norm(hidden))
+
+    def new_cache(self, max_len: int, dtype=None, device=None) -> KVCache:
+        cfg = self.config
+        p = self.embed_tokens.weight
+        return KVCache(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim, max_len, dtype or p.dtype, device or p.device)
+
+
+class TinyLingForCausalLMNextN:
+    """The draft model: a NextN layer plus the target's embedding and lm_head.
+
+    Not an nn.Module on purpose: it *refers* to modules owned elsewhere (the target's embedding and,
+    with module sharing, the target's lm_head object) instead of owning copies."""
+
+    model_class = DRAFT_CLASS
+
+    def __init__(self, nextn: NextNLayer, embed_tokens: nn.Embedding, lm_head: nn.Module, rope: RotaryEmbedding, config: TinyLingConfig):
+        self.nextn, self.embed_tokens, self.lm_head, self.rope, self.config = nextn, embed_tokens, lm_head, rope, config
+
+    def forward_hidden(self, hidden, next_ids, cache: KVCache | None = None, start: int = 0):
+        return self.nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start)
+
+    def logits(self, mtp_hidden):
+        return self.lm_head(self.nextn.shared_head_norm(mtp_hidden))
+
+    def new_cache(self, max_len: int, dtype, device) -> KVCache:
+        cfg = self.config
+        return KVCache(1, cfg.num_attention_heads, cfg.head_dim, max_len, dtype, device)
+
+
+def training_loss(model: TinyLingForCausalLM, batch, mtp_weight: float = 1.0, aux_weight: float = 0.01):
+    """Next-token loss of the target + t+2 loss of the NextN layer (fed the target's hidden states,
+    detached so that the MTP objective does not disturb the target) + MoE load balancing."""
+    inputs = batch[:, :-1]
+    hidden = model.forward_hidden(inputs)
+    logits = model.logits(hidden)
+    loss_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    # MTP at t: hidden[t] + embed(x[t+1]) -> x[t+2]
+    mtp_hidden = model.mtp(hidden[:, :-1].detach(), model.embed_tokens(batch[:, 1:-1]), model.rope)
+    mtp_logits = model.lm_head(model.mtp.shared_head_norm(mtp_hidden))
+    loss_mtp = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))
+    aux = sum(m.aux_loss for m in model.modules() if isinstance(m, MoE) and m.aux_loss is not None)
+    return loss_main + mtp_weight * loss_mtp + aux_weight * aux, loss_main.detach(), loss_mtp.detach()

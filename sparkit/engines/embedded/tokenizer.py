@@ -1,0 +1,88 @@
+"""tiny-ling's tokenizer: pure byte-level (256 byte tokens + a few special tokens).
+
+Saved as tokenizer.json + tokenizer_config.json so that
+`transformers.AutoTokenizer.from_pretrained(DIR)` loads it as a PreTrainedTokenizerFast.
+Any UTF-8 text round-trips because every byte has its own token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BOS = "<|bos|>"
+EOS = "<|eos|>"
+PAD = "<|pad|>"
+SYSTEM = "<|system|>"
+USER = "<|user|>"
+ASSISTANT = "<|assistant|>"
+SPECIAL_TOKENS = [BOS, EOS, PAD, SYSTEM, USER, ASSISTANT]
+NUM_BYTE_TOKENS = 256
+# Special tokens sit right after the 256 byte tokens; the vocabulary is padded to a
+# multiple of 8 (unused ids are never produced by the tokenizer).
+VOCAB_SIZE = 264
+
+# One turn = role token, content, <|eos|>. Generation stops at <|eos|>.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|eos|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def special_token_id(token: str) -> int:
+    return NUM_BYTE_TOKENS + SPECIAL_TOKENS.index(token)
+
+
+def build_tokenizer():
+    """A transformers PreTrainedTokenizerFast over a byte-level BPE with no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    # ByteLevel maps byte b to a printable char; give byte b the id b.
+    byte_to_char = _bytes_to_unicode()
+    vocab = {byte_to_char[b]: b for b in range(NUM_BYTE_TOKENS)}
+    assert set(vocab) == set(byte_chars)
+    for token in SPECIAL_TOKENS:
+        vocab[token] = special_token_id(token)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def save_tokenizer(directory: str | Path) -> None:
+    build_tokenizer().save_pretrained(str(directory))
+
+
+def load_tokenizer(directory: str | Path):
+    # PreTrainedTokenizerFast directly: AutoTokenizer would also parse config.json and warn
+    # about the unknown model_type (it loads the same files).
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(directory))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode char map (what ByteLevel uses)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
