@@ -555,6 +555,11 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
             workers = [asyncio.create_task(worker()) for _ in range(max(1, min(request.concurrency, len(todo) or 1)))]
             try:
                 await asyncio.gather(*workers)
+            except EngineError as exc:
+                raise EngineError(
+                    f"{exc.message} ({progress.done} of {progress.total} questions done)",
+                    hint=f"finished questions are saved; continue with the same flags plus --resume --out {out}",
+                ) from exc
             finally:
                 for task in workers:
                     task.cancel()

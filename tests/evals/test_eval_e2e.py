@@ -1,0 +1,116 @@
+"""`sparkit eval gsm8k` end to end against a real embedded-engine server process.
+
+tiny-ling cannot solve GSM8K; what is tested is the pipeline: a run interrupted for real
+(SIGINT, then SIGKILL, of the `sparkit eval` process) and resumed ends with the same results
+as an uninterrupted greedy run, and `compare` of a run with itself finds no difference.
+The model's 2048-token byte-level context fits one exemplar, hence --shots 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import GSM8K_DIR
+
+pytestmark = pytest.mark.e2e
+
+LIMIT = 8
+
+
+def _argv(url: str, out, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", url, "--data", str(GSM8K_DIR / "test.jsonl"),
+        "--limit", str(LIMIT), "--shots", "1", "--greedy", "--max-tokens", "12", "--out", str(out), *extra,
+    ]
+
+
+def _env(tmp_path) -> dict[str, str]:
+    return {**os.environ, "SPARKIT_HOME": str(tmp_path / "home")}
+
+
+def _results_in(path) -> int:
+    try:
+        return path.read_text().count('"type": "result"')
+    except OSError:
+        return 0
+
+
+def _interrupt_after(argv, env, out, n_results: int, sig: int) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while _results_in(out) < n_results and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.stderr.read()[-2000:]}"
+    os.kill(proc.pid, sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(embedded_server, tmp_path):
+    env = _env(tmp_path)
+    reference = tmp_path / "reference.jsonl"
+    done = subprocess.run(_argv(embedded_server.url, reference, "--json", "--concurrency", "2"),
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    expected = json.loads(done.stdout)
+    assert expected["n"] == LIMIT and expected["complete"]
+    assert expected["mean_accept_length"] is not None and expected["mean_accept_length"] >= 1.0
+    assert expected["server_args"].get("speculative_algorithm")
+
+    resumed = tmp_path / "resumed.jsonl"
+    argv = _argv(embedded_server.url, resumed)
+    first = _interrupt_after(argv, env, resumed, 2, signal.SIGINT)  # Ctrl-C
+    assert first.returncode == 130, first.stderr
+    assert "--resume" in first.stderr
+    after_sigint = _results_in(resumed)
+    assert 2 <= after_sigint < LIMIT
+
+    second = _interrupt_after([*argv, "--resume"], env, resumed, after_sigint + 2, signal.SIGKILL)  # a crash
+    assert second.returncode == -signal.SIGKILL
+    assert after_sigint + 2 <= _results_in(resumed) < LIMIT
+
+    last = subprocess.run([*argv, "--resume", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, last.stderr
+    summary = json.loads(last.stdout)
+    assert summary["sessions"] == 3 and summary["n"] == LIMIT and summary["complete"]
+    for key in ("accuracy", "invalid_rate", "truncated", "output_tokens", "settings_hash", "server_args"):
+        assert summary[key] == expected[key], key
+
+    def outputs(path):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return {r["id"]: (r["output"], r["strict"], r["flexible"], r["prompt_sha"]) for r in rows if r["type"] == "result"}
+
+    # Each question answered exactly once, and greedy answers identical to the reference run.
+    ids = [json.loads(line)["id"] for line in resumed.read_text().splitlines() if '"type": "result"' in line]
+    assert sorted(ids) == list(range(LIMIT))
+    assert outputs(resumed) == outputs(reference)
+
+    compared = subprocess.run([sys.executable, "-m", "sparkit", "eval", "compare", str(reference), str(resumed), "--json"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    assert compared.returncode == 0, compared.stderr
+    result = json.loads(compared.stdout)
+    assert result["n_paired"] == LIMIT and result["mcnemar_p"] == 1.0
+    assert result["metrics"]["flexible"]["b_discordant"] == result["metrics"]["flexible"]["c_discordant"] == 0
+    assert result["verdict"].startswith("no detectable difference at alpha 0.05")
+
+
+def test_sampled_chat_run_with_seeds_and_a_summary_table(embedded_server, tmp_path):
+    out = tmp_path / "sampled.jsonl"
+    argv = [
+        sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", embedded_server.url, "--data", str(GSM8K_DIR / "test.jsonl"),
+        "--limit", "3", "--shots", "1", "--format", "chat", "--max-tokens", "8", "--seed", "7", "--out", str(out),
+    ]
+    done = subprocess.run(argv, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "accuracy, flexible (95% Wilson)" in done.stdout and "output throughput @ concurrency 1" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["settings"]["temperature"] == 0.6 and rows[0]["settings"]["top_k"] == 29
+    assert {r["id"] for r in rows if r["type"] == "result"} == {0, 1, 2}
+    assert all(r["completion_tokens"] > 0 for r in rows if r["type"] == "result")
+    assert json.loads((tmp_path / "sampled.summary.json").read_text())["n"] == 3
