@@ -1,9 +1,232 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""`sparkit plan`, `sparkit recipes list|show|validate`, `sparkit doctor`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from sparkit.cli.common import console, err_console, print_json
+
+recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
+
+_SET_HELP = "Override a recipe key, e.g. --set stack.lm_head=fp8 (value read as YAML). Repeatable."
+
+
+def plan_cmd(
+    recipe: str = typer.Argument(..., help="Recipe file or shipped name (see `sparkit recipes list`)."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    port: int | None = typer.Option(None, "--port", help="Port to plan for (default: the recipe's).", min=1, max=65535),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
+) -> None:
+    """Show the exact engine launch a recipe compiles to (no GPU needed)."""
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    plan = compile_plan(load_recipe(recipe, list(set_)), port=port)
+    if as_json:
+        print_json(plan.to_dict())
+        return
+    render_plan(plan)
+
+
+def render_plan(plan) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
+    out.print(f"[bold]{escape(plan.recipe_name)}[/] ({plan.engine}) -> {plan.url}  model {escape(plan.model)}")
+    out.print("\n[bold]command[/]")
+    # Plain print: the line must paste into a shell exactly (no wrapping, no markup).
+    out.print(plan.command_line(), markup=False, highlight=False, soft_wrap=True)
+    if plan.env:
+        out.print("\n[bold]environment[/]")
+        for k, v in sorted(plan.env.items()):
+            out.print(f"  {k}={v}", markup=False, highlight=False)
+    table = Table(title="which path provides each optimisation", title_justify="left")
+    table.add_column("optimisation")
+    table.add_column("provider")
+    table.add_column("detail", overflow="fold")
+    for p in plan.provisions:
+        table.add_row(escape(p.optimisation), escape(p.provider), escape(p.detail))
+    out.print()
+    out.print(table)
+    exp = {k: v for k, v in plan.expectations.__dict__.items() if v not in (None, {}, [])}
+    out.print("\n[bold]expectations (verified by the startup checks)[/]")
+    for k, v in exp.items():
+        out.print(f"  {k}: {v}", markup=False, highlight=False)
+    if plan.model_builds:
+        out.print("\n[bold]built before launch[/]")
+        for b in plan.model_builds:
+            out.print(f"  {b['name']} seed {b['seed']} -> {b['dir']}", markup=False)
+    for w in plan.warnings:
+        err_console().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+
+
+@recipes_app.command("list")
+def list_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """The shipped recipes, one line each."""
+    rows = []
+    for name, path in _shipped():
+        description = _description(path)
+        rows.append({"name": name, "path": str(path), "description": description})
+    if as_json:
+        print_json(rows)
+        return
+    from rich.markup import escape
+
+    width = max((len(r["name"]) for r in rows), default=0)
+    for r in rows:
+        console().print(f"{escape(r['name']).ljust(width)}  [dim]{escape(r['description'] or '')}[/]",
+                        highlight=False, soft_wrap=True)
+
+
+def _shipped():
+    from sparkit.recipes.load import shipped_recipes
+
+    return shipped_recipes()
+
+
+def _description(path: Path) -> str | None:
+    """The description key, read without validation (listing must never fail)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return "(unreadable)"
+    return data.get("description") if isinstance(data, dict) else None
+
+
+@recipes_app.command("show")
+def show_cmd(
+    recipe: str = typer.Argument(..., help="Recipe file or shipped name."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """A recipe fully resolved (after extends, overrides and defaults)."""
+    from sparkit.recipes.load import display_path, load_recipe
+
+    loaded = load_recipe(recipe, list(set_))
+    data = loaded.resolved()
+    if as_json:
+        print_json({"name": loaded.name, "path": str(loaded.path), "chain": [str(p) for p in loaded.chain],
+                    "recipe": data})
+        return
+    import yaml
+
+    chain = " <- ".join(display_path(p) for p in loaded.chain)
+    console().print(f"# {loaded.name}: {chain}", markup=False, highlight=False)
+    console().print(yaml.safe_dump(data, sort_keys=False).rstrip(), markup=False, highlight=False)
+
+
+@recipes_app.command("validate")
+def validate_cmd(
+    files: list[str] = typer.Argument(..., help="Recipe files (or shipped names)."),
+    as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+) -> None:
+    """Load, check the rules and compile each recipe; exit 3 if any is invalid."""
+    from sparkit.errors import RecipeError, SparkitError
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    results = []
+    for ref in files:
+        try:
+            plan = compile_plan(load_recipe(ref))
+            results.append({"recipe": ref, "ok": True, "warnings": plan.warnings, "error": None})
+        except SparkitError as exc:
+            results.append({"recipe": ref, "ok": False, "warnings": [], "error": str(exc)})
+    if as_json:
+        print_json(results)
+    else:
+        from rich.markup import escape
+
+        for r in results:
+            if r["ok"]:
+                console().print(f"[green]ok[/]    {escape(r['recipe'])}")
+                for w in r["warnings"]:
+                    console().print(f"      [yellow]warning:[/] {escape(w)}", soft_wrap=True)
+            else:
+                console().print(f"[bold red]error[/] {escape(r['error'])}", soft_wrap=True)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(RecipeError.exit_code)
+
+
+def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    """Host and engine report, and which shipped recipe targets this host can run."""
+    from sparkit.engines.base import get_adapter
+    from sparkit.host import detect_host, target_fit
+    from sparkit.recipes.schema import TARGETS
+
+    host = detect_host()
+    engines = [get_adapter(n).probe() for n in ("sglang", "embedded")]
+    targets = []
+    for name, engine, recipes in _shipped_targets():
+        ok, why = target_fit(host, name, engine)
+        targets.append({"target": name, "engine": engine, "ok": ok, "why": why, "recipes": recipes})
+    if as_json:
+        print_json({"host": host.to_dict(), "engines": [e.__dict__ for e in engines], "targets": targets})
+        return
+    render_doctor(host, engines, targets)
+
+
+def _shipped_targets() -> list[tuple[str, str, list[str]]]:
+    """(target, engine, shipped recipe names) for every (target, engine) pair shipped."""
+    from sparkit.errors import SparkitError
+    from sparkit.recipes.load import load_recipe
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, path in _shipped():
+        try:
+            r = load_recipe(path).recipe
+        except SparkitError:
+            continue
+        groups.setdefault((r.target, r.engine), []).append(name)
+    return [(t, e, names) for (t, e), names in groups.items()]
+
+
+def render_doctor(host, engines, targets) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
+    gib = 1024**3
+    out.print("[bold]host[/]")
+    out.print(f"  {host.os} {host.machine}, {host.cpu_cores} cores, RAM {host.ram_total_bytes / gib:.1f} GiB "
+              f"({host.ram_available_bytes / gib:.1f} GiB available)", highlight=False)
+    if host.gpus:
+        out.print(f"  driver {host.driver_version or '?'}, CUDA {host.cuda_version or '?'}", highlight=False)
+        for g in host.gpus:
+            mem = (f"{g.memory_total_bytes / gib:.1f} GiB" if g.memory_total_bytes
+                   else f"{g.memory_note} (host RAM {host.ram_total_bytes / gib:.1f} GiB)" if g.unified_memory
+                   else g.memory_note or "unknown")
+            out.print(f"  GPU{g.index}: {escape(g.name)}, {g.sm or '?'}, memory {escape(mem)}", highlight=False)
+        for link in host.gpu_links:
+            out.print(f"  {escape(link)}", highlight=False)
+    else:
+        out.print(f"  no NVIDIA GPU: {escape(host.nvml_status)}", highlight=False)
+    out.print("\n[bold]engines[/]")
+    for e in engines:
+        state = f"[green]{escape(e.version or 'installed')}[/]" if e.importable else "[red]not installed[/]"
+        extras = ", ".join(f"{k} {v or 'missing'}" for k, v in e.extras.items())
+        out.print(f"  {e.name}: {state}  [dim]{escape(extras)}[/]", highlight=False)
+        if e.detail:
+            out.print(f"    {escape(e.detail)}", highlight=False)
+    table = Table(title="shipped targets: which this host can run", expand=False, title_justify="left")
+    table.add_column("target")
+    table.add_column("engine")
+    table.add_column("runs here")
+    table.add_column("why", overflow="fold")
+    table.add_column("shipped recipes", overflow="fold")
+    for t in targets:
+        table.add_row(t["target"], t["engine"], "[green]yes[/]" if t["ok"] else "[red]no[/]", escape(t["why"]),
+                      escape(", ".join(t["recipes"])))
+    out.print()
+    out.print(table)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("plan")(plan_cmd)
+    app.add_typer(recipes_app, name="recipes")
+    app.command("doctor")(doctor_cmd)
