@@ -1,9 +1,40 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""`sparkit chat`: the Textual chat app against a running server."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("chat")
+    def chat(
+        run: Optional[str] = typer.Argument(None, help="Run id or recipe name (default: the latest live run)."),
+        url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
+        system: Optional[str] = typer.Option(None, "--system", help="System prompt for new chats."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer token, if the server needs one."),
+        open_id: Optional[int] = typer.Option(None, "--open", help="Reopen a saved chat by id (see the history panel, Ctrl+O)."),
+    ) -> None:
+        """Chat in the terminal with live decode tok/s, TTFT and accept length.
+
+        Keys: Enter sends, Esc stops a reply, Ctrl+N new chat, Ctrl+O history,
+        Ctrl+Y copy reply, Ctrl+K copy code block, Ctrl+T settings, Ctrl+Q quit.
+        """
+        from sparkit.errors import UsageError
+        from sparkit.runs import resolve_server
+
+        if run and url:
+            raise UsageError("give a RUN or --url, not both", hint="`sparkit chat --url http://127.0.0.1:30000`")
+        target = resolve_server(run, url, api_key)
+        from sparkit.tui.app import create_app
+
+        create_app(
+            target.url,
+            api_key=target.api_key,
+            model=model,
+            system_prompt=system,
+            run=target.run,
+            open_conversation=open_id,
+        ).run()

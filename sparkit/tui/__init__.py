@@ -1,0 +1,1 @@
+"""The Textual chat app (`sparkit chat`). Importing this package does not import textual."""

@@ -1,0 +1,117 @@
+"""Per-reply and per-session speed figures for the chat.
+
+Timestamps are the client's arrival times (time.perf_counter() taken by the
+reader as each chunk arrives, before any rendering), so the figures do not
+depend on how fast the screen redraws. Definitions follow docs/protocols.md:
+TTFT is request start to the first non-empty chunk; decode tok/s excludes TTFT:
+(tokens - 1) / (t_last - t_first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ReplyMetrics:
+    """Speed of one reply, updated live as chunks arrive and settled at the end."""
+
+    t_start: float
+    t_first: float | None = None
+    t_last: float | None = None
+    output_tokens: int = 0
+    accept_length: float | None = None  # tokens per verify step; None when the server does not speculate
+    exact: bool = False  # True once the server's usage count replaced the live chunk count
+    status: str = "streaming"  # streaming | done | stopped | error
+
+    def on_chunk(self, t: float, new_tokens: int) -> None:
+        if new_tokens <= 0:
+            return
+        if self.t_first is None:
+            self.t_first = t
+        self.t_last = t
+        self.output_tokens += new_tokens
+
+    def settle(self, *, completion_tokens: int | None, accept_length: float | None, status: str) -> None:
+        """Final figures: the server's token count (chat chunks may carry several tokens
+        each under speculative decoding) and the per-reply accept length."""
+        if completion_tokens is not None and completion_tokens > 0:
+            self.output_tokens = completion_tokens
+            self.exact = True
+        if accept_length is not None:
+            self.accept_length = accept_length
+        self.status = status
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.t_first is None else self.t_first - self.t_start
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if self.t_first is None or self.t_last is None or self.output_tokens < 2:
+            return None
+        span = self.t_last - self.t_first
+        return (self.output_tokens - 1) / span if span > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ttft"] = self.ttft
+        data["decode_tok_s"] = self.decode_tok_s
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReplyMetrics":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass
+class SessionMetrics:
+    """Figures across the replies of one chat session (what the sparkline plots)."""
+
+    replies: list[ReplyMetrics] = field(default_factory=list)
+
+    def add(self, reply: ReplyMetrics) -> None:
+        self.replies.append(reply)
+
+    @property
+    def tok_s_series(self) -> list[float]:
+        return [r.decode_tok_s for r in self.replies if r.decode_tok_s is not None]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.replies)
+
+    @property
+    def mean_tok_s(self) -> float | None:
+        """Token-weighted decode speed: total decode tokens over total decode time."""
+        tokens = 0
+        seconds = 0.0
+        for r in self.replies:
+            if r.decode_tok_s is None or r.t_first is None or r.t_last is None:
+                continue
+            tokens += r.output_tokens - 1
+            seconds += r.t_last - r.t_first
+        return tokens / seconds if seconds > 0 else None
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        values = [r.accept_length for r in self.replies if r.accept_length is not None]
+        return sum(values) / len(values) if values else None
+
+
+def format_reply(reply: ReplyMetrics | None) -> str:
+    """One line for the metrics bar, e.g. '312.4 tok/s · TTFT 41 ms · 128 tok · accept 2.71'."""
+    if reply is None:
+        return "no reply yet"
+    speed = f"{reply.decode_tok_s:.1f} tok/s" if reply.decode_tok_s is not None else "– tok/s"
+    ttft = f"TTFT {reply.ttft * 1000:.0f} ms" if reply.ttft is not None else "TTFT –"
+    tokens = f"{reply.output_tokens} tok"
+    accept = f"accept {reply.accept_length:.2f}" if reply.accept_length is not None else "accept n/a"
+    parts = [speed, ttft, tokens, accept]
+    if reply.status == "streaming":
+        parts.append("streaming…")
+    elif reply.status in ("stopped", "error"):
+        parts.append(reply.status)
+    return " · ".join(parts)
