@@ -79,7 +79,8 @@ def headline_figures(metrics: BenchMetrics, server: dict[str, Any] | None = None
         "output_throughput_tok_s": metrics.output_throughput_tok_s,
         "peak_window_throughput_tok_s": metrics.peak_window_throughput_tok_s,
         "accept_length_mean": metrics.accept_length_mean,
-        "server_accept_length": server.get("avg_spec_accept_length"),
+        # The server's own figure over this repeat (its counters), else its running average.
+        "server_accept_length": server.get("accept_length_from_counters") or server.get("avg_spec_accept_length"),
         "step_time_estimate_ms": metrics.step_time_estimate_ms,
     }
 

@@ -288,7 +288,7 @@ def run_tune(
         run = None
         try:
             loaded = load_recipe(recipe_ref, point.overrides)
-            plan = compile_plan(loaded)
+            plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
             if on_progress:
                 on_progress(f"start {point.label}", 0, 1)
             run = runs.launch(plan, timeout=launch_timeout)

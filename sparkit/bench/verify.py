@@ -272,7 +272,7 @@ def run_verify(
     for step, (loaded, pollution) in enumerate(((baseline_loaded, False), (candidate_loaded, True))):
         if on_progress:
             on_progress(f"verify {loaded.name}", step, 2)
-        plan = compile_plan(loaded)
+        plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
         run = runs.launch(plan, timeout=launch_timeout)
         try:
             target = runs.resolve_server(run.id)

@@ -86,9 +86,21 @@ def vocabulary_from_server(model_info: dict[str, Any], server_info: dict[str, An
 
 
 def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
+    tokenizer_file = path / "tokenizer.json"
+    if tokenizer_file.is_file():
+        try:
+            from tokenizers import Tokenizer  # lazy; lighter than transformers and silent
+
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            specials = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
+            return Vocabulary(size=tokenizer.get_vocab_size(with_added_tokens=True), special_ids=frozenset(specials), source=str(path))
+        except Exception:
+            pass
     try:
         from transformers import AutoTokenizer  # lazy: heavy import
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception:
         return None

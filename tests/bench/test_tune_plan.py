@@ -78,3 +78,16 @@ def test_best_recipe_goes_to_a_new_file_that_extends_the_original(tmp_path):
     body = yaml.safe_load(first.read_text())
     assert body["extends"] == "mine.yaml"
     assert body["stack"]["speculative"]["num_steps"] == 3
+
+
+def test_tuned_recipe_for_a_shipped_recipe_loads_and_carries_the_winning_depth(tmp_path):
+    from sparkit.recipes.load import load_recipe
+
+    base = load_recipe("tiny")
+    sets = overrides_for({"speculative.num_steps": "2"}, base.recipe)
+    assert all(load_recipe("tiny", sets).recipe.stack.speculative.num_steps == 2 for _ in [0])
+    written = write_best_recipe(base.path, sets, "num_steps=2", directory=tmp_path, label="num_steps=2")
+    tuned = load_recipe(str(written))
+    assert tuned.recipe.stack.speculative.num_steps == 2
+    assert tuned.recipe.stack.speculative.num_draft_tokens == 3
+    assert tuned.recipe.stack.lm_head == base.recipe.stack.lm_head  # everything else inherited

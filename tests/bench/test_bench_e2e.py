@@ -1,0 +1,73 @@
+"""`sparkit bench` against a real embedded server: its counts agree with the server's own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from sparkit.client import parse_prometheus
+
+pytestmark = pytest.mark.e2e
+
+
+def server_counters(url: str) -> dict:
+    metrics = parse_prometheus(httpx.get(f"{url}/metrics", timeout=10).text)
+    info = httpx.get(f"{url}/server_info", timeout=10).json()
+    return {
+        "generated": metrics["sglang:generation_tokens_total"],
+        "verify": metrics.get("sglang:spec_verify_calls_total"),
+        "avg_accept": info["internal_states"][0].get("avg_spec_accept_length"),
+    }
+
+
+def test_bench_counts_agree_with_the_servers_counters_within_2_percent(start_embedded_server, tmp_path):
+    server = start_embedded_server(
+        speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4, lm_head_dtype="fp8",
+    )
+    before = server_counters(server.url)
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "bench", "--url", server.url, "--input-len", "96", "--output-len", "48",
+         "--num-prompts", "4", "--warmup", "0", "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    after = server_counters(server.url)
+    doc = json.loads(done.stdout)
+    assert json.loads(out.read_text())["complete"] is True  # the saved file is the same finished document
+    metrics = doc["repeats"][0]["metrics"]
+
+    served_tokens = after["generated"] - before["generated"]
+    assert metrics["total_output_tokens"] == 4 * 48  # ignore_eos: exactly what was asked
+    assert metrics["total_output_tokens"] == pytest.approx(served_tokens, rel=0.02)
+
+    server_accept = served_tokens / (after["verify"] - before["verify"])
+    assert metrics["accept_length_mean"] > 1.0  # the draft is right often enough to matter
+    assert metrics["accept_length_total"] == pytest.approx(server_accept, rel=0.02)
+    assert metrics["accept_length_mean"] == pytest.approx(after["avg_accept"], rel=0.02)
+    assert doc["summary"]["figures"]["server_accept_length"] == pytest.approx(server_accept, rel=0.02)
+
+    # The record says what was measured and where.
+    assert doc["workload"]["synthetic"] is True and doc["workload"]["input_len"] == 96
+    assert doc["server"]["server_args"]["speculative_num_steps"] == 3
+    assert doc["versions"]["sparkit"] and doc["host"]["hostname"]
+    figures = doc["summary"]["figures"]
+    assert figures["step_time_estimate_ms"] == pytest.approx(figures["tpot_mean_ms"] * figures["accept_length_mean"])
+
+
+def test_bench_without_speculation_reports_no_accept_length(start_embedded_server, tmp_path):
+    server = start_embedded_server()
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "bench", "--url", server.url, "--input-len", "32", "--output-len", "16",
+         "--num-prompts", "2", "--warmup", "1", "--out", str(tmp_path / "b.json"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)["summary"]["figures"]
+    assert figures["accept_length_mean"] is None
+    assert figures["step_time_estimate_ms"] == pytest.approx(figures["tpot_mean_ms"])  # accept length 1
