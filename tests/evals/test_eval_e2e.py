@@ -114,3 +114,22 @@ def test_sampled_chat_run_with_seeds_and_a_summary_table(embedded_server, tmp_pa
     assert {r["id"] for r in rows if r["type"] == "result"} == {0, 1, 2}
     assert all(r["completion_tokens"] > 0 for r in rows if r["type"] == "result")
     assert json.loads((tmp_path / "sampled.summary.json").read_text())["n"] == 3
+
+
+def test_same_seed_reproduces_a_sampled_run(embedded_server, tmp_path):
+    # Per-request seeds come from --seed and the question id, so the order in which
+    # concurrent requests finish does not matter; the embedded engine honours them.
+    def run(name: str, seed: str, concurrency: str) -> dict:
+        out = tmp_path / f"{name}.jsonl"
+        argv = [
+            sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", embedded_server.url, "--data", str(GSM8K_DIR / "test.jsonl"),
+            "--limit", "4", "--shots", "1", "--format", "completion", "--temperature", "1.0", "--top-k", "-1", "--top-p", "1.0",
+            "--max-tokens", "12", "--seed", seed, "--concurrency", concurrency, "--out", str(out), "--json",
+        ]
+        done = subprocess.run(argv, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return {r["id"]: r["output"] for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "result"}
+
+    first = run("a", "11", "1")
+    assert run("b", "11", "3") == first
+    assert run("c", "12", "1") != first
