@@ -81,8 +81,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class KVCache:
@@ -211,27 +210,39 @@ class MoE(nn.Module):
     def forward(self, x):
         B, T, H = x.shape
         flat = x.reshape(-1, H)
-        router_logits = self.gate(flat).float()
-        probs = router_logits.softmax(dim=-1)
-        topw, topi = probs.topk(self.top_k, dim=-1)
-        topw = (topw / topw.sum(dim=-1, keepdim=True)).to(x.dtype)
+        n, k = flat.shape[0], self.top_k
+        router_logits = self.gate(flat)
+        # softmax over the top-k logits == full softmax, top-k, renormalised (fewer ops per step)
+        top_logits, topi = router_logits.topk(k, dim=-1)
+        topw = top_logits.float().softmax(dim=-1).to(x.dtype)
         if self.training:
             # Switch-style load balancing: fraction routed x mean probability per expert.
+            probs = router_logits.float().softmax(dim=-1)
             frac = F.one_hot(topi, self.num_experts).float().sum(dim=(0, 1)) / topi.numel()
             self.aux_loss = self.num_experts * (frac * probs.mean(dim=0)).sum()
         out = self.shared_expert(flat)
         gate_up_q, down_q = self._weights()
-        n = flat.shape[0]
         if n <= _GATHER_MAX_TOKENS and not self.training:
-            idx = topi.reshape(-1)  # [n*k]
-            if gate_up_q is not None:
-                wgu, wd = gate_up_q.select(idx), down_q.select(idx)
+            # Dequantise only the experts the router picked, each once.
+            idx = topi.reshape(-1)
+            if n == 1:
+                uniq, slot_expert = idx, None  # top-k experts of one token are distinct
             else:
-                wgu, wd = self.w_gate_up[idx], self.w_down[idx]
-            xs = flat.repeat_interleave(self.top_k, dim=0).unsqueeze(-1)  # [n*k, H, 1]
-            gate, up = torch.bmm(wgu, xs).squeeze(-1).chunk(2, dim=-1)
-            y = torch.bmm(wd, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [n*k, H]
-            out = out + (y.view(n, self.top_k, H) * topw.unsqueeze(-1)).sum(dim=1)
+                uniq, slot_expert = idx.unique(return_inverse=True)
+            if gate_up_q is not None:
+                wgu, wd = gate_up_q.select(uniq), down_q.select(uniq)
+            else:
+                wgu, wd = self.w_gate_up[uniq], self.w_down[uniq]
+            if n == 1:
+                gate, up = torch.matmul(wgu, flat[0]).chunk(2, dim=-1)  # [k, I] each
+                y = torch.bmm(wd, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [k, H]
+                out = out + topw @ y
+            else:
+                slot_token = torch.arange(n, device=x.device).repeat_interleave(k)
+                gate, up = torch.matmul(wgu, flat.T)[slot_expert, :, slot_token].chunk(2, dim=-1)  # [n*k, I]
+                act = F.silu(gate) * up
+                y = torch.matmul(wd, act.T)[slot_expert, :, torch.arange(n * k, device=x.device)]  # [n*k, H]
+                out = out + (y.view(n, k, H) * topw.unsqueeze(-1)).sum(dim=1)
         else:
             for e in range(self.num_experts):
                 token_idx, slot = (topi == e).nonzero(as_tuple=True)
@@ -353,5 +364,11 @@ def training_loss(model: TinyLingForCausalLM, batch, mtp_weight: float = 1.0, au
     mtp_hidden = model.mtp(hidden[:, :-1].detach(), model.embed_tokens(batch[:, 1:-1]), model.rope)
     mtp_logits = model.lm_head(model.mtp.shared_head_norm(mtp_hidden))
     loss_mtp = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))
+    # Drafting chains the MTP layer on its own output for steps 2..k; train that use too:
+    # MTP hidden at t + embed(x[t+2]) -> x[t+3].
+    chained = model.mtp(mtp_hidden[:, :-1], model.embed_tokens(batch[:, 2:-1]), model.rope)
+    chained_logits = model.lm_head(model.mtp.shared_head_norm(chained))
+    loss_chain = F.cross_entropy(chained_logits.reshape(-1, chained_logits.shape[-1]), batch[:, 3:].reshape(-1))
     aux = sum(m.aux_loss for m in model.modules() if isinstance(m, MoE) and m.aux_loss is not None)
-    return loss_main + mtp_weight * loss_mtp + aux_weight * aux, loss_main.detach(), loss_mtp.detach()
+    total = loss_main + mtp_weight * (loss_mtp + 0.5 * loss_chain) + aux_weight * aux
+    return total, loss_main.detach(), loss_mtp.detach()
