@@ -1,0 +1,236 @@
+"""Compiling recipes to LaunchPlans, checked against the installed sglang 0.5.23's own parser."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sparkit.errors import RecipeError
+from sparkit.paths import cache_dir
+from sparkit.recipes.compile import compile_plan
+from sparkit.recipes.load import load_recipe, shipped_recipes
+from sparkit.recipes.plan import LaunchPlan
+
+SHIPPED = [name for name, _ in shipped_recipes()]
+SGLANG_RECIPES = [n for n in SHIPPED if load_recipe(n).recipe.engine == "sglang"]
+
+
+def _prepare_server_args(args: list[str]):
+    from sglang.srt.server_args import prepare_server_args
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return prepare_server_args(args)
+    finally:  # prepare_server_args reconfigures root logging (force=True): put it back
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_recipe_plans(name):
+    plan = compile_plan(load_recipe(name))
+    assert plan.argv[0] == sys.executable and plan.recipe_name == name
+    assert LaunchPlan.from_dict(json.loads(plan.to_json())) == plan
+    assert plan.command_line().endswith(plan.argv[-1])
+
+
+def test_sglang_recipes_are_the_ling_ladder():
+    assert sorted(SGLANG_RECIPES) == sorted(f"ling-3.0-flash/{n}" for n in (
+        "spark-baseline", "spark-humming", "spark-humming-fp8head", "spark-optimized",
+        "tp4-baseline", "tp4-nextn", "tp4-dspark"))
+
+
+@pytest.mark.parametrize("name", SGLANG_RECIPES)
+def test_sglang_argv_accepted_by_prepare_server_args(name):
+    loaded = load_recipe(name)
+    r = loaded.recipe
+    plan = compile_plan(loaded, port=31234)
+    assert plan.argv[1:3] == ["-m", "sglang.launch_server"]
+    parsed = _prepare_server_args(plan.argv[3:])
+    spec = r.stack.speculative
+    # What the recipe asked for, read back from sglang's own parse.
+    assert parsed.model_path == r.model.path
+    assert parsed.port == 31234 and parsed.host == r.server.host
+    assert parsed.tp_size == r.stack.tp and parsed.ep_size == r.stack.ep
+    assert parsed.moe_runner_backend == r.stack.moe_backend
+    assert parsed.enable_fp32_lm_head == (r.stack.lm_head == "fp32")
+    assert parsed.attention_backend == r.stack.attention_backend
+    assert parsed.mem_fraction_static == r.server.mem_fraction_static
+    assert parsed.quantization is None  # the checkpoints carry their quantisation
+    assert parsed.speculative_algorithm == ({"nextn": "NEXTN", "dspark": "DSPARK"}.get(spec.method))
+    assert parsed.speculative_num_steps == spec.num_steps
+    assert parsed.speculative_eagle_topk == spec.eagle_topk
+    assert parsed.speculative_num_draft_tokens == spec.num_draft_tokens
+    assert parsed.speculative_draft_model_path == spec.draft_model
+    # The expectations the startup checks read match the parse (NEXTN resolves to EAGLE).
+    alias = {"NEXTN": "EAGLE"}
+    for key, want in plan.expectations.server_args.items():
+        got = getattr(parsed, key)
+        assert alias.get(got, got) == want, key
+
+
+def test_spark_optimized_expectations_and_fp8_head_via_plugin():
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"))
+    e = plan.expectations
+    assert (e.speculative, e.speculative_algorithm_reported, e.num_steps, e.eagle_topk, e.num_draft_tokens) == (
+        "nextn", "EAGLE", 3, 1, 4)
+    assert e.lm_head == "fp8" and e.draft_shares_lm_head is True and e.moe_backend == "humming"
+    assert e.min_accept_length == 2.0 and e.mem_fraction_static == 0.68 and e.weights == "mxfp4"
+    # sglang 0.5.23 has no SGLANG_ENABLE_FP8_LM_HEAD: sparkit's plugin provides it.
+    assert plan.env == {"SPARKIT_SGLANG_PLUGIN": "1", "SGLANG_PLUGINS": "sparkit"}
+    fp8 = [p for p in plan.provisions if p.optimisation == "lm_head=fp8"]
+    assert fp8 and fp8[0].provider == "sparkit-plugin"
+    assert "--enable-fp32-lm-head" not in plan.argv
+
+
+def test_fp8_head_uses_the_engine_env_when_the_registry_has_it(monkeypatch):
+    from sparkit.engines.sglang import adapter
+
+    real = adapter.env_registry()
+    monkeypatch.setattr(adapter, "env_registry", lambda: real | {"SGLANG_ENABLE_FP8_LM_HEAD"})
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"))
+    assert plan.env == {"SGLANG_ENABLE_FP8_LM_HEAD": "1"}
+    assert [p.provider for p in plan.provisions if p.optimisation == "lm_head=fp8"] == ["sglang-env"]
+
+
+def test_baseline_has_no_speculative_expectations():
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"))
+    e = plan.expectations
+    assert e.speculative is None and e.min_accept_length is None and e.draft_shares_lm_head is None
+    assert e.lm_head == "fp32" and "--enable-fp32-lm-head" in plan.argv and plan.env == {}
+
+
+def test_env_registry_warns_about_ignored_variables():
+    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-nextn"))
+    ignored = [w for w in plan.warnings if "ignores" in w]
+    assert len(ignored) == 1 and "SGLANG_ENABLE_FUSED_VERIFY_EXTEND_GRAPH" in ignored[0]
+    assert plan.env["SGLANG_ENABLE_METADATA_GLUE_GRAPH"] == "1"  # known: passed, no warning
+    assert compile_plan(load_recipe("ling-3.0-flash/tp4-dspark")).warnings == []
+
+
+def _recipe(tmp_path: Path, body: str) -> Path:
+    path = (tmp_path / "r.yaml").resolve()
+    path.write_text("model:\n  path: org/model\n" + textwrap.dedent(body).lstrip("\n"))
+    return path
+
+
+def test_flag_removed_from_installed_sglang_is_an_error_quoting_the_parser(tmp_path):
+    path = _recipe(tmp_path, """
+    server:
+      extra_args: ["--disable-radix-cache", "--cuda-graph-max-bs", "8"]
+    """)
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:4:41 server.extra_args.1: sglang 0.5.23 rejects '--cuda-graph-max-bs'")
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill" in msg
+    # The replacement flag is accepted.
+    plan = compile_plan(load_recipe(path, ["server.extra_args=[--cuda-graph-bs-decode, '1']"]))
+    assert plan.argv[-2:] == ["--cuda-graph-bs-decode", "1"]
+
+
+def test_unknown_passthrough_flag(tmp_path):
+    path = _recipe(tmp_path, "server:\n  extra_args: [--no-such-flag]\n")
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    assert "server.extra_args.0: sglang 0.5.23 rejects '--no-such-flag'" in str(info.value)
+    assert "unrecognized arguments: --no-such-flag" in str(info.value)
+
+
+def test_passthrough_flag_managed_by_a_recipe_key(tmp_path):
+    path = _recipe(tmp_path, "server:\n  extra_args: [--tp, '2']\n")
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    assert "server.extra_args.0: --tp is set from the recipe key stack.tp" in str(info.value)
+    assert info.value.hint == "set stack.tp instead of passing the flag"
+
+
+def test_deprecated_passthrough_flag_warns(tmp_path):
+    plan = compile_plan(load_recipe(_recipe(tmp_path, "server:\n  extra_args: [--disable-cuda-graph]\n")))
+    assert any("deprecated" in w and "--cuda-graph-backend" in w for w in plan.warnings)
+
+
+def test_backend_not_in_installed_sglang(tmp_path):
+    path = _recipe(tmp_path, "stack:\n  attention_backend: flashinfer_v9\n")
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    assert str(info.value).startswith(f"{path}:4:22 stack.attention_backend: 'flashinfer_v9' is not one of triton,")
+
+
+def test_cuda_graph_and_metrics_settings(tmp_path):
+    path = _recipe(tmp_path, "server:\n  cuda_graph: {enabled: false, max_bs_decode: 4}\n  enable_metrics: false\n")
+    plan = compile_plan(load_recipe(path))
+    parsed = _prepare_server_args(plan.argv[3:])
+    assert parsed.cuda_graph_max_bs_decode == 4 and parsed.enable_metrics is False
+    assert "--cuda-graph-backend-decode" in plan.argv and "--disable-cuda-graph" not in plan.argv
+
+
+# ---------------------------------------------------------------- embedded
+
+
+def test_tiny_compiles_to_the_embedded_engine():
+    plan = compile_plan(load_recipe("tiny"), port=30555)
+    model_dir = str(cache_dir() / "models" / "tiny-ling-s0")
+    assert plan.engine == "embedded"
+    assert plan.argv[:5] == [sys.executable, "-m", "sparkit.engines.embedded", "--model-path", model_dir]
+    args = plan.argv[3:]
+
+    def value(flag):
+        return args[args.index(flag) + 1]
+
+    assert value("--port") == "30555" and value("--expert-weights") == "fp8" and value("--lm-head-dtype") == "fp8"
+    assert value("--speculative-algorithm") == "NEXTN" and value("--speculative-num-steps") == "3"
+    assert value("--speculative-eagle-topk") == "1" and value("--speculative-num-draft-tokens") == "4"
+    assert value("--device") == "auto"
+    assert plan.model_builds == [{"name": "tiny-ling", "seed": 0, "dir": model_dir}]
+    e = plan.expectations
+    assert e.speculative_algorithm_reported == "NEXTN" and e.draft_shares_lm_head is True
+    assert e.min_accept_length == 1.5 and e.server_args["speculative_num_steps"] == 3
+    assert plan.served_model_name == "tiny-ling"
+
+
+def test_tiny_baseline_and_wrong_draft():
+    base = compile_plan(load_recipe("tiny/tiny-baseline"))
+    assert "--speculative-algorithm" not in base.argv and base.expectations.min_accept_length is None
+    assert base.argv[base.argv.index("--lm-head-dtype") + 1] == "bf16"
+    wrong = compile_plan(load_recipe("tiny/tiny-wrong-draft"))
+    draft_dir = str(cache_dir() / "models" / "tiny-ling-s1")
+    assert wrong.argv[wrong.argv.index("--speculative-draft-model-path") + 1] == draft_dir
+    assert [b["seed"] for b in wrong.model_builds] == [0, 1]
+    assert wrong.expectations.draft_model == draft_dir
+
+
+def test_tiny_unshared_head_passes_the_flag_and_warns():
+    plan = compile_plan(load_recipe("tiny/tiny-unshared-head"))
+    assert plan.argv[-2:] == ["--draft-lm-head-sharing", "tensor"]
+    assert plan.expectations.draft_shares_lm_head is True  # the check is expected to catch it
+    assert any("shared-head trap" in w for w in plan.warnings)
+
+
+def test_embedded_passthrough_flags_are_validated():
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["server.extra_args=[--draft-lm-head-sharing, bogus]"]))
+    assert "embedded engine rejects the pass-through flags" in str(info.value) and "bogus" in str(info.value)
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["server.extra_args=[--no-such-flag]"]))
+    assert "server.extra_args" in str(info.value)
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["server.extra_args=[--lm-head-dtype, bf16]"]))
+    assert "--lm-head-dtype is set from the recipe" in str(info.value)
+
+
+def test_embedded_unknown_builtin_model():
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["model.path=sparkit:huge-ling"]))
+    assert "model.path: unknown built-in model 'sparkit:huge-ling'" in str(info.value)
+
+
+def test_api_key_env_is_recorded_never_the_key():
+    plan = compile_plan(load_recipe("tiny", ["server.api_key_env=MY_SPARKIT_KEY"]))
+    assert plan.api_key_env == "MY_SPARKIT_KEY" and "--api-key" not in plan.argv
