@@ -496,12 +496,11 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
     async with EngineClient(request.url, api_key=request.api_key, timeout=request.timeout_s) as client:
         server_info = await _server_info(client)
         model = "default"
-        if settings.format == "chat":
-            try:
-                models = await client.models()
-                model = models[0] if models else "default"
-            except EngineError:
-                pass
+        try:  # the served name goes in the record, and chat requests must name it
+            models = await client.models()
+            model = models[0] if models else "default"
+        except EngineError:
+            pass
         header = {
             "type": "header",
             "settings": settings.as_dict(),
@@ -539,7 +538,10 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
                         return
                     prompt = prompt_for(question, request.exemplars, settings.format)
                     wall_start = time.time()
-                    generation = await _ask(client, request, question, prompt, model)
+                    try:
+                        generation = await _ask(client, request, question, prompt, model)
+                    except EngineError as exc:
+                        raise EngineError(f"question {question.id}: {exc.message}", hint=exc.hint) from exc
                     record = _result_record(
                         question, prompt, generation, session, request.concurrency, wall_start, time.time()
                     )
