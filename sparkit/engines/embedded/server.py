@@ -68,6 +68,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--speculative-draft-model-path", default=None, help="take the NextN layer from another checkpoint")
+    p.add_argument(
+        "--draft-lm-head-sharing", choices=["module", "tensor"], default=None,
+        help="how the NextN draft uses the target's lm_head: the same module (default) or a copy of its tensor",
+    )
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' (everything but /health); env {API_KEY_ENV} also works")
     p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang parity; /metrics is always on")
@@ -529,12 +533,16 @@ def check_checkpoint(model_path: Path) -> dict:
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     try:
+        size = weights.stat().st_size
         with weights.open("rb") as fh:
             header_len = int.from_bytes(fh.read(8), "little")
-            if header_len <= 0 or header_len > weights.stat().st_size - 8:
-                raise ValueError("bad safetensors header length")
-            json.loads(fh.read(header_len))
-    except (OSError, ValueError) as exc:
+            if header_len <= 0 or header_len > size - 8:
+                raise ValueError("bad header length (truncated or not a safetensors file)")
+            header = json.loads(fh.read(header_len))
+        data_end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        if 8 + header_len + data_end > size:
+            raise ValueError(f"truncated: tensors need {8 + header_len + data_end} bytes, the file has {size}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CheckpointError(f"{weights}: unreadable or corrupt safetensors file: {exc}") from None
     return config
 
@@ -553,6 +561,7 @@ def engine_config_values(args: argparse.Namespace, served_name: str) -> dict[str
         "speculative_eagle_topk": args.speculative_eagle_topk,
         "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
         "speculative_draft_model_path": args.speculative_draft_model_path,
+        "draft_lm_head_sharing": args.draft_lm_head_sharing,
         "context_length": args.context_length,
         "seed": args.seed,
     }
@@ -565,7 +574,36 @@ def load_engine(args: argparse.Namespace, served_name: str) -> Any:
     if is_dataclass(EngineConfig):
         names = {f.name for f in fields(EngineConfig)}
         values = {k: v for k, v in values.items() if k in names and v is not None}
-    return EmbeddedEngine(EngineConfig(**values))
+    log(f"Load weight begin. model_path={args.model_path}, device={args.device}, expert_weights={args.expert_weights}, lm_head_dtype={args.lm_head_dtype}")
+    engine = EmbeddedEngine(EngineConfig(**values))
+    for line in load_weight_end_lines(engine):
+        log(line)
+    return engine
+
+
+def load_weight_end_lines(engine: Any) -> list[str]:
+    """SGLang's 'Load weight end.' line, one per model (target, then the NextN draft)."""
+    report = engine.activation_report()
+    seconds = getattr(engine, "load_seconds", {}) or {}
+    lines = []
+    for role in ("target", "draft"):
+        model = report.models.get(role)
+        if model is None:
+            continue
+        moe = model.moe
+        quant = moe.expert_weight_format if moe else "none"
+        parts = [
+            f"elapsed={seconds.get(role, 0.0):.2f} s",
+            f"type={model.model_class}",
+            f"quant={quant}",
+            f"lm_head={model.lm_head.weight_dtype}/{model.lm_head.quant_method}",
+        ]
+        if moe:
+            parts.append(f"moe_runner={moe.runner}/{moe.quant_method}")
+        if role == "draft":
+            parts.append(f"lm_head_shared_with_target={model.lm_head.shared_with_target}")
+        lines.append("Load weight end. " + ", ".join(parts))
+    return lines
 
 
 # -- HTTP -----------------------------------------------------------------------------------------------
@@ -1026,11 +1064,13 @@ def main(argv: list[str] | None = None) -> int:
         log(READY_LINE)
 
     def on_failed(exc: BaseException) -> None:
-        if isinstance(exc, (FileNotFoundError, ValueError, OSError, RuntimeError, KeyError)):
-            print(f"error: cannot load the checkpoint {args.model_path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        from sparkit.errors import SparkitError
+
+        if isinstance(exc, SparkitError):  # a user-facing message that names the file; no traceback
+            print(f"error: {exc}", file=sys.stderr, flush=True)
         else:
-            print(f"error: the engine failed to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        traceback.print_exception(exc, file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
+            print(f"error: the engine failed to start from {args.model_path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         state.exit_code = 1
         if state.uvicorn_server is not None:
             state.uvicorn_server.should_exit = True
@@ -1053,7 +1093,16 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=3,
         lifespan="off",
     )
-    server = uvicorn.Server(config)
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown (exit status -15);
+            # a requested, completed shutdown exits 0 so that callers can tell it from a crash.
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    server = Server(config)
     state.uvicorn_server = server
 
     original_startup = server.startup
@@ -1073,4 +1122,6 @@ def main(argv: list[str] | None = None) -> int:
             state.worker.thread.join(timeout=5) if state.worker.thread.is_alive() else None
     if state.exit_code == 0 and not server.started:
         return 1
+    if state.exit_code == 0:
+        log("Shutdown complete.")
     return state.exit_code
