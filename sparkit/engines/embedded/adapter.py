@@ -148,6 +148,7 @@ class EmbeddedAdapter:
             raise loaded.error("server.extra_args", f"the embedded engine rejects the pass-through flags: {exc}",
                                hint=f"flags are checked against {parser_name}") from None
         args += list(server.extra_args)
+        _check_with_engine(loaded, parser, args)
         if model_dir and model_dir.startswith("-"):
             raise loaded.error("model.path", "a model path cannot start with '-'")
 
@@ -190,6 +191,21 @@ class EmbeddedAdapter:
                           provisions=provisions, warnings=warnings, served_model_name=served)
         plan.model_builds = builds
         return plan
+
+
+def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """The whole command through the engine's parser and its cross-flag validation."""
+    try:
+        namespace = parser.parse_args(args)
+    except (ValueError, SystemExit) as exc:
+        raise loaded.error("stack", f"the embedded engine rejects the compiled command: {exc}") from None
+    try:
+        from sparkit.engines.embedded.server import validate_args
+    except ImportError:
+        return
+    problems = validate_args(namespace)
+    if problems:
+        raise loaded.error("stack", "the embedded engine rejects the compiled command: " + "; ".join(problems))
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -1,0 +1,101 @@
+"""Every rule, tested failing for its real reason and passing once fixed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkit.errors import RecipeError
+from sparkit.recipes.compile import compile_plan
+from sparkit.recipes.load import load_recipe
+from sparkit.recipes.rules import RULES, check_rules, expert_width
+
+# (rule, severity, base recipe, overrides that break it, overrides that satisfy it)
+CASES = [
+    ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming-fp8head",
+     ["server.extra_args=[--enable-fp32-lm-head]"], ["server.extra_args=[]"]),
+    ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming",
+     ["server.env={SGLANG_ENABLE_FP8_LM_HEAD: '1'}"], ["stack.lm_head=fp8"]),
+    ("speculative-numbers-all-or-none", "error", "ling-3.0-flash/spark-humming",
+     ["stack.speculative={method: nextn, num_steps: 3}"], ["stack.speculative={method: nextn}"]),
+    ("speculative-numbers-all-or-none", "error", "ling-3.0-flash/spark-humming",
+     ["stack.speculative={method: nextn, eagle_topk: 1, num_draft_tokens: 4}"],
+     ["stack.speculative={method: nextn, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}"]),
+    ("topk1-draft-tokens", "error", "ling-3.0-flash/spark-optimized",
+     ["stack.speculative.num_draft_tokens=6"], ["stack.speculative.num_draft_tokens=4"]),
+    ("dspark-needs-draft-model", "error", "ling-3.0-flash/tp4-baseline",
+     ["stack.speculative=dspark"], ["stack.speculative={method: dspark, draft_model: inclusionAI/Ling-3.0-flash-dspark}"]),
+    ("dspark-takes-no-step-numbers", "error", "ling-3.0-flash/tp4-dspark",
+     ["stack.speculative.num_steps=5"], ["stack.speculative.num_steps=null"]),
+    ("dspark-disables-metadata-glue-graph", "warning", "ling-3.0-flash/tp4-dspark",
+     ["server.env={SGLANG_ENABLE_METADATA_GLUE_GRAPH: '1'}"], ["server.env={SGLANG_OPT_FUSED_KDA_VERIFY: '1'}"]),
+    ("fp8-block-quant-tp-split", "error", "ling-3.0-flash/tp4-baseline",
+     ["stack.weights=fp8", "model.path=inclusionAI/Ling-3.0-flash-fp8"],
+     ["stack.weights=fp8", "model.path=inclusionAI/Ling-3.0-flash-fp8", "stack.ep=4"]),
+    ("no-inline-api-key", "error", "ling-3.0-flash/spark-baseline",
+     ["server.extra_args=[--api-key, sk-secret]"], ["server.api_key_env=SPARKIT_KEY"]),
+    ("gb10-mem-fraction", "warning", "ling-3.0-flash/spark-optimized",
+     ["server.mem_fraction_static=0.8"], ["server.mem_fraction_static=0.68"]),
+    ("embedded-moe-backend", "error", "tiny",
+     ["stack.moe_backend=humming"], ["stack.moe_backend=embedded-torch"]),
+    ("embedded-moe-backend", "error", "ling-3.0-flash/spark-baseline",
+     ["stack.moe_backend=embedded-torch"], ["stack.moe_backend=triton"]),
+    ("embedded-speculative-nextn-only", "error", "tiny",
+     ["stack.speculative={method: dspark, draft_model: sparkit:tiny-ling:seed=1}"], ["stack.speculative=none"]),
+    ("embedded-speculative-nextn-only", "error", "tiny", ["stack.tp=2"], ["stack.tp=1"]),
+]
+
+
+def _ids(case):
+    return f"{case[0]}-{case[2].rsplit('/', 1)[-1]}-{case[3][0][:30]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_rule_both_ways(case):
+    name, severity, base, broken, fixed = case
+    rule = next(r for r in RULES if r.name == name)
+    if severity == "error":
+        with pytest.raises(RecipeError) as info:
+            compile_plan(load_recipe(base, broken))
+        msg = str(info.value)
+        assert f"[{name}: {rule.reason}]" in msg, msg
+        assert info.value.hint == rule.fix
+        assert info.value.key and info.value.file  # located: key path and where it came from
+    else:
+        plan = compile_plan(load_recipe(base, broken))
+        assert any(f"[{name}:" in w for w in plan.warnings), plan.warnings
+    plan = compile_plan(load_recipe(base, fixed))
+    assert not any(v.rule == name for v in check_rules(load_recipe(base, fixed)))
+    assert not any(f"[{name}:" in w for w in plan.warnings)
+
+
+def test_every_rule_is_tested_and_documented():
+    assert {r.name for r in RULES} == {c[0] for c in CASES}
+    for r in RULES:
+        assert r.reason and r.fix and not r.reason.endswith(".")
+
+
+def test_rule_error_points_at_the_recipe_line(tmp_path):
+    path = (tmp_path / "r.yaml").resolve()
+    path.write_text("extends: ling-3.0-flash/spark-optimized\nstack:\n  speculative:\n    num_draft_tokens: 9\n")
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe(path))
+    assert str(info.value).startswith(
+        f"{path}:4:23 stack.speculative.num_draft_tokens: with eagle_topk 1, num_draft_tokens must be num_steps + 1 = 4, not 9")
+
+
+def test_several_errors_are_all_named():
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["stack.moe_backend=humming", "stack.tp=2"]))
+    msg = str(info.value)
+    assert "embedded-moe-backend" in msg and "also:" in msg and "embedded-speculative-nextn-only" in msg
+
+
+def test_expert_width_from_local_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"moe_intermediate_size": 640}')
+    assert expert_width(str(tmp_path)) == 640
+    assert expert_width("inclusionAI/Ling-3.0-flash-fp8") == 768
+    assert expert_width("org/unknown") is None
+    # 640 = 5 x 128: TP2 splits it into 320, not a multiple of 128.
+    with pytest.raises(RecipeError, match="fp8-block-quant-tp-split"):
+        compile_plan(load_recipe("ling-3.0-flash/tp4-baseline", [f"model.path={tmp_path}", "stack.weights=fp8",
+                                                                  "stack.tp=2"]))
