@@ -254,7 +254,7 @@ def _launch_failure(run: RunDir, summary: str, returncode: int | None) -> Launch
     run.write_meta(meta)
     lines = "\n".join(f"    {line}" for line in last) or "    (the log is empty)"
     message = (
-        f"{summary}: {diagnosis.cause}: {diagnosis.detail}\n"
+        f"{summary} ({diagnosis.cause}): {diagnosis.detail}\n"
         f"  last log lines ({run.log_path}):\n{lines}"
     )
     error = LaunchError(message, hint=diagnosis.hint)

@@ -137,7 +137,7 @@ def test_engine_exiting_during_start_is_diagnosed_and_leaves_nothing(sparkit_hom
     with pytest.raises(LaunchError) as info:
         launch(make_plan(stand_in, "port-in-use"), timeout=60)
     message = str(info.value)
-    assert "the engine exited during start: port in use" in message
+    assert "the engine exited during start (port in use)" in message
     assert "address already in use" in message  # the last log lines are shown
     assert "--port" in info.value.hint
     run = list_runs()[-1]

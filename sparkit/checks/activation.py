@@ -532,7 +532,7 @@ def check_ignored_settings(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         )
     if evidence:
         return _result(
-            name, title, Status.WARN, f"{len(evidence)} setting(s) ignored or rewritten by the engine",
+            name, title, Status.WARN, f"{len(evidence)} warning(s): settings the engine ignores or rewrote, or recipe warnings",
             evidence=evidence, data=data,
             fix="remove them from the recipe, or pin the engine version that knows them",
         )

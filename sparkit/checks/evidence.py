@@ -315,6 +315,16 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         "check model.path in the recipe (a local directory or a hub id already downloaded); build the tiny model with `sparkit model build`",
     ),
     (
+        re.compile(
+            r"cannot load the checkpoint|corrupt safetensors|Error while deserializing header|HeaderTooLarge"
+            r"|incomplete metadata|safetensors_rust\.SafetensorError",
+            re.IGNORECASE,
+        ),
+        "broken checkpoint",
+        "the model's weight files are unreadable (truncated download or not a checkpoint)",
+        "re-download the checkpoint, or rebuild the tiny model with `sparkit model build --force`",
+    ),
+    (
         re.compile(r"Unknown speculative algorithm name"),
         "unknown speculative algorithm",
         "the engine does not know the speculative algorithm",

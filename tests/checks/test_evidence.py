@@ -155,6 +155,7 @@ def test_phases_follow_the_log(server_args):
         ("[2026-11-29 10:00:44 TP0] Capture cuda graph failed: CUDA error: out of memory", "CUDA graph capture failed"),
         ("/usr/bin/python3: No module named sglang", "engine not installed"),
         ("ValueError: Unknown speculative algorithm name: MTP", "unknown speculative algorithm"),
+        ("safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge", "broken checkpoint"),
     ],
 )
 def test_diagnoses_common_start_failures(line, cause):

@@ -1,0 +1,207 @@
+"""`sparkit up` end to end: real `sparkit` processes starting real embedded-engine servers.
+
+The tiny-ling checkpoints come from the shared fixtures (built once, cached between
+sessions); recipes point at them with --set so that no test trains a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkit.checks.results import Status
+
+pytestmark = pytest.mark.e2e
+
+
+def sparkit_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"SPARKIT_HOME": str(home), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "160"})
+    return env
+
+
+def run_sparkit(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkit", *args],
+        env=sparkit_env(home), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def model_args(tiny_model_dir: Path) -> list[str]:
+    return ["--set", f"model.path={tiny_model_dir}", "--port", "auto"]
+
+
+def engine_processes(home: Path) -> list[psutil.Process]:
+    """Every live process whose command line names a run directory or checkpoint of this home."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status", "environ"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.info.get("environ") or {}
+            if env.get("SPARKIT_HOME") == str(home) and "sparkit.engines.embedded" in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+def checks_by_name(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_up_detach_checks_status_chat_down(sparkit_home, tiny_model_dir):
+    up = run_sparkit(sparkit_home, "up", "tiny", *model_args(tiny_model_dir), "--detach", "--json")
+    assert up.returncode == 0, up.stderr
+    doc = json.loads(up.stdout)
+    assert doc["ok"] is True
+    checks = checks_by_name(doc)
+    for name in ("resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed"):
+        assert checks[name]["status"] == Status.PASS.value, checks[name]
+    assert checks["acceptance"]["data"]["accept_length"] > 1.5
+    assert checks["decode_speed"]["data"]["decode_tok_s"] > 0
+    pid = doc["pid"]
+    assert psutil.pid_exists(pid)
+
+    status = run_sparkit(sparkit_home, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    runs = json.loads(status.stdout)["runs"]
+    assert [r["id"] for r in runs] == [doc["run"]]
+    assert runs[0]["healthy"] is True and runs[0]["state"] == "running" and runs[0]["pid"] == pid
+    assert runs[0]["accept_length"] > 1.5
+
+    async def chat() -> str:
+        from sparkit.client import EngineClient, Generation
+
+        async with EngineClient(doc["url"]) as client:
+            async for item in client.stream_chat([{"role": "user", "content": "Hello!"}], max_tokens=16, temperature=0):
+                if isinstance(item, Generation):
+                    return item.text
+        return ""
+
+    reply = asyncio.run(chat())
+    assert reply.strip()
+
+    again = run_sparkit(sparkit_home, "check", doc["run"], "--json")
+    assert again.returncode == 0, again.stderr
+    assert checks_by_name(json.loads(again.stdout))["acceptance"]["status"] == "pass"
+
+    down = run_sparkit(sparkit_home, "down", doc["run"])
+    assert down.returncode == 0, down.stderr
+    assert wait_gone([pid]) == []
+    assert engine_processes(sparkit_home) == []
+    after = json.loads(run_sparkit(sparkit_home, "status", "--json", "--all").stdout)["runs"]
+    assert after[0]["state"] == "stopped"
+
+
+def test_sigint_to_foreground_up_leaves_no_process(sparkit_home, tiny_model_dir, tmp_path):
+    stderr_path = tmp_path / "up.stderr"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sparkit", "up", "tiny", *model_args(tiny_model_dir)],
+            env=sparkit_env(sparkit_home), stdout=subprocess.DEVNULL, stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops it" not in stderr_path.read_text():
+            assert proc.poll() is None, stderr_path.read_text()
+            assert time.monotonic() < deadline, stderr_path.read_text()
+            time.sleep(0.2)
+        servers = engine_processes(sparkit_home)
+        assert len(servers) == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_gone([s.pid for s in servers]) == []
+    assert engine_processes(sparkit_home) == []
+
+
+def test_wrong_draft_fails_acceptance_with_exit_code_6(sparkit_home, tiny_model_dir, wrong_draft_model_dir):
+    up = run_sparkit(
+        sparkit_home, "up", "tiny/tiny-wrong-draft", *model_args(tiny_model_dir),
+        "--set", f"stack.speculative.draft_model={wrong_draft_model_dir}", "--json",
+    )
+    assert up.returncode == 6, up.stderr
+    checks = checks_by_name(json.loads(up.stdout))
+    acceptance = checks["acceptance"]
+    assert acceptance["status"] == "fail"
+    assert acceptance["data"]["accept_length"] == pytest.approx(1.0, abs=0.2)
+    assert "wrong draft" in acceptance["cause"]
+    assert "accept length" in up.stderr
+    assert engine_processes(sparkit_home) == []  # failed checks stop the server
+
+
+def test_unshared_head_fails_shared_head_and_acceptance(sparkit_home, tiny_model_dir):
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-unshared-head", *model_args(tiny_model_dir), "--json", "--keep-on-fail")
+    assert up.returncode == 6, up.stderr
+    doc = json.loads(up.stdout)
+    checks = checks_by_name(doc)
+    assert checks["shared_lm_head"]["status"] == "fail"
+    assert "module_id" in " ".join(checks["shared_lm_head"]["evidence"])
+    # --keep-on-fail: still running until `down`
+    assert psutil.pid_exists(doc["pid"])
+    assert run_sparkit(sparkit_home, "down", "--all").returncode == 0
+    assert wait_gone([doc["pid"]]) == []
+    if checks["acceptance"]["status"] == "pass":
+        # The embedded engine's "tensor" sharing mode gives the draft its own full-precision
+        # copy of the head, so it still drafts well; the trap (FP8 bytes read as bf16) is
+        # the engine's to reproduce. The check itself is proven to fail on ~1.0 above.
+        pytest.xfail(f"embedded engine: --draft-lm-head-sharing tensor keeps accept length at {checks['acceptance']['data']['accept_length']:.2f}")
+    assert checks["acceptance"]["status"] == "fail"
+    assert checks["acceptance"]["data"]["accept_length"] < 1.2
+    assert "lm_head" in checks["acceptance"]["cause"]
+
+
+def test_fp8_head_asked_but_server_reports_bf16_fails_lm_head(start_embedded_server, tmp_path):
+    from sparkit.checks.runner import run_activation_checks
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    server = start_embedded_server(
+        lm_head_dtype="bf16", expert_weights="fp8", speculative_algorithm="NEXTN",
+        speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+    )
+    plan = compile_plan(load_recipe("tiny"))  # asks for an fp8 lm_head
+    results = {r.name: r for r in run_activation_checks(server.url, plan, run_dir=server.report_dir)}
+    assert results["lm_head_dtype"].status == Status.FAIL
+    assert results["lm_head_dtype"].detail == "requested fp8, the lm_head runs in bf16"
+    assert results["shared_lm_head"].status == Status.PASS  # the draft shares it, only the dtype is wrong
+
+
+def test_server_dying_during_start_is_diagnosed(sparkit_home, tiny_model_dir, tmp_path):
+    # A checkpoint that passes preflight (the files are there) but that the engine cannot load.
+    broken = tmp_path / "broken-ckpt"
+    broken.mkdir()
+    for name in os.listdir(tiny_model_dir):
+        if name != "model.safetensors" and (tiny_model_dir / name).is_file():
+            (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (broken / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes()[:1000])
+    up = run_sparkit(sparkit_home, "up", "tiny", "--set", f"model.path={broken}", "--port", "auto", "--timeout", "120")
+    assert up.returncode == 5, up.stderr
+    assert "the engine exited during start (broken checkpoint)" in up.stderr
+    assert "model.safetensors" in up.stderr  # the last log lines are shown
+    assert "hint:" in up.stderr
+    assert engine_processes(sparkit_home) == []
