@@ -334,7 +334,15 @@ class EngineClient:
                         if first is None:
                             first = now
                         parts.append(delta)
-                        chunk = StreamChunk(t=now, text=delta, new_tokens=1, completion_tokens=len(parts))
+                        # With stream_options.continuous_usage_stats SGLang puts the cumulative usage on
+                        # every chunk: a speculative chunk then counts all the tokens it carries.
+                        running = (data.get("usage") or {}).get("completion_tokens")
+                        counted = chunks[-1].completion_tokens if chunks else 0
+                        if isinstance(running, int) and running > counted:
+                            new_tokens, cumulative = running - counted, running
+                        else:
+                            new_tokens, cumulative = 1, counted + 1
+                        chunk = StreamChunk(t=now, text=delta, new_tokens=new_tokens, completion_tokens=cumulative)
                         chunks.append(chunk)
                         yield chunk
         except httpx.HTTPError as exc:
