@@ -360,3 +360,106 @@ async def run_bench(
         doc["summary"] = summarise(doc["repeats"])
         writer.write(doc, force=True)
     return _finite(doc)
+
+
+@dataclass
+class BenchTarget:
+    url: str
+    api_key: str | None = None
+    out_path: Path | None = None
+    recipe: dict[str, Any] | None = None
+    run_id: str | None = None
+
+
+async def run_interleaved(
+    targets: list[BenchTarget],
+    config: BenchConfig,
+    *,
+    on_progress: ProgressFn | None = None,
+) -> list[dict[str, Any]]:
+    """Benchmark several servers in one run, interleaved request by request.
+
+    On a shared machine the load drifts over minutes; sending prompt i to every
+    server before prompt i+1 (rotating who goes first) puts that drift on all of
+    them alike, so their differences are comparable (protocols.md, "Timing on a
+    shared machine"). Only one request is in flight at a time. Each server's
+    throughput is its output tokens over the time its own requests took, and the
+    peak 1-second window is not defined here (the windows mix servers)."""
+    import dataclasses
+    from contextlib import AsyncExitStack
+
+    from sparkit.client import EngineClient
+
+    if config.concurrency != 1:
+        raise EngineError("interleaved benchmarking runs at concurrency 1")
+    progress = on_progress or (lambda phase, done, total: None)
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(EngineClient(t.url, api_key=t.api_key)) for t in targets]
+        infos = [await c.server_info() for c in clients]
+        models = []
+        for c in clients:
+            try:
+                models.append(await c.model_info())
+            except EngineError:
+                models.append({})
+        vocabulary = vocabulary_from_server(models[0], infos[0]) if config.dataset == "random" else None
+        workload = build_workload(config.dataset, count=config.num_prompts, input_len=config.input_len,
+                                  output_len=config.output_len, seed=config.seed, vocabulary=vocabulary)
+        warm = build_workload(config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
+                              output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary)
+        sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
+        docs = []
+        for t, info, model in zip(targets, infos, models):
+            docs.append({
+                "kind": BENCH_KIND, "format": BENCH_FORMAT,
+                "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "config": asdict(config),
+                "workload": {"dataset": workload.dataset, "synthetic": workload.synthetic,
+                             "description": workload.description + f"; interleaved with {len(targets) - 1} other server(s)",
+                             "interleaved_with": len(targets) - 1, **workload.details},
+                "server": {"url": t.url, "run_id": t.run_id, "model": model.get("model_path") or info.get("model_path"),
+                           "served_model_name": info.get("served_model_name"), "server_args": server_args_of(info)},
+                "recipe": t.recipe, "host": host_record(), "versions": versions_record(info),
+                "repeats": [], "summary": summarise([]), "complete": False,
+            })
+        writers = [_DocWriter(t.out_path) for t in targets]
+        n = len(targets)
+        for _ in range(config.warmup):
+            for client in clients:
+                await _one_request(client, warm.prompts[0], sampling)
+        total = config.repeats * config.num_prompts * n
+        done = 0
+        progress("interleaved", 0, total)
+        for index in range(config.repeats):
+            befores = [counter_snapshot(await c.metrics(), await c.server_info()) for c in clients]
+            timelines: list[list[RequestTimeline]] = [[] for _ in targets]
+            for k in range(config.num_prompts):
+                for j in range(n):
+                    s = (k + index + j) % n  # rotate who goes first
+                    timelines[s].append(await _one_request(clients[s], workload.prompts[k], sampling))
+                    done += 1
+                    progress("interleaved", done, total)
+            for s, client in enumerate(clients):
+                after = counter_snapshot(await client.metrics(), await client.server_info())
+                metrics = compute_metrics(timelines[s])
+                busy = sum(t.latency for t in timelines[s] if t.ok)
+                metrics = dataclasses.replace(
+                    metrics,
+                    duration_s=busy,
+                    output_throughput_tok_s=metrics.total_output_tokens / busy if busy > 0 else math.nan,
+                    request_throughput_req_s=metrics.completed / busy if busy > 0 else math.nan,
+                    peak_window_throughput_tok_s=math.nan,
+                    notes=metrics.notes + ["interleaved: throughput = output tokens / this server's request time; no 1-s window peak"],
+                )
+                counters = counter_delta(befores[s], after)
+                docs[s]["repeats"].append({
+                    "index": index, "complete": True, "requests": [t.to_dict() for t in timelines[s]],
+                    "metrics": metrics.to_dict(), "server_counters": counters,
+                    "figures": headline_figures(metrics, counters),
+                })
+                docs[s]["summary"] = summarise(docs[s]["repeats"])
+                writers[s].write(docs[s], force=True)
+        for s in range(n):
+            docs[s]["complete"] = True
+            writers[s].write(docs[s], force=True)
+    return [_finite(d) for d in docs]

@@ -1,9 +1,13 @@
 """`sparkit tune`: sweep recipe parameters, one server per point, and pick the best.
 
 For each combination of `--param KEY=v1,v2,...` values the recipe is loaded with
-those overrides, launched (sparkit.runs.launch), benchmarked and stopped. The
-sweep file is rewritten after every point, so an interrupted sweep keeps what
-it measured and re-running the same command skips the points already done.
+those overrides and launched (sparkit.runs.launch). By default all points are up
+at once and benchmarked interleaved, prompt by prompt (one request in flight at
+a time), so that load drifting on a shared machine hits every point alike;
+`interleave=False` runs them one after another (one server at a time). The
+sweep file is rewritten as points finish (each point's bench file after every
+repeat), so an interrupted sweep keeps what it measured and re-running the
+same command skips the points already done.
 
 Ranking: mean TPOT first (what a user waits per token; with speculation it is
 step time / accept length); points whose TPOT is within noise of the best are
@@ -243,6 +247,7 @@ def run_tune(
     on_point: PointFn | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
     launch_timeout: float = 600,
+    interleave: bool = True,
 ) -> dict[str, Any]:
     """Run the sweep; return the sweep document (also kept up to date at `out_path`)."""
     from sparkit.bench.runner import run_bench
@@ -266,6 +271,7 @@ def run_tune(
         "params": [asdict(p) for p in params],
         "base_overrides": base_overrides,
         "bench_config": asdict(config),
+        "interleaved": interleave,
         "points": [],
         "ranking": None,
         "best_recipe": None,
@@ -279,40 +285,89 @@ def run_tune(
     doc["points"] = [asdict(p) for p in points]
     _write_json(out_path, doc)
 
-    for index, point in enumerate(points):
-        if point.status == "done":
-            if on_point:
-                on_point(point, index, len(points))
-            continue
-        bench_file = out_path.with_name(f"{out_path.stem}-{_safe(point.label)}.json")
-        run = None
+    def bench_file(point: SweepPoint) -> Path:
+        return out_path.with_name(f"{out_path.stem}-{_safe(point.label)}.json")
+
+    def record(point: SweepPoint, bench_doc: dict[str, Any], path: Path) -> None:
+        point.figures = bench_doc["summary"]["figures"]
+        point.tpot_per_request_ms, point.step_time_per_request_ms = _per_request(bench_doc)
+        point.bench_file = str(path)
+        point.status = "done"
+
+    def save() -> None:
+        doc["points"] = [asdict(p) for p in points]
+        _write_json(out_path, doc)
+
+    def start(point: SweepPoint) -> tuple[Any, Any] | None:
         try:
             loaded = load_recipe(recipe_ref, point.overrides)
             plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
             if on_progress:
                 on_progress(f"start {point.label}", 0, 1)
             run = runs.launch(plan, timeout=launch_timeout)
-            target = runs.resolve_server(run.id)
-            bench_doc = asyncio.run(
-                run_bench(target.url, config, api_key=target.api_key, out_path=bench_file,
-                          recipe=plan.recipe, run_id=run.id,
-                          on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
-            )
-            point.figures = bench_doc["summary"]["figures"]
-            point.tpot_per_request_ms, point.step_time_per_request_ms = _per_request(bench_doc)
-            point.bench_file = str(bench_file)
-            point.status = "done"
-        except KeyboardInterrupt:
-            raise
+            if on_progress:
+                on_progress(f"start {point.label}", 1, 1)
+            return run, plan
         except SparkitError as exc:
             point.status, point.error = "failed", str(exc)
-        finally:
-            if run is not None:
-                runs.stop(run)
-            doc["points"] = [asdict(p) for p in points]
-            _write_json(out_path, doc)
-        if on_point:
+            return None
+
+    for index, point in enumerate(points):
+        if point.status == "done" and on_point:
             on_point(point, index, len(points))
+    pending = [i for i, p in enumerate(points) if p.status != "done"]
+
+    if interleave and len(pending) > 1:
+        from sparkit.bench.runner import BenchTarget, run_interleaved
+
+        started: dict[int, tuple[Any, Any]] = {}
+        try:
+            for i in pending:
+                got = start(points[i])
+                if got is not None:
+                    started[i] = got
+            save()
+            targets = []
+            for i, (run, plan) in started.items():
+                server = runs.resolve_server(run.id)
+                targets.append(BenchTarget(server.url, server.api_key, bench_file(points[i]), plan.recipe, run.id))
+            if targets:
+                docs = asyncio.run(run_interleaved(targets, config, on_progress=on_progress))
+                for i, bench_doc in zip(started, docs):
+                    record(points[i], bench_doc, bench_file(points[i]))
+        except SparkitError as exc:
+            for i in started:
+                points[i].status, points[i].error = "failed", str(exc)
+        finally:
+            for run, _ in started.values():
+                runs.stop(run)
+            save()
+        for i in pending:
+            if on_point:
+                on_point(points[i], i, len(points))
+    else:
+        for index in pending:
+            point = points[index]
+            got = None
+            try:
+                got = start(point)
+                if got is not None:
+                    run, plan = got
+                    server = runs.resolve_server(run.id)
+                    path = bench_file(point)
+                    bench_doc = asyncio.run(
+                        run_bench(server.url, config, api_key=server.api_key, out_path=path, recipe=plan.recipe, run_id=run.id,
+                                  on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
+                    )
+                    record(point, bench_doc, path)
+            except SparkitError as exc:
+                point.status, point.error = "failed", str(exc)
+            finally:
+                if got is not None:
+                    runs.stop(got[0])
+                save()
+            if on_point:
+                on_point(point, index, len(points))
 
     ranking = rank(points)
     doc["ranking"] = asdict(ranking)
@@ -337,7 +392,7 @@ def _previous_points(path: Path, doc: dict[str, Any]) -> dict[str, SweepPoint]:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    same = all(old.get(k) == doc[k] for k in ("kind", "recipe", "base_overrides", "bench_config"))
+    same = all(old.get(k) == doc[k] for k in ("kind", "recipe", "base_overrides", "bench_config", "interleaved"))
     if not same:
         return {}
     found = {}

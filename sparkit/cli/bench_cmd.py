@@ -222,7 +222,9 @@ def render_sweep(doc: dict[str, Any]) -> None:
         console().print(ranking["verdict"])
     if doc.get("best_recipe"):
         console().print(f"best recipe written to {doc['best_recipe']}")
-    console().print("step time = mean TPOT x mean accept length (an estimate, not a measurement); tok/s = output tokens / wall time.")
+    rate = ("output tokens / the time that point's own requests took (interleaved run)" if doc.get("interleaved")
+            else "output tokens / wall time")
+    console().print(f"step time = mean TPOT x mean accept length (an estimate, not a measurement); tok/s = {rate}.")
 
 
 def tune(
@@ -238,6 +240,7 @@ def tune(
     warmup: int = typer.Option(1, "--warmup"),
     seed: int = typer.Option(0, "--seed"),
     repeats: int = typer.Option(1, "--repeats"),
+    sequential: bool = typer.Option(False, "--sequential", help="One server at a time instead of all up and interleaved (less memory, more drift)."),
     as_json: bool = typer.Option(False, "--json", help="Print the sweep document as JSON."),
 ) -> None:
     """Sweep recipe values (one server each), rank by TPOT and step-time estimate, write the best recipe to a new file."""
@@ -258,7 +261,8 @@ def tune(
 
     with progress_reporter() as on_progress:
         doc = run_tune(recipe, param, config, out_path=out_path, base_overrides=set_,
-                       write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress)
+                       write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress,
+                       interleave=not sequential)
     err_console().print(f"sweep saved to {out_path}")
     if as_json:
         print_json(doc)
