@@ -1,0 +1,102 @@
+"""Preflight checks from (plan, host), each failing for a real reason and passing."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from sparkit.checks.preflight import run_preflight, weight_bytes
+from sparkit.checks.results import Status
+from sparkit.host import Gpu, Host, detect_host
+from sparkit.recipes.compile import compile_plan
+from sparkit.recipes.load import load_recipe
+
+GIB = 1024**3
+
+
+def gb10_host(ram=128 * 10**9) -> Host:
+    gpu = Gpu(0, "NVIDIA GB10", (12, 1), None, unified_memory=True, memory_note="unified, NVML cannot report")
+    return Host(gpus=[gpu], nvml_status="ok", ram_total_bytes=ram, ram_available_bytes=ram, cpu_cores=20)
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tiny_passes_on_this_host():
+    plan = compile_plan(load_recipe("tiny"), port=free_port())
+    results = by_name(run_preflight(plan, detect_host()))
+    assert [r.name for r in run_preflight(plan, detect_host())] == ["gpus", "memory", "port", "model", "engine_packages"]
+    assert all(r.status == Status.PASS for r in results.values()), results
+
+
+def test_gb10_recipe_on_a_host_without_gpu_fails_gpus():
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
+    host = Host(nvml_status="no NVIDIA driver (NVML Shared Library Not Found)", ram_total_bytes=16 * GIB)
+    gpus = by_name(run_preflight(plan, host))["gpus"]
+    assert gpus.status == Status.FAIL and "needs 1 GPU(s), found 0" in gpus.detail and gpus.fix
+
+
+def test_gb10_recipe_on_gb10_fits_unified_memory():
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
+    results = by_name(run_preflight(plan, gb10_host()))
+    assert results["gpus"].status == Status.PASS
+    mem = results["memory"]
+    assert mem.status == Status.PASS and "unified" in " ".join(mem.evidence)
+    # The same checkpoint on a 64 GB box does not fit at mem fraction 0.68.
+    small = by_name(run_preflight(plan, gb10_host(ram=64 * 10**9)))["memory"]
+    assert small.status == Status.FAIL and small.data["need_bytes"] > small.data["usable_bytes"]
+
+
+def test_memory_from_a_local_safetensors_index(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 200 * 10**9}}))
+    assert weight_bytes(str(tmp_path)) == (200 * 10**9, "model.safetensors.index.json metadata.total_size")
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={tmp_path}"]), port=free_port())
+    results = by_name(run_preflight(plan, gb10_host()))
+    assert results["memory"].status == Status.FAIL and results["model"].status == Status.PASS
+    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-baseline", [f"model.path={tmp_path}"]), port=free_port())
+    b200 = [Gpu(i, "NVIDIA B200", (10, 0), 180 * GIB) for i in range(4)]
+    results = by_name(run_preflight(plan, Host(gpus=b200, nvml_status="ok", ram_total_bytes=1024 * GIB)))
+    assert results["memory"].status == Status.PASS and results["gpus"].status == Status.PASS
+
+
+def test_port_in_use_fails():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        plan = compile_plan(load_recipe("tiny"), port=port)
+        result = by_name(run_preflight(plan, detect_host()))["port"]
+        assert result.status == Status.FAIL and f"127.0.0.1:{port} is in use" in result.detail
+    assert by_name(run_preflight(plan, detect_host()))["port"].status == Status.PASS
+
+
+def test_model_path_missing_fails_and_hub_id_passes(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline", [f"model.path={missing}"]), port=free_port())
+    model = by_name(run_preflight(plan, gb10_host()))["model"]
+    assert model.status == Status.FAIL and "neither a local directory nor a hub id" in model.detail
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
+    assert by_name(run_preflight(plan, gb10_host()))["model"].status == Status.PASS
+    (tmp_path / "empty").mkdir()
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline", [f"model.path={tmp_path / 'empty'}"]))
+    assert by_name(run_preflight(plan, gb10_host()))["model"].status == Status.FAIL
+
+
+def test_engine_packages(monkeypatch):
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
+    assert by_name(run_preflight(plan, gb10_host()))["engine_packages"].status == Status.PASS
+    import importlib.util
+
+    real = importlib.util.find_spec
+    # sglang missing is simulated at the import boundary: find_spec says it is not there.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    result = by_name(run_preflight(plan, gb10_host()))["engine_packages"]
+    assert result.status == Status.FAIL and result.fix == "pip install sglang"

@@ -1,0 +1,130 @@
+"""`sparkit plan`, `recipes list|show|validate`, `doctor` through the CLI runner; exit codes
+and import hygiene through real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from sparkit.cli.main import app
+from sparkit.errors import RecipeError
+
+runner = CliRunner()
+
+
+def test_plan_prints_the_exact_command_env_provisions_and_expectations():
+    result = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "SGLANG_PLUGINS=sparkit SPARKIT_SGLANG_PLUGIN=1 " in out
+    assert "-m sglang.launch_server --model-path inclusionAI/Ling-3.0-flash-fp4" in out
+    assert "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 " \
+           "--speculative-num-draft-tokens 4" in out
+    assert "sparkit-plugin" in out and "speculative_algorithm_reported: EAGLE" in out
+    assert "draft_shares_lm_head: True" in out
+
+
+def test_plan_json_with_set_and_port():
+    result = runner.invoke(app, ["plan", "tiny", "--set", "stack.lm_head=bf16", "--port", "30999", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["engine"] == "embedded" and plan["port"] == 30999
+    assert plan["argv"][plan["argv"].index("--lm-head-dtype") + 1] == "bf16"
+    assert plan["expectations"]["draft_shares_lm_head"] is None
+    assert plan["model_builds"][0]["name"] == "tiny-ling"
+
+
+def test_plan_bad_recipe_raises_recipe_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  path: x/y\nstack:\n  lm_head: fp16\n")
+    result = runner.invoke(app, ["plan", str(bad)])
+    assert isinstance(result.exception, RecipeError)
+    assert "stack.lm_head: 'fp16' is not one of bf16, fp32, fp8" in str(result.exception)
+
+
+def test_recipes_list_show_validate(tmp_path):
+    result = runner.invoke(app, ["recipes", "list", "--json"])
+    assert result.exit_code == 0
+    names = {r["name"] for r in json.loads(result.stdout)}
+    assert "tiny" in names and "ling-3.0-flash/tp4-dspark" in names
+    text = runner.invoke(app, ["recipes", "list"]).output
+    assert "spark-optimized" in text and "Humming" in text
+
+    shown = runner.invoke(app, ["recipes", "show", "ling-3.0-flash/spark-optimized", "--set", "server.port=31000"])
+    assert shown.exit_code == 0
+    assert "moe_backend: humming" in shown.output and "port: 31000" in shown.output
+    assert "spark-baseline.yaml" in shown.output  # the extends chain
+    data = json.loads(runner.invoke(app, ["recipes", "show", "tiny-wrong-draft", "--json"]).stdout)
+    assert data["recipe"]["stack"]["speculative"]["draft_model"] == "sparkit:tiny-ling:seed=1"
+    assert data["recipe"]["stack"]["lm_head"] == "fp8"  # inherited from tiny
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  path: x/y\nstak:\n  tp: 2\n")
+    result = runner.invoke(app, ["recipes", "validate", "tiny", str(bad), "--json"])
+    assert result.exit_code == RecipeError.exit_code == 3
+    rows = json.loads(result.stdout)
+    assert [r["ok"] for r in rows] == [True, False]
+    assert "unknown key 'stak'; did you mean 'stack'?" in rows[1]["error"]
+    assert runner.invoke(app, ["recipes", "validate", "ling-3.0-flash/tp4-nextn"]).exit_code == 0
+
+
+def test_doctor_reports_a_host_without_gpu_cleanly():
+    result = runner.invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["host"]["cpu_cores"] >= 1 and report["host"]["ram_total_bytes"] > 0
+    engines = {e["name"]: e for e in report["engines"]}
+    assert engines["sglang"]["importable"] and engines["sglang"]["version"] == "0.5.23"
+    targets = {t["target"]: t for t in report["targets"]}
+    assert "tiny" in targets["auto"]["recipes"] and targets["auto"]["ok"]
+    if not report["host"]["gpus"]:
+        assert not targets["gb10"]["ok"] and "needs 1 GPU" in targets["gb10"]["why"]
+    text = runner.invoke(app, ["doctor"]).output
+    assert "engines" in text and "sglang" in text
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120, **kw)
+
+
+def test_exit_code_and_message_for_a_bad_recipe_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  path: x/y\nstack:\n  lm_head: fp16\n")
+    proc = _run(["-m", "sparkit", "plan", str(bad)])
+    assert proc.returncode == 3
+    assert "stack.lm_head: 'fp16' is not one of bf16, fp32, fp8" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    proc = _run(["-m", "sparkit", "plan", "tiny", "--set", "stack.lm_head"])
+    assert proc.returncode == 2 and "expected KEY.PATH=VALUE" in proc.stderr
+
+
+def test_help_imports_no_heavy_modules():
+    code = (
+        "import sys\n"
+        "from sparkit.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'sglang', 'textual', 'scipy') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    proc = _run(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout, proc.stdout[-500:]
+    assert "plan" in proc.stdout and "doctor" in proc.stdout
+
+
+def test_plan_of_a_tiny_recipe_imports_no_sglang():
+    code = (
+        "import sys\n"
+        "from sparkit.recipes.compile import compile_plan\n"
+        "from sparkit.recipes.load import load_recipe\n"
+        "compile_plan(load_recipe('tiny'))\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'sglang') if m in sys.modules))\n"
+    )
+    proc = _run(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout
