@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+LIST_EVERY = int(os.environ.get("LIST_EVERY", "12"))
 WORDS = "the quick brown fox jumps over a lazy dog while speculative decoding commits several tokens".split()
 
 
@@ -41,7 +42,7 @@ def synthetic_tokens(n: int) -> list[str]:
             out.append(f"x_{i} = {i}\n" if i % 6 == 0 else f"{word} ")
         elif section == 3 and i % 120 == 0:
             out.append("\n```\n\n")
-        elif section == 1 and i % 12 == 0:
+        elif section == 1 and i % LIST_EVERY == 0:
             out.append(f"\n- item {i}: ")
         elif i % 60 == 0:
             out.append("\n\n")
@@ -86,6 +87,7 @@ async def _serve(port: int, rate: float, tokens_per_chunk: int) -> None:
 
     async def stream(writer: asyncio.StreamWriter, body: dict) -> None:
         n = int(body.get("max_tokens") or 1000)
+        continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
         pieces = synthetic_tokens(n)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n")
         await asyncio.sleep(0.02)  # a fixed "prefill"
@@ -98,6 +100,8 @@ async def _serve(port: int, rate: float, tokens_per_chunk: int) -> None:
                 text = "".join(pieces[i:i + tokens_per_chunk])
                 i += tokens_per_chunk
                 chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+                if continuous:  # what SGLang sends with stream_options.continuous_usage_stats
+                    chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": min(i, n), "total_tokens": 10 + min(i, n)}
                 writer.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 now = time.perf_counter()
                 sent_first = sent_first or now

@@ -57,8 +57,10 @@ class StreamReader:
         model: str | None,
         settings: ChatSettings,
         wake: Callable[[], None],
+        request_extra: dict[str, Any] | None = None,
     ) -> None:
         self.url, self.api_key, self.messages = url, api_key, messages
+        self.request_extra = request_extra or {}
         self.model, self.settings, self.wake = model, settings, wake
         self.events: collections.deque[tuple[Any, ...]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,6 +102,8 @@ class StreamReader:
                     top_p=s.top_p,
                     top_k=s.top_k,
                     max_tokens=s.max_tokens,
+                    # Per-chunk usage (SGLang) makes live token counts exact under speculative decoding.
+                    extra={"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **self.request_extra},
                 ):
                     if isinstance(item, StreamChunk):
                         self.events.append(("chunk", item.t, item.text, item.new_tokens))
@@ -152,6 +156,7 @@ class ChatApp(App):
         self.settings = settings or ChatSettings()
         self.health_interval = health_interval
         self.initial_conversation = open_conversation
+        self.request_extra: dict[str, Any] = {}  # extra request fields, e.g. {"ignore_eos": True} in tests
         self.connection_state = "connecting"
         self.conversation_id: int | None = None
         self.session = SessionMetrics()
@@ -161,6 +166,9 @@ class ChatApp(App):
         self._reply: ReplyMetrics | None = None
         self._reply_view: MessageView | None = None
         self._reply_text = ""
+        self._pending_text = ""  # received, not yet written to the Markdown stream
+        self._frame_pending = False
+        self._next_write_at = 0.0
         self._reply_message_id: int | None = None
         self._md_stream = None
         self._render_timer = None
@@ -278,6 +286,7 @@ class ChatApp(App):
 
     async def send(self, text: str) -> None:
         """Add the user's message and stream the reply."""
+        self.reply_finished.clear()
         if self.conversation_id is None:
             self.conversation_id = self.store.new_conversation(
                 text.splitlines()[0][:60], model=self.model, server_url=self.url, system_prompt=self.system_prompt
@@ -294,11 +303,15 @@ class ChatApp(App):
         self._reply_message_id = self.store.add_message(self.conversation_id, "assistant", "", status="interrupted")
         self._reply_view = reply_view
         self._reply_text = ""
+        self._pending_text = ""
+        self._frame_pending = False
+        self._next_write_at = 0.0
         self._reply = ReplyMetrics(t_start=time.perf_counter())
         self._md_stream = Markdown.get_stream(reply_view.markdown)
         self.query_one(MetricsBar).show_reply(self._reply)
         self._reader = StreamReader(
-            self.url, self.api_key, messages, model=self.model, settings=self.settings, wake=self._wake_from_thread
+            self.url, self.api_key, messages, model=self.model, settings=self.settings, wake=self._wake_from_thread,
+            request_extra=self.request_extra,
         )
         self._render_timer = self.set_interval(RENDER_INTERVAL_S, self._drain)
         self._reader.start()
@@ -311,15 +324,20 @@ class ChatApp(App):
             pass
 
     async def _drain(self) -> None:
-        """Move what the reader received onto the screen (one batch per call)."""
+        """Move what the reader received onto the screen.
+
+        Text is written at most once per frame the screen actually painted, and no sooner
+        than RENDER_INTERVAL_S or the last frame's cost after it: the event loop stays idle
+        about half the time, so the end of a reply is handled at once, not behind a backlog.
+        """
         if self._draining:
             return  # the running drain loops until the queue is empty
         self._draining = True
         try:
             while self._reader is not None and self._reader.events:
                 reader, reply = self._reader, self._reply
-                pieces: list[str] = []
                 final: tuple[Any, ...] | None = None
+                pieces: list[str] = []
                 while reader.events:
                     event = reader.events.popleft()
                     if event[0] == "chunk":
@@ -330,19 +348,32 @@ class ChatApp(App):
                     else:
                         final = event
                         break
-                if pieces:
-                    piece = "".join(pieces)
-                    self._reply_text += piece
-                    await self._md_stream.write(piece)
-                self.query_one(MetricsBar).show_reply(reply)
+                self._pending_text += "".join(pieces)
+                now = time.perf_counter()
+                if final is not None or (not self._frame_pending and now >= self._next_write_at):
+                    await self._write_pending()
+                    self.query_one(MetricsBar).show_reply(reply)
                 if final is not None:
                     await self._finish(final)
         finally:
             self._draining = False
 
+    async def _write_pending(self) -> None:
+        if not self._pending_text or self._md_stream is None:
+            return
+        piece, self._pending_text = self._pending_text, ""
+        self._reply_text += piece
+        await self._md_stream.write(piece)
+        self._frame_pending = True
+        self.call_after_refresh(self._frame_painted, time.perf_counter())
+
+    def _frame_painted(self, t_written: float) -> None:
+        now = time.perf_counter()
+        self._frame_pending = False
+        self._next_write_at = now + max(RENDER_INTERVAL_S, now - t_written)
+
     async def _finish(self, final: tuple[Any, ...]) -> None:
         reply, view = self._reply, self._reply_view
-        import sys; _t = time.perf_counter(); print(f"DBG finish start +{(_t-(reply.t_last or _t))*1000:.0f}", file=sys.stderr)
         error: str | None = None
         if final[0] == "done":
             generation: Generation = final[1]
@@ -363,7 +394,6 @@ class ChatApp(App):
         async with view.markdown.lock:  # an append still in flight finishes first
             pass
         view.content = self._reply_text
-        print(f"DBG flushed +{(time.perf_counter()-(reply.t_last or _t))*1000:.0f}", file=sys.stderr)
         view.set_status(status, error=error, metrics=reply)
         self.store.update_message(self._reply_message_id, content=self._reply_text, status=status, metrics=reply.to_dict())
         self.session.add(reply)
