@@ -1,0 +1,437 @@
+"""Triton W8A16 lm_head kernel: e4m3 weights [N, K] with per-row fp32 scales, M = 1..16 rows.
+
+The lm_head at decode time is a skinny GEMM (M <= 16 verify tokens, N = vocab) whose cost is
+reading the weight once. Both kernels stream every [BLOCK_N, BLOCK_K] weight tile from HBM exactly
+once and apply it to all M activation rows (the activations are tiny and stay in L2):
+
+* ``dot``: "swap-AB" tensor-core kernel. The weight tile is the *left* operand
+  (``tl.dot(w[BLOCK_N, BLOCK_K], xT[BLOCK_K, 16])``), so the big dimension sits on the MMA's M side
+  and the batch is padded only to 16 columns. Its cost is flat in M.
+* ``cc``: CUDA-core kernel for the smallest M; accumulates ``w * x`` elementwise in fp32 registers
+  over K and reduces once at the end (no per-tile cross-thread reductions).
+
+The per-row scale factors out of the K sum, so it is applied once to the fp32 accumulator.
+Which kernel and tile serve which M is a table measured on an H200 (benchmarks/fp8_lm_head.py
+--sweep); ``fp8_linear(..., config=...)`` overrides it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    kind: str  # "dot" | "tma" | "cc" | "ccr"
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def label(self) -> str:
+        return f"{self.kind}:n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+
+
+# Candidate configs swept by benchmarks/fp8_lm_head.py --sweep.
+DOT_CONFIGS = [
+    KernelConfig("dot", bn, bk, w, s)
+    for bn, bk, w, s in [
+        (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 4, 4), (64, 512, 4, 3),
+        (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 4, 3), (128, 256, 8, 3),
+        (128, 256, 8, 4), (128, 512, 8, 2), (128, 512, 8, 3), (256, 128, 8, 3),
+        (256, 256, 8, 3), (32, 256, 4, 4), (32, 512, 4, 3), (64, 512, 4, 4),
+    ]
+]
+TMA_CONFIGS = [
+    KernelConfig("tma", bn, bk, w, s)
+    for bn, bk, w, s in [
+        (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 4),
+        (128, 128, 4, 6), (128, 256, 4, 3), (128, 256, 8, 4), (256, 128, 8, 4), (256, 128, 8, 3),
+        (64, 256, 4, 6), (128, 256, 4, 5),
+    ]
+]
+CCR_CONFIGS = [
+    KernelConfig("ccr", bn, bk, w, s)
+    for bn, bk, w, s in [
+        (16, 512, 4, 3), (32, 512, 4, 3), (32, 512, 8, 3), (64, 512, 8, 3), (32, 256, 4, 4),
+        (64, 256, 8, 4), (16, 512, 4, 4), (64, 512, 8, 2),
+    ]
+]
+PACKED_CONFIGS = [
+    KernelConfig(kind, bn, bk, w, s)
+    for kind in ("pk", "pk16")
+    for bn, bk, w, s in [
+        (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (64, 256, 4, 3),
+        (64, 64, 4, 6), (128, 64, 4, 6), (256, 128, 8, 3),
+    ]
+]
+CC_CONFIGS = [
+    KernelConfig("cc", bn, bk, w, s)
+    for bn, bk, w, s in [
+        (16, 128, 4, 3), (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 8, 3),
+        (8, 256, 4, 3), (16, 512, 8, 3), (64, 128, 8, 3), (32, 128, 4, 4),
+    ]
+]
+
+# Measured choice per M (H200, N=157184, K=2560); M above the table uses the last entry.
+DEFAULT_TABLE: dict[int, KernelConfig] = {
+    1: KernelConfig("cc", 16, 256, 4, 3),
+    2: KernelConfig("dot", 128, 256, 8, 3),
+}
+_DEFAULT_DOT = KernelConfig("dot", 128, 256, 8, 3)
+
+
+# Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) gets bf16 tl.dot wrong;
+# an fp32 dot there is exact (the products of bf16 and e4m3 values fit in fp32). Compiled kernels convert directly.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _fp8_dot_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, W_VIA_F32: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+        else:
+            k_mask = (offs_k + k0) < K
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+        if W_VIA_F32:
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w.to(xt.dtype), xt, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if EVEN_N:
+        s = tl.load(s_ptr + offs_n)
+    else:
+        s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    acc = acc * s[:, None]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :] & n_mask[:, None])
+
+
+@triton.jit
+def _fp8_cc_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, M_PAD)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    acc = tl.zeros((M_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        else:
+            k_mask = (offs_k + k0) < K
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=2)
+    if EVEN_N:
+        s = tl.load(s_ptr + offs_n)
+    else:
+        s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    y = y * s[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _fp8_tma_kernel(
+    x_desc, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    # Same swap-AB product as _fp8_dot_kernel, but the weight and activation tiles arrive by TMA
+    # (bulk async copies into shared memory, out-of-bounds rows zero-filled), which keeps many
+    # weight bytes in flight per SM without spending registers or load instructions on them.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    off_n = pid_n * BLOCK_N
+    off_m = pid_m * BLOCK_M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        w = w_desc.load([off_n, k0])
+        xk = x_desc.load([off_m, k0])
+        acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    if EVEN_N:
+        s = tl.load(s_ptr + offs_n)
+    else:
+        s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    acc = acc * s[:, None]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[None, :] & n_mask[:, None])
+
+
+@triton.jit
+def _fp8_packed_kernel(
+    x_desc, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, F16: tl.constexpr,
+):
+    # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
+    # every tile is one contiguous block and a program streams one contiguous region of
+    # BLOCK_N * K bytes, which HBM serves far better than BLOCK_K-byte pieces of many rows.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    off_m = pid_m * BLOCK_M
+    row0 = pid_n * K_BLOCKS * BLOCK_N
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
+        w = w_desc.load([row0 + kb * BLOCK_N, 0])
+        xk = x_desc.load([off_m, kb * BLOCK_K])
+        if F16:
+            # e4m3 -> fp16 is one instruction per pair; activations are pre-scaled by 2^-8
+            # (exact) so that any bf16 hidden state below 1.6e7 fits fp16's range.
+            xk = (xk.to(tl.float32) * 0.00390625).to(tl.float16)
+            acc = tl.dot(w.to(tl.float16), tl.trans(xk), acc)
+        else:
+            acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
+    if F16:
+        acc = acc * 256.0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
+    acc = acc * s[:, None]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
+             mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+
+
+@dataclass
+class PackedFp8Weight:
+    """An [N, K] e4m3 weight re-laid tile-major for _fp8_packed_kernel, with its padded scales."""
+
+    data: torch.Tensor  # [N_pad / block_n * K_pad / block_k * block_n, block_k] float8_e4m3fn
+    scale: torch.Tensor  # [N_pad] float32
+    n: int
+    k: int
+    block_n: int
+    block_k: int
+
+    @property
+    def shape(self):
+        return (self.n, self.k)
+
+
+def pack_fp8_weight(weight_fp8, scale, block_n: int = 64, block_k: int = 128) -> PackedFp8Weight:
+    n, k = weight_fp8.shape
+    n_pad = triton.cdiv(n, block_n) * block_n
+    k_pad = triton.cdiv(k, block_k) * block_k
+    w = weight_fp8
+    if (n_pad, k_pad) != (n, k):
+        w = torch.zeros((n_pad, k_pad), dtype=weight_fp8.dtype, device=weight_fp8.device)
+        w[:n, :k] = weight_fp8
+    tiles = (w.view(n_pad // block_n, block_n, k_pad // block_k, block_k)
+             .permute(0, 2, 1, 3).contiguous()
+             .view(-1, block_k))
+    s = torch.ones(n_pad, dtype=torch.float32, device=scale.device)
+    s[:n] = scale.reshape(-1).float()
+    return PackedFp8Weight(tiles, s, n, k, block_n, block_k)
+
+
+def unpack_fp8_weight(packed: PackedFp8Weight):
+    """Back to the [N, K] row-major tensor (for reports and reference checks)."""
+    n_pad = packed.scale.shape[0]
+    kb = packed.data.shape[0] // n_pad
+    w = (packed.data.view(n_pad // packed.block_n, kb, packed.block_n, packed.block_k)
+         .permute(0, 2, 1, 3).reshape(n_pad, kb * packed.block_k))
+    return w[: packed.n, : packed.k].contiguous(), packed.scale[: packed.n].clone()
+
+
+def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
+                      num_stages: int = 4, f16: bool = False):
+    out_dtype = out_dtype or x.dtype
+    n, k = packed.n, packed.k
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    if x2.dtype not in (torch.bfloat16, torch.float16):
+        x2 = x2.to(torch.bfloat16)
+    m = x2.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out.reshape(*lead, n)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    block_m = 16
+    x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
+    w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
+    grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
+    _fp8_packed_kernel[grid](
+        x_desc, w_desc, packed.scale, out, m, n, k, out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
+        K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
+        F16=f16, num_warps=num_warps,
+    )
+    return out.reshape(*lead, n)
+
+
+_DESCRIPTORS: dict = {}
+
+
+def _descriptor(t, block_shape):
+    """Host-side TMA descriptors, cached per tensor storage and tile (building one costs host time)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, tuple(block_shape))
+    desc = _DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_DESCRIPTORS) > 64:
+            _DESCRIPTORS.clear()
+        desc = TensorDescriptor.from_tensor(t, list(block_shape))
+        _DESCRIPTORS[key] = desc
+    return desc
+
+
+@triton.jit
+def _fp8_ccr_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    # CUDA-core variant that reduces each tile at once: fewer registers than _fp8_cc_kernel, so
+    # larger tiles (more weight bytes in flight per program) fit. Needs K % BLOCK_K == 0.
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, M_PAD)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_N:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+        acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if EVEN_N:
+        s = tl.load(s_ptr + offs_n)
+    else:
+        s = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    y = acc * s[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def choose_config(m: int, x_dtype) -> KernelConfig:
+    if x_dtype == torch.float32:
+        # tl.dot on fp32 would round through tf32; the CUDA-core kernel stays exact in fp32.
+        return KernelConfig("cc", 16, 128, 4, 3)
+    if m in DEFAULT_TABLE:
+        return DEFAULT_TABLE[m]
+    return _DEFAULT_DOT
+
+
+def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
+    """y[..., N] = x[..., K] @ (weight_fp8 * scale[:, None]).T with fp32 accumulation."""
+    if isinstance(weight_fp8, PackedFp8Weight):
+        cfg = config or KernelConfig("pk", weight_fp8.block_n, weight_fp8.block_k, 4, 4)
+        return fp8_linear_packed(x, weight_fp8, out_dtype, num_warps=cfg.num_warps,
+                                 num_stages=cfg.num_stages, f16=cfg.kind == "pk16")
+    out_dtype = out_dtype or x.dtype
+    n, k = weight_fp8.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not weight_fp8.is_contiguous():
+        weight_fp8 = weight_fp8.contiguous()
+    scale = scale.reshape(-1)
+    if scale.dtype != torch.float32:
+        scale = scale.float()
+    m = x2.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out.reshape(*lead, n)
+    cfg = config or choose_config(m, x2.dtype)
+    even_n = n % cfg.block_n == 0
+    even_k = k % cfg.block_k == 0
+    if cfg.kind == "dot":
+        block_m = 16
+        grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m))
+        _fp8_dot_kernel[grid](
+            x2, weight_fp8, scale, out, m, n, k, x2.stride(0), out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            EVEN_N=even_n, EVEN_K=even_k, W_VIA_F32=_INTERPRETED,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    elif cfg.kind == "tma":
+        block_m = 16
+        grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m))
+        # Activations are re-described every call (they change); the weight descriptor is cached.
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor.from_tensor(x2, [block_m, cfg.block_k])
+        w_desc = _descriptor(weight_fp8, (cfg.block_n, cfg.block_k))
+        _fp8_tma_kernel[grid](
+            x_desc, w_desc, scale, out, m, n, k, out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            NUM_STAGES=cfg.num_stages, EVEN_N=even_n, num_warps=cfg.num_warps,
+        )
+    elif cfg.kind == "ccr" and even_k:
+        grid = (triton.cdiv(n, cfg.block_n),)
+        for start in range(0, m, 2):
+            rows = min(2, m - start)
+            _fp8_ccr_kernel[grid](
+                x2[start:], weight_fp8, scale, out[start:], rows, n, k, x2.stride(0), out.stride(0),
+                M_PAD=triton.next_power_of_2(rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                EVEN_N=even_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+    else:
+        grid = (triton.cdiv(n, cfg.block_n),)
+        for start in range(0, m, 4):
+            # Register use grows with M_PAD * BLOCK_N * BLOCK_K; four rows per launch at most.
+            rows = min(4, m - start)
+            m_pad = triton.next_power_of_2(rows)
+            _fp8_cc_kernel[grid](
+                x2[start:], weight_fp8, scale, out[start:], rows, n, k, x2.stride(0), out.stride(0),
+                M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                EVEN_N=even_n, EVEN_K=even_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+    return out.reshape(*lead, n)

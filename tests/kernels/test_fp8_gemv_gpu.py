@@ -1,0 +1,99 @@
+"""The Triton FP8 lm_head kernel on a real CUDA GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def head():
+    from sparkit.kernels.fp8_linear import quantize_fp8_per_row
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # Ling's hidden size, an N that is not a multiple of any tile, and rows of varied norm.
+    w = torch.randn(5003, 2560, generator=g, device="cuda") * 0.02
+    w *= torch.exp(0.35 * torch.randn(5003, 1, generator=g, device="cuda"))
+    q, s = quantize_fp8_per_row(w.to(torch.bfloat16))
+    return q, s
+
+
+def _exact(x, q, s):
+    return x.double() @ (q.double() * s.double()[:, None]).T
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 13, 16, 17, 40])
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_default_dispatch_matches_exact_dequantised_product(head, m, out_dtype):
+    from sparkit.kernels.fp8_linear import fp8_linear
+
+    q, s = head
+    x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
+    y = fp8_linear(x, q, s, out_dtype=getattr(torch, out_dtype))
+    assert y.shape == (m, 5003) and y.dtype == getattr(torch, out_dtype)
+    exact = _exact(x, q, s)
+    rel = ((y.double() - exact).norm() / exact.norm()).item()
+    # fp32 accumulation: only the output rounding (bf16: 2^-9) remains.
+    assert rel < (4e-3 if out_dtype == "bfloat16" else 1e-5)
+    assert (y.double().argmax(1) == exact.argmax(1)).float().mean().item() == 1.0
+
+
+def test_every_candidate_config_is_correct(head):
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    q, s = head
+    for m in (1, 3, 16):
+        x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
+        exact = _exact(x, q, s)
+        cands = (fk.TMA_CONFIGS[:2] + fk.DOT_CONFIGS[:2] + (fk.CC_CONFIGS[:2] if m <= 4 else [])
+                 + (fk.CCR_CONFIGS[:1] if m <= 2 else []))
+        for cfg in cands:
+            y = fk.fp8_linear(x, q, s, torch.float32, config=cfg)
+            rel = ((y.double() - exact).norm() / exact.norm()).item()
+            assert rel < 1e-5, (m, cfg.label(), rel)
+
+
+def test_fp32_activations_and_leading_dims(head):
+    from sparkit.kernels.fp8_linear import fp8_linear
+
+    q, s = head
+    x = torch.randn(2, 3, 2560, device="cuda")
+    y = fp8_linear(x, q, s)
+    assert y.shape == (2, 3, 5003) and y.dtype == torch.float32
+    exact = _exact(x.reshape(6, -1), q, s).reshape(2, 3, -1)
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
+
+
+def test_a_corrupted_scale_is_detected(head):
+    """The check above is not vacuous: a wrong scale for one row changes that row's logits."""
+    from sparkit.kernels.fp8_linear import fp8_linear
+
+    q, s = head
+    bad = s.clone()
+    bad[7] *= 2
+    x = torch.randn(4, 2560, device="cuda").to(torch.bfloat16)
+    y = fp8_linear(x, q, bad, out_dtype=torch.float32)
+    exact = _exact(x, q, s)
+    assert not torch.allclose(y[:, 7].double(), exact[:, 7], rtol=1e-3)
+    assert torch.allclose(y[:, 8].double(), exact[:, 8], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("f16", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 16, 17])
+def test_packed_weight_kernel_matches_and_round_trips(head, m, f16):
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    q, s = head
+    packed = fk.pack_fp8_weight(q, s, 64, 128)
+    q2, s2 = fk.unpack_fp8_weight(packed)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2, s)
+    x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
+    x[:, 5] = 2.0e5  # an outlier channel far beyond what fp16 holds without the 2^-8 prescale
+    y = fk.fp8_linear_packed(x, packed, torch.float32, f16=f16)
+    exact = _exact(x, q, s)
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
