@@ -284,7 +284,7 @@ def apply_override(data: dict[str, Any], origins: dict[KeyPath, Origin], assignm
     target[parts[-1]] = value
     for p in [p for p in origins if p[: len(parts)] == parts]:
         del origins[p]
-    origins[parts] = Origin(f"--set {assignment}")
+    origins[parts] = Origin("--set")
 
 
 # ---------------------------------------------------------------- validation

@@ -177,9 +177,9 @@ def test_set_overrides_are_yaml_typed_and_win(tmp_path):
         ("=fp8", UsageError, "empty key path"),
         ("stack.lm_head=[fp8", UsageError, "not valid YAML"),
         ("model.path.x=1", UsageError, "'model.path' is a value, not a section"),
-        ("stack.lm_haed=fp8", RecipeError, "--set stack.lm_haed=fp8 stack.lm_haed: unknown key 'lm_haed'; did you mean 'lm_head'?"),
-        ("stack.lm_head=fp16", RecipeError, "--set stack.lm_head=fp16 stack.lm_head: 'fp16' is not one of bf16, fp32, fp8"),
-        ("server.port=high", RecipeError, "--set server.port=high server.port: "),
+        ("stack.lm_haed=fp8", RecipeError, "--set stack.lm_haed: unknown key 'lm_haed'; did you mean 'lm_head'?"),
+        ("stack.lm_head=fp16", RecipeError, "--set stack.lm_head: 'fp16' is not one of bf16, fp32, fp8"),
+        ("server.port=high", RecipeError, "--set server.port: "),
     ],
 )
 def test_set_errors(assignment, error, text):
