@@ -157,7 +157,6 @@ def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the rep
     """Host and engine report, and which shipped recipe targets this host can run."""
     from sparkit.engines.base import get_adapter
     from sparkit.host import detect_host, target_fit
-    from sparkit.recipes.schema import TARGETS
 
     host = detect_host()
     engines = [get_adapter(n).probe() for n in ("sglang", "embedded")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkit.recipes.load import LoadedRecipe, display_path
+from sparkit.recipes.load import LoadedRecipe
 from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
 
 DEFAULT_MIN_ACCEPT_LENGTH = 1.5
@@ -83,4 +83,4 @@ def build_plan(
     )
 
 
-__all__ = ["compile_plan", "base_expectations", "build_plan", "display_path"]
+__all__ = ["compile_plan", "base_expectations", "build_plan"]

@@ -242,7 +242,8 @@ def _embedded_limits(loaded: LoadedRecipe):
     if r.stack.tp != 1 or r.stack.ep != 1:
         out.append(("error", "stack.tp" if r.stack.tp != 1 else "stack.ep", "the embedded engine runs on one device (tp 1, ep 1)"))
     if r.target not in ("cpu", "auto"):
-        out.append(("warning", "target", f"embedded engine with target {r.target}: it runs, but publishes no {r.target} figures"))
+        out.append(("warning", "target", f"the embedded engine is a reference engine: target {r.target} only "
+                    "selects --device cuda, and no published figure applies"))
     return out
 
 

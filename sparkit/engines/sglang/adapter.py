@@ -13,7 +13,6 @@ import sys
 from typing import Any
 
 from sparkit.engines.base import EngineInfo, package_version
-from sparkit.errors import RecipeError
 
 FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
 PLUGIN_NAME = "sparkit"
