@@ -207,3 +207,30 @@ def test_a_run_that_died_without_down_is_marked_stale(sparkit_home, stand_in):
     assert run_status(run).state == "exited"
     stop(run)  # harmless on a dead run
     assert run.read_meta().extra["state"] == "stopped"
+
+
+def test_ctrl_c_while_starting_leaves_no_process(sparkit_home, stand_in):
+    """KeyboardInterrupt (what SIGINT raises) during the wait stops the group before propagating."""
+    seen: list[str] = []
+
+    def interrupt_once_loading(event):
+        seen.append(event.phase)
+        if event.phase in ("loading weights", "capturing CUDA graphs", "warming up"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch(make_plan(stand_in, "fork"), on_progress=interrupt_once_loading, timeout=60)
+    run = list_runs()[-1]
+    assert group_members(run.read_meta().pgid) == []
+    assert run.read_meta().extra["state"] == "stopped"
+
+
+def test_model_builds_report_progress_before_start(sparkit_home, stand_in, tiny_model_dir):
+    plan = make_plan(stand_in)
+    plan.model_builds = [{"name": "tiny-ling", "seed": 0, "dir": str(tiny_model_dir)}]  # already built: reused
+    events = []
+    run = launch(plan, on_progress=events.append, timeout=60)
+    stop(run, grace=5)
+    builds = [e for e in events if e.phase == "building model"]
+    assert builds and builds[-1].fraction == 1.0 and "tiny-ling" in builds[-1].message
+    assert events.index(builds[-1]) < [e.phase for e in events].index("starting")

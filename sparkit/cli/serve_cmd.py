@@ -153,14 +153,14 @@ def up(
         err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)")
         return
     err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.")
-    _stream_until_interrupt(run)
+    _stream_until_interrupt(run, sys.stderr if json_out else sys.stdout)
 
 
-def _stream_until_interrupt(run: Any) -> None:
+def _stream_until_interrupt(run: Any, out: Any) -> None:
+    """Foreground mode: print the engine's log as it grows; Ctrl-C (or SIGTERM) stops the server."""
     from sparkit.errors import LaunchError
     from sparkit.runs import follow_log, is_live, stop
 
-    out = sys.stderr
     try:
         for line in follow_log(run, from_start=False):
             out.write(line + "\n")
@@ -198,7 +198,7 @@ def status(
 
     table = Table(title="servers", title_justify="left")
     for col in ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in rows:
         health = "-" if r.healthy is None else ("[green]ok[/]" if r.healthy else "[red]down[/]")
         table.add_row(
@@ -289,11 +289,16 @@ def check(
     """Run the activation checks again against a live server."""
     from sparkit.checks.results import Status, worst
     from sparkit.checks.runner import run_activation_checks
-    from sparkit.errors import CheckFailed, UsageError
+    from sparkit.errors import CheckFailed, EngineError, UsageError
     from sparkit.recipes.plan import LaunchPlan
-    from sparkit.runs import resolve_server
+    from sparkit.runs import is_live, resolve_server
 
     target = resolve_server(run=run, url=url, api_key=api_key)
+    if target.run is not None and not is_live(target.run):
+        raise EngineError(
+            f"run {target.run.id} is not running",
+            hint="`sparkit status` lists the running servers; `sparkit up` starts one",
+        )
     if target.run is not None:
         plan = LaunchPlan.load(target.run.plan_path)
         run_path = target.run.path
