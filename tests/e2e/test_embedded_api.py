@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 
@@ -164,6 +165,7 @@ def test_generate_meta_info_and_stream_are_consistent(embedded_server):
     assert counts == sorted(counts) and counts[-1] == meta["completion_tokens"]
     assert texts[-1] == whole["text"]
     assert chunks[-1]["meta_info"]["finish_reason"] == meta["finish_reason"]
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
 
@@ -332,6 +334,21 @@ def test_metrics_and_server_info_counters_match_what_clients_received(embedded_s
         assert name in after, name
 
 
+def test_decode_log_lines_and_gauges(embedded_server):
+    body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
+    assert _generate(embedded_server, body).json()["meta_info"]["completion_tokens"] == 400
+    lines = [line for line in embedded_server.log().splitlines() if line.startswith("Decode batch.")]
+    assert lines, "a 'Decode batch.' line every 40 decode steps"
+    match = re.search(r"#running-req: 1, #token: \d+, accept len: ([\d.]+), gen throughput \(token/s\): ([\d.]+)", lines[-1])
+    assert match, lines[-1]
+    accept, throughput = float(match.group(1)), float(match.group(2))
+    assert 1.0 <= accept <= 4.0 and throughput > 0
+    metrics = _metrics(embedded_server)
+    assert metrics["sglang:gen_throughput"] > 0
+    assert 1.0 <= metrics["sglang:spec_accept_length"] <= 4.0
+    assert 0.0 <= metrics["sglang:spec_accept_rate"] <= 1.0
+
+
 # -- separate servers ---------------------------------------------------------------------------------------
 
 
@@ -380,7 +397,7 @@ def test_corrupt_checkpoint_fails_the_start_naming_the_file(start_embedded_serve
 
 
 def test_plain_decoding_server_without_speculation(start_embedded_server, embedded_server):
-    server = start_embedded_server(lm_head_dtype="fp8", wait=False)
+    server = start_embedded_server(lm_head_dtype="fp8", max_queued_requests=1, wait=False)
     # the port opens before the model loads: /health and requests answer 503 until warm
     seen_503 = generate_503 = False
     deadline = time.monotonic() + 120
@@ -400,6 +417,24 @@ def test_plain_decoding_server_without_speculation(start_embedded_server, embedd
         time.sleep(0.02)
     assert seen_503 and generate_503
     server.wait_healthy()
+
+    # --max-queued-requests 1: one running, one queued, the next is refused with 503
+    long_body = {"text": "Once", "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}}
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        with client.stream("POST", "/generate", json=long_body) as running:
+            running_lines = running.iter_lines()  # kept: closing the iterator would drop the connection
+            for line in running_lines:
+                if line.startswith("data:"):
+                    break
+            with httpx.Client(base_url=server.url, timeout=120) as other, other.stream("POST", "/generate", json=long_body) as queued:
+                deadline = time.monotonic() + 60
+                while _metrics(server)["sglang:num_queue_reqs"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                refused = httpx.post(server.url + "/generate", json={"text": "hi"}, timeout=60)
+                assert refused.status_code == 503
+                assert "queue is full" in refused.json()["error"]["message"]
+                assert queued.status_code == 200
+                assert _metrics(server)["sglang:num_aborted_requests_total"] == 0
     body = {"text": "The cat sat on the", "sampling_params": {"temperature": 0, "max_new_tokens": 32}}
     plain = _generate(server, body).json()
     assert "spec_verify_ct" not in plain["meta_info"]

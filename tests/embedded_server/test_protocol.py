@@ -115,6 +115,12 @@ def test_meta_info_has_sglang_keys_and_accept_length():
     assert "spec_verify_ct" not in plain
 
 
+def test_streamed_chunks_carry_output_ids_only_at_the_end():
+    assert "output_ids" not in proto.generate_response(_progress(finish_reason=None), streaming=True)
+    assert proto.generate_response(_progress(), streaming=True)["output_ids"] == [1, 2, 3, 4, 5, 6]
+    assert "output_ids" in proto.generate_response(_progress(finish_reason=None))
+
+
 def test_unfinished_meta_has_no_latency():
     meta = proto.meta_info(_progress(finish_reason=None))
     assert meta["finish_reason"] is None and "e2e_latency" not in meta

@@ -333,9 +333,16 @@ def meta_info(progress: RequestProgress) -> dict[str, Any]:
     return meta
 
 
-def generate_response(progress: RequestProgress) -> dict[str, Any]:
-    """/generate's body, and each streamed chunk (cumulative text and counts, like SGLang)."""
-    return {"text": progress.text, "output_ids": list(progress.output_ids), "meta_info": meta_info(progress)}
+def generate_response(progress: RequestProgress, *, streaming: bool = False) -> dict[str, Any]:
+    """/generate's body, and each streamed chunk (cumulative text and counts, like SGLang).
+
+    Streamed chunks carry `output_ids` only in the final one: resending the cumulative
+    ids on every step is quadratic, and the JSON encoding would compete for the GIL
+    with the engine thread of this same process."""
+    body: dict[str, Any] = {"text": progress.text, "meta_info": meta_info(progress)}
+    if not streaming or progress.finished:
+        body["output_ids"] = list(progress.output_ids)
+    return body
 
 
 def openai_finish_reason(finish: dict | None) -> str | None:

@@ -155,7 +155,7 @@ class DecodeWindow:
     verify_steps: int = 0
     accepted: int = 0
     proposed: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    busy_seconds: float = 0.0  # decode time only: idle gaps between requests would understate tok/s
 
 
 class ServerMetrics:
@@ -210,8 +210,7 @@ class ServerMetrics:
 
     def record_window(self, window: DecodeWindow) -> tuple[float, float | None]:
         """Update the gauges from a decode window; returns (tok/s, accept length or None)."""
-        elapsed = max(time.perf_counter() - window.started, 1e-9)
-        throughput = window.tokens / elapsed
+        throughput = window.tokens / max(window.busy_seconds, 1e-9)
         accept = (window.tokens / window.verify_steps) if window.verify_steps else None
         with self.lock:
             self.gen_throughput = throughput
@@ -491,6 +490,7 @@ class EngineWorker:
         window = self._window
         window.steps += 1
         window.tokens += n_tokens
+        window.busy_seconds += gap
         if step.verify_step:
             window.verify_steps += 1
             window.accepted += step.num_accepted_drafts
@@ -833,7 +833,7 @@ def create_app(state: ServerState):
         async def body():
             try:
                 async for progress in updates(job):
-                    yield proto.sse(proto.generate_response(progress))
+                    yield proto.sse(proto.generate_response(progress, streaming=True))
             except proto.ApiError as exc:
                 yield proto.sse(exc.body())
             yield proto.SSE_DONE
