@@ -106,6 +106,15 @@ def test_up_detach_checks_status_chat_down(sparkit_home, tiny_model_dir):
     assert again.returncode == 0, again.stderr
     assert checks_by_name(json.loads(again.stdout))["acceptance"]["status"] == "pass"
 
+    logs = run_sparkit(sparkit_home, "logs", doc["run"], "-n", "400")
+    assert logs.returncode == 0 and "The server is fired up and ready to roll!" in logs.stdout
+
+    by_url = run_sparkit(sparkit_home, "check", "--url", doc["url"], "--recipe", "tiny", "--set", f"model.path={tiny_model_dir}", "--json")
+    assert by_url.returncode == 0, by_url.stderr
+    by_url_checks = checks_by_name(json.loads(by_url.stdout))
+    assert by_url_checks["acceptance"]["status"] == "pass"
+    assert by_url_checks["resolved_args"]["status"] == "pass"
+
     down = run_sparkit(sparkit_home, "down", doc["run"])
     assert down.returncode == 0, down.stderr
     assert wait_gone([pid]) == []
