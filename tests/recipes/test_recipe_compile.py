@@ -234,3 +234,9 @@ def test_embedded_unknown_builtin_model():
 def test_api_key_env_is_recorded_never_the_key():
     plan = compile_plan(load_recipe("tiny", ["server.api_key_env=MY_SPARKIT_KEY"]))
     assert plan.api_key_env == "MY_SPARKIT_KEY" and "--api-key" not in plan.argv
+
+
+def test_passthrough_value_starting_with_dash_is_a_value(tmp_path):
+    plan = compile_plan(load_recipe(_recipe(tmp_path, "server:\n  extra_args: [--random-seed, '-1']\n")))
+    assert plan.argv[-2:] == ["--random-seed", "-1"]
+    assert _prepare_server_args(plan.argv[3:]).random_seed == -1

@@ -224,9 +224,12 @@ class SGLangAdapter:
         """Each pass-through flag must exist in the installed sglang and not fight a recipe key."""
         extra = list(loaded.recipe.server.extra_args)
         warnings = []
+        is_value = False  # the item after a flag that takes one is its value (it may start with '-')
         for i, item in enumerate(extra):
-            if not item.startswith("-"):
+            if is_value or not item.startswith("-"):
+                is_value = False
                 continue
+            is_value = _takes_value(item)
             key = f"server.extra_args.{i}"
             try:
                 parse_args(["--model-path", "x", *(extra[i:i + 2] if _takes_value(item) else [item])])
