@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         """Chat in the terminal with live decode tok/s, TTFT and accept length.
 
         Keys: Enter sends, Esc stops a reply, Ctrl+N new chat, Ctrl+O history,
-        Ctrl+Y copy reply, Ctrl+K copy code block, Ctrl+T settings, Ctrl+Q quit.
+        Ctrl+Y copy reply, Ctrl+L copy the last code block, Ctrl+T settings, Ctrl+Q quit.
         """
         from sparkit.errors import UsageError
         from sparkit.runs import resolve_server

@@ -127,7 +127,7 @@ class ChatApp(App):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+o", "history", "History"),
         Binding("ctrl+y", "copy_reply", "Copy reply"),
-        Binding("ctrl+k", "copy_code", "Copy code"),
+        Binding("ctrl+l", "copy_code", "Copy code"),
         Binding("ctrl+t", "settings", "Settings"),
         Binding("ctrl+b", "toggle_panel", "Server panel"),
         Binding("ctrl+q", "quit", "Quit"),

@@ -101,7 +101,7 @@ class SessionMetrics:
         return sum(values) / len(values) if values else None
 
 
-def format_reply(reply: ReplyMetrics | None) -> str:
+def format_reply(reply: ReplyMetrics | None, *, with_status: bool = True) -> str:
     """One line for the metrics bar, e.g. '312.4 tok/s · TTFT 41 ms · 128 tok · accept 2.71'."""
     if reply is None:
         return "no reply yet"
@@ -110,7 +110,9 @@ def format_reply(reply: ReplyMetrics | None) -> str:
     tokens = f"{reply.output_tokens} tok"
     accept = f"accept {reply.accept_length:.2f}" if reply.accept_length is not None else "accept n/a"
     parts = [speed, ttft, tokens, accept]
-    if reply.status == "streaming":
+    if not with_status:
+        pass
+    elif reply.status == "streaming":
         parts.append("streaming…")
     elif reply.status in ("stopped", "error"):
         parts.append(reply.status)

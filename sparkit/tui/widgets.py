@@ -20,8 +20,8 @@ from sparkit.tui.settings import ChatSettings, parse_settings
 STATUS_MARKS = {
     "complete": "",
     "streaming": "streaming…",
-    "stopped": "stopped by you (partial reply)",
-    "interrupted": "interrupted: server went away (partial reply)",
+    "stopped": "stopped (partial)",
+    "interrupted": "interrupted: server went away (partial)",
 }
 
 
@@ -47,11 +47,11 @@ class MessageView(Vertical):
         text = Text("you" if self.role == "user" else self.role, style="bold")
         mark = STATUS_MARKS.get(self.status, self.status)
         if self.error and self.status == "interrupted":
-            mark = f"interrupted: {self.error} (partial reply)"
+            mark = f"interrupted: {self.error} (partial)"
         if mark:
             text.append(f"  [{mark}]", style="bold yellow" if self.status != "streaming" else "dim")
         if self.metrics is not None and self.status != "streaming":
-            text.append("  " + format_reply(self.metrics), style="dim")
+            text.append("  " + format_reply(self.metrics, with_status=False), style="dim")
         return text
 
     @property
@@ -83,9 +83,9 @@ class MetricsBar(Horizontal):
         self.query_one(Sparkline).data = list(series[-60:])
         parts = [f"{len(series)} replies"]
         if mean is not None:
-            parts.append(f"mean {mean:.1f} tok/s")
+            parts.append(f"mean {mean:.0f} tok/s")
         if accept is not None:
-            parts.append(f"accept {accept:.2f}")
+            parts.append(f"acc {accept:.2f}")
         self.query_one("#session-metrics", Static).update(" · ".join(parts))
 
     def show_connection(self, state: str, url: str) -> None:
