@@ -315,7 +315,7 @@ def launch(
     env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
     argv = list(plan.argv) + extra_argv
-    emit("starting", " ".join(argv[:4]))
+    emit("starting", " ".join(argv[1:4])[:100])
     with open(run.log_path, "ab") as log:
         try:
             proc = subprocess.Popen(
@@ -387,7 +387,8 @@ def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float
             now = time.monotonic()
             if new_phase != phase or now - last_emit >= 1.0:
                 phase = new_phase if new_phase != "ready" else "warming up"
-                emit(phase)
+                lines = [line for line in text[-4000:].splitlines() if line.strip()]
+                emit(phase, lines[-1].strip()[:100] if lines else "")
                 last_emit = now
             try:
                 if http.get("/health").status_code == 200:

@@ -72,7 +72,7 @@ def _launch_with_progress(plan: Any, timeout: float, detach: bool):
             line += f" {event.fraction * 100:5.1f}%"
         if event.message:
             line += f"  {event.message}"
-        live.update(Text(line, style="cyan"))
+        live.update(Text(line, style="cyan", no_wrap=True, overflow="ellipsis"))
 
     with live:
         return launch(plan, on_progress=on_progress, timeout=timeout, detach=detach)
