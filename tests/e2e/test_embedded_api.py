@@ -293,6 +293,17 @@ def test_client_disconnect_frees_the_slot(embedded_server):
     assert 4 < generated < long_budget / 2
     assert after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0
 
+    # a non-streamed request whose client gives up is aborted too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(embedded_server.url + "/generate", timeout=httpx.Timeout(1.0, connect=10.0), json={
+            "text": "Once", "sampling_params": {"temperature": 0, "max_new_tokens": long_budget, "ignore_eos": True},
+        })
+    follow = _generate(embedded_server, {"text": "1 + 2 =", "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}})
+    assert follow.json()["meta_info"]["completion_tokens"] == 4
+    final = _metrics(embedded_server)
+    assert final["sglang:num_aborted_requests_total"] == after["sglang:num_aborted_requests_total"] + 1
+    assert final["sglang:generation_tokens_total"] - after["sglang:generation_tokens_total"] < long_budget / 2
+
 
 def test_metrics_and_server_info_counters_match_what_clients_received(embedded_server):
     before = _metrics(embedded_server)
@@ -443,3 +454,22 @@ def test_plain_decoding_server_without_speculation(start_embedded_server, embedd
     info = httpx.get(server.url + "/server_info", timeout=30).json()
     assert info["speculative_algorithm"] is None and "avg_spec_accept_length" not in info["internal_states"][0]
     assert server.stop() == 0
+
+
+def test_wrong_draft_shows_in_accept_length(start_embedded_server, wrong_draft_model_dir, embedded_server):
+    server = start_embedded_server(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_eagle_topk=1,
+                                   speculative_num_draft_tokens=4, speculative_draft_model_path=wrong_draft_model_dir)
+
+    def accept_length(target) -> float:
+        completion = verify = 0
+        for prompt in PROMPTS:
+            meta = _generate(target, {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}).json()["meta_info"]
+            completion += meta["completion_tokens"]
+            verify += meta["spec_verify_ct"]
+        return completion / verify
+
+    wrong, right = accept_length(server), accept_length(embedded_server)
+    assert wrong < 1.4 < 1.5 < right
+    info = httpx.get(server.url + "/server_info", timeout=30).json()
+    assert info["speculative_draft_model_path"] == str(wrong_draft_model_dir)
+    assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(wrong)
