@@ -174,10 +174,10 @@ def main(argv=None):
 
     if args.sweep:
         sweep_ms = [m for m in ms if m in (1, 2, 4, 8, 16)] or ms
-        cands_all = (list(fk.PACKED_CONFIGS) + list(fk.TMA_CONFIGS[:4]) + list(fk.DOT_CONFIGS[:1]))
+        cands_all = (list(fk.PACKED_CONFIGS) + list(fk.TMA16_CONFIGS) + list(fk.TMA_CONFIGS[:1]))
         for m in sweep_ms:
             x = hidden[:m].contiguous()
-            cands = cands_all + (list(fk.CC_CONFIGS[:2]) if m <= 2 else [])
+            cands = cands_all + (list(fk.CC_CONFIGS[:1]) if m <= 2 else [])
             times = {}
             # Grouped by weight layout so that only one packed layout is resident at a time.
             for cfg in sorted(cands, key=lambda c: (c.kind in ("pk", "pk16"), c.block_n, c.block_k)):

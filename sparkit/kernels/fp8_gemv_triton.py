@@ -70,6 +70,10 @@ PACKED_CONFIGS = [
         (64, 64, 4, 6), (128, 64, 4, 6), (256, 128, 8, 3),
     ]
 ]
+TMA16_CONFIGS = [
+    KernelConfig("tma16", bn, bk, w, s)
+    for bn, bk, w, s in [(64, 128, 4, 4), (128, 128, 8, 4), (128, 128, 4, 3), (64, 256, 4, 3)]
+]
 CC_CONFIGS = [
     KernelConfig("cc", bn, bk, w, s)
     for bn, bk, w, s in [
@@ -89,6 +93,24 @@ _DEFAULT_DOT = KernelConfig("dot", 128, 256, 8, 3)
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) gets bf16 tl.dot wrong;
 # an fp32 dot there is exact (the products of bf16 and e4m3 values fit in fp32). Compiled kernels convert directly.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _dot_fp16_rescaled(w, xk, acc):
+    """acc[BN, BM] += w[BN, BK] @ xk[BM, BK]^T on fp16 tensor cores, exact for any bf16 xk.
+
+    e4m3 -> fp16 is a single instruction per pair (e4m3 -> bf16 costs several), which is what
+    lets the kernel keep up with HBM. fp16's range is smaller than bf16's and Hopper's fp16 MMA
+    overflows on large products, so each activation row of the tile is scaled by a power of two
+    that brings it to |x| <= 4 (|w| <= 448 in e4m3, so a 16-term product sum stays below 2^15);
+    the power of two is undone on the fp32 partial sum. Typical hidden states need no scaling.
+    """
+    xf = xk.to(tl.float32)
+    amax = tl.max(tl.abs(xf), axis=1)
+    e = tl.maximum(tl.ceil(tl.log2(amax * 0.25)), 0.0)
+    xs = (xf * tl.exp2(-e)[:, None]).to(tl.float16)
+    part = tl.dot(w.to(tl.float16), tl.trans(xs))
+    return acc + part * tl.exp2(e)[None, :]
 
 
 @triton.jit
@@ -176,7 +198,7 @@ def _fp8_cc_kernel(
 def _fp8_tma_kernel(
     x_desc, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr, F16: tl.constexpr,
 ):
     # Same swap-AB product as _fp8_dot_kernel, but the weight and activation tiles arrive by TMA
     # (bulk async copies into shared memory, out-of-bounds rows zero-filled), which keeps many
@@ -189,7 +211,10 @@ def _fp8_tma_kernel(
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         w = w_desc.load([off_n, k0])
         xk = x_desc.load([off_m, k0])
-        acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
+        if F16:
+            acc = _dot_fp16_rescaled(w, xk, acc)
+        else:
+            acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
@@ -220,14 +245,9 @@ def _fp8_packed_kernel(
         w = w_desc.load([row0 + kb * BLOCK_N, 0])
         xk = x_desc.load([off_m, kb * BLOCK_K])
         if F16:
-            # e4m3 -> fp16 is one instruction per pair; activations are pre-scaled by 2^-8
-            # (exact) so that any bf16 hidden state below 1.6e7 fits fp16's range.
-            xk = (xk.to(tl.float32) * 0.00390625).to(tl.float16)
-            acc = tl.dot(w.to(tl.float16), tl.trans(xk), acc)
+            acc = _dot_fp16_rescaled(w, xk, acc)
         else:
             acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
-    if F16:
-        acc = acc * 256.0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
@@ -401,7 +421,7 @@ def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None
             EVEN_N=even_n, EVEN_K=even_k, W_VIA_F32=_INTERPRETED,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-    elif cfg.kind == "tma":
+    elif cfg.kind in ("tma", "tma16"):
         block_m = 16
         grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m))
         # Activations are re-described every call (they change); the weight descriptor is cached.
@@ -412,7 +432,8 @@ def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None
         _fp8_tma_kernel[grid](
             x_desc, w_desc, scale, out, m, n, k, out.stride(0),
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            NUM_STAGES=cfg.num_stages, EVEN_N=even_n, num_warps=cfg.num_warps,
+            NUM_STAGES=cfg.num_stages, EVEN_N=even_n, F16=cfg.kind == "tma16",
+            num_warps=cfg.num_warps,
         )
     elif cfg.kind == "ccr" and even_k:
         grid = (triton.cdiv(n, cfg.block_n),)

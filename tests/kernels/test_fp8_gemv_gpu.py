@@ -40,7 +40,10 @@ def test_default_dispatch_matches_exact_dequantised_product(head, m, out_dtype):
     rel = ((y.double() - exact).norm() / exact.norm()).item()
     # fp32 accumulation: only the output rounding (bf16: 2^-9) remains.
     assert rel < (4e-3 if out_dtype == "bfloat16" else 1e-5)
-    assert (y.double().argmax(1) == exact.argmax(1)).float().mean().item() == 1.0
+    # y's top-1 is the exact top-1 up to the output rounding (bf16 can tie near-equal logits).
+    picked = exact.gather(1, y.double().argmax(1, keepdim=True)).squeeze(1)
+    tol = 0.0 if out_dtype == "float32" else 2.0 ** -7
+    assert (picked >= exact.max(1).values * (1 - tol) - 1e-6).all()
 
 
 def test_every_candidate_config_is_correct(head):
@@ -50,7 +53,7 @@ def test_every_candidate_config_is_correct(head):
     for m in (1, 3, 16):
         x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
         exact = _exact(x, q, s)
-        cands = (fk.TMA_CONFIGS[:2] + fk.DOT_CONFIGS[:2] + (fk.CC_CONFIGS[:2] if m <= 4 else [])
+        cands = (fk.TMA_CONFIGS[:2] + fk.TMA16_CONFIGS + fk.DOT_CONFIGS[:2] + (fk.CC_CONFIGS[:2] if m <= 4 else [])
                  + (fk.CCR_CONFIGS[:1] if m <= 2 else []))
         for cfg in cands:
             y = fk.fp8_linear(x, q, s, torch.float32, config=cfg)
@@ -97,3 +100,5 @@ def test_packed_weight_kernel_matches_and_round_trips(head, m, f16):
     y = fk.fp8_linear_packed(x, packed, torch.float32, f16=f16)
     exact = _exact(x, q, s)
     assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
+    y2 = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
+    assert ((y2.double() - exact).norm() / exact.norm()).item() < 1e-5
