@@ -128,7 +128,7 @@ def find_run(ref: str | None) -> RunDir:
     """A run by id, id prefix or recipe name; None means the latest live run."""
     runs = list_runs()
     if ref is None:
-        live = [r for r in runs if pid_alive(r.read_meta().pid)]
+        live = [r for r in runs if is_live(r)]
         if not live:
             raise UsageError("no running server found", hint="start one with `sparkit up`, or pass --url")
         return live[-1]
@@ -341,12 +341,12 @@ def launch(
 
     try:
         _wait_healthy(run, proc, plan, timeout, emit, t0)
-    except LaunchError:
+    except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
         stop(run, grace=5)
         raise
-    except BaseException:  # Ctrl-C or anything unexpected while waiting: leave nothing behind
-        stop(run, grace=5)
-        raise
+    finally:
+        # SGLang read its --config file at start; the key need not stay on disk.
+        (run.path / "secrets.yaml").unlink(missing_ok=True)
     meta = run.read_meta()
     meta.extra["state"] = "running"
     meta.extra["ready_s"] = round(time.monotonic() - t0, 2)

@@ -176,13 +176,21 @@ def test_api_key_reaches_the_engine_but_never_argv_or_plan(sparkit_home, stand_i
 
 def test_sglang_api_key_goes_through_a_private_config_file(sparkit_home, stand_in, monkeypatch):
     monkeypatch.setenv("MY_SPARKIT_KEY", "s3cret-value")
-    run = launch(make_plan(stand_in, engine="sglang", api_key_env="MY_SPARKIT_KEY"), timeout=60)
+    seen = {}
+
+    def look_at_the_file(event):  # while the engine starts, the key is in a private file
+        secrets = list(sparkit_home.glob("runs/*/secrets.yaml"))
+        if secrets and "mode" not in seen:
+            seen["mode"] = stat.S_IMODE(secrets[0].stat().st_mode)
+            seen["text"] = secrets[0].read_text()
+
+    run = launch(make_plan(stand_in, engine="sglang", api_key_env="MY_SPARKIT_KEY"), on_progress=look_at_the_file, timeout=60)
     try:
-        secrets = run.path / "secrets.yaml"
-        assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
-        assert 's3cret-value' in secrets.read_text()
+        assert seen["mode"] == 0o600
+        assert "s3cret-value" in seen["text"]
         assert "--config" in run.log_path.read_text()  # argv names the file, not the key
         assert "s3cret" not in run.plan_path.read_text()
+        assert not (run.path / "secrets.yaml").exists()  # removed once the engine is up
     finally:
         stop(run, grace=5)
 
