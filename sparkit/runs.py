@@ -12,6 +12,12 @@ A Run is a started server. Each has a directory under sparkit.paths.runs_dir():
 
 Other commands (chat, eval, bench, check) find a server with `resolve_server`:
 an explicit --url wins, else a run id / recipe name, else the latest live run.
+
+Lifecycle: `launch(plan)` builds the embedded models, starts the engine in its own
+process group (log in the run dir), follows its startup phase and waits for /health,
+and on any failure stops the group and raises LaunchError with a diagnosis;
+`stop(run)` sends SIGTERM to the group and SIGKILL after a grace period;
+`run_status`, `mark_stale`, `follow_log` serve `sparkit status | down | logs`.
 """
 
 from __future__ import annotations
@@ -135,7 +141,10 @@ def find_run(ref: str | None) -> RunDir:
     exact = [r for r in runs if r.id == ref]
     if exact:
         return exact[0]
-    matches = [r for r in runs if r.id.startswith(ref) or r.read_meta().recipe_name == ref]
+    matches = [
+        r for r in runs
+        if r.id.startswith(ref) or ref in (r.read_meta().recipe_name, r.read_meta().recipe_name.rsplit("/", 1)[-1])
+    ]
     if not matches:
         raise UsageError(f"no run matches {ref!r}", hint="`sparkit status` lists the runs")
     return matches[-1]

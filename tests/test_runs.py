@@ -242,3 +242,22 @@ def test_model_builds_report_progress_before_start(sparkit_home, stand_in, tiny_
     builds = [e for e in events if e.phase == "building model"]
     assert builds and builds[-1].fraction == 1.0 and "tiny-ling" in builds[-1].message
     assert events.index(builds[-1]) < [e.phase for e in events].index("starting")
+
+
+def test_find_run_by_id_prefix_and_recipe_name(sparkit_home, stand_in):
+    from sparkit.errors import UsageError
+
+    plan = make_plan(stand_in)
+    plan.recipe_name = "tiny/tiny-wrong-draft"
+    run = launch(plan, timeout=60)
+    try:
+        assert run.id.startswith("tiny-tiny-wrong-draft-")
+        assert find_run(run.id[:20]).id == run.id
+        assert find_run("tiny/tiny-wrong-draft").id == run.id
+        assert find_run("tiny-wrong-draft").id == run.id
+        with pytest.raises(UsageError):
+            find_run("no-such-run")
+    finally:
+        stop(run, grace=5)
+    with pytest.raises(UsageError, match="no running server"):
+        find_run(None)
