@@ -376,28 +376,38 @@ def _create_time(pid: int) -> float | None:
 def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float, emit: Callable[..., None], t0: float) -> None:
     import httpx
 
-    from sparkit.checks.evidence import detect_phase
+    from sparkit.checks.evidence import PHASES, detect_phase
 
     deadline = t0 + timeout
     key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    phase = "starting"
+    phase_index = 0
     last_emit = 0.0
-    with httpx.Client(base_url=plan.url, headers=headers, timeout=httpx.Timeout(3.0, connect=1.0)) as http:
+    last_line = ""
+    pending = ""  # a partial line at the end of what was read so far
+    with open(run.log_path, "r", errors="replace") as log, httpx.Client(
+        base_url=plan.url, headers=headers, timeout=httpx.Timeout(3.0, connect=1.0)
+    ) as http:
         while True:
             code = proc.poll()
             if code is not None:
                 raise _launch_failure(run, "the engine exited during start", code)
-            try:
-                text = run.log_path.read_text(errors="replace")
-            except OSError:
-                text = ""
-            new_phase = detect_phase(text)
+            # Read only what was appended: SGLang logs can grow large while it starts.
+            chunk = pending + log.read()
+            complete, _, pending = chunk.rpartition("\n")
             now = time.monotonic()
-            if new_phase != phase or now - last_emit >= 1.0:
-                phase = new_phase if new_phase != "ready" else "warming up"
-                lines = [line for line in text[-4000:].splitlines() if line.strip()]
-                emit(phase, lines[-1].strip()[:100] if lines else "")
+            for line in complete.splitlines():
+                if not line.strip():
+                    continue
+                last_line = line.strip()[:100]
+                # "ready" is reported once /health answers; the log line alone ends warm-up.
+                index = min(PHASES.index(detect_phase(line)), PHASES.index("warming up"))
+                if index > phase_index:  # every phase crossed is shown, in order
+                    phase_index = index
+                    emit(PHASES[phase_index], last_line)
+                    last_emit = now
+            if now - last_emit >= 1.0:
+                emit(PHASES[phase_index], last_line)
                 last_emit = now
             try:
                 if http.get("/health").status_code == 200:
