@@ -266,3 +266,20 @@ def test_find_run_by_id_prefix_and_recipe_name(sparkit_home, stand_in):
         stop(run, grace=5)
     with pytest.raises(UsageError, match="no running server"):
         find_run(None)
+
+
+def test_follow_log_streams_and_ends_when_the_engine_is_gone(sparkit_home, stand_in):
+    from sparkit.runs import follow_log
+
+    run = launch(make_plan(stand_in), timeout=60)
+    try:
+        seen = []
+        for line in follow_log(run, from_start=True):
+            seen.append(line)
+            if "fired up" in line:
+                break
+        assert any(line.startswith("[2026-11-29 10:00:01 TP0] Load weight begin") for line in seen)
+    finally:
+        stop(run, grace=5)
+    drained = list(follow_log(run, from_start=True))  # returns by itself: nothing is running
+    assert "The server is fired up and ready to roll!" in drained
