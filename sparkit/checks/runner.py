@@ -51,6 +51,9 @@ async def probe_generation(
                 if final is None:
                     continue
                 verify = final.spec_verify_ct
+                if not verify and final.accept_length and final.completion_tokens:
+                    # Only spec_accept_length in meta_info: recover the verify count it came from.
+                    verify = max(1, round(final.completion_tokens / final.accept_length))
                 result.requests.append(
                     ProbeRequest(
                         prompt=prompt,
