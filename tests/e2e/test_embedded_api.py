@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import shutil
 import time
 
@@ -375,7 +377,10 @@ def test_api_key_guards_everything_but_health(start_embedded_server):
     reply = _openai(server, api_key="sesame").chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert reply.usage.completion_tokens >= 1
     assert "sesame" not in httpx.get(server.url + "/server_info", headers={"Authorization": "Bearer sesame"}, timeout=30).text
-    assert server.stop() == 0  # SIGTERM: clean shutdown
+    assert server.stop() == 0  # SIGTERM: clean shutdown, exit 0
+    assert "Shutdown complete." in server.log()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.proc.pid, 0)  # nothing of its process group is left
 
 
 def test_corrupt_checkpoint_fails_the_start_naming_the_file(start_embedded_server, tiny_model_dir, tmp_path):
@@ -473,3 +478,5 @@ def test_wrong_draft_shows_in_accept_length(start_embedded_server, wrong_draft_m
     info = httpx.get(server.url + "/server_info", timeout=30).json()
     assert info["speculative_draft_model_path"] == str(wrong_draft_model_dir)
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(wrong)
+    os.killpg(server.proc.pid, signal.SIGINT)  # Ctrl-C in a foreground `sparkit up`
+    assert server.proc.wait(timeout=30) == 0

@@ -1054,7 +1054,12 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(state)
 
     def on_loaded(engine: Any) -> None:
-        log("server_args=" + json.dumps(state.server_args(), default=str))
+        resolved = state.server_args()
+        with state.metrics.lock:  # the engine's resolved values, not the flags' defaults
+            state.metrics.context_length = state.context_length
+            state.metrics.spec_steps = resolved.get("speculative_num_steps") or 0
+            state.metrics.spec_draft_tokens = resolved.get("speculative_num_draft_tokens") or 0
+        log("server_args=" + json.dumps(resolved, default=str))
         report = engine.activation_report()
         path = report.write()
         if path is not None:
