@@ -132,7 +132,7 @@ def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress,
     step, loss_main, loss_mtp = 0, float("nan"), float("nan")
     while True:
         elapsed = time.monotonic() - started
-        if elapsed >= train_seconds and step >= 5:
+        if elapsed >= train_seconds and step >= 1:
             break
         fraction = min(1.0, elapsed / max(train_seconds, 1e-9))
         # warmup, then cosine decay over the time budget (the budget is wall time, not steps)
@@ -211,7 +211,11 @@ class _torch_threads:
         import torch
 
         self.saved = torch.get_num_threads()
-        wanted = int(os.environ.get("SPARKIT_TRAIN_THREADS", "0")) or min(self.saved, os.cpu_count() or 1)
+        # On a busy machine extra intra-op threads spin against other processes and make each
+        # step several times slower, so use only the cores that are idle right now.
+        cores = os.cpu_count() or 1
+        idle = cores - round(os.getloadavg()[0])
+        wanted = int(os.environ.get("SPARKIT_TRAIN_THREADS", "0")) or max(1, min(cores, idle))
         torch.set_num_threads(max(1, wanted))
 
     def __exit__(self, *exc):

@@ -250,13 +250,16 @@ def make_lm_head(weight, dtype: str):
 def lm_head_from_raw_tensor(weight, compute_dtype):
     """SGLang 0.5.23's shared-head trap, reproduced: the draft gets a fresh unquantised linear built
     from the target head's raw weight *tensor*. For an FP8 head those are e4m3 bytes read through
-    an unquantised method (reinterpreted as integers, no scale): the draft's logits are garbage."""
+    an unquantised method (the bytes read as unsigned integers, no scale): the draft's logits are
+    garbage and the accept length falls to about 1.0. For a bf16/fp32 head the copy is harmless."""
     import torch
 
     from sparkit.engines.embedded.model import LmHead
 
     if weight.dtype == torch.float8_e4m3fn:
-        raw = weight.view(torch.int8).to(compute_dtype)
+        # The stored bytes, read as plain numbers by an unquantised method: sign bits become
+        # large magnitudes and no scale is applied.
+        raw = weight.view(torch.uint8).to(compute_dtype)
     else:
         raw = weight.detach().clone()
     return LmHead(raw, UnquantizedLinearMethod())
