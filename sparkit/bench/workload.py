@@ -85,6 +85,21 @@ def vocabulary_from_server(model_info: dict[str, Any], server_info: dict[str, An
     )
 
 
+def tokenizer_from_server(model_info: dict[str, Any], server_info: dict[str, Any]) -> Any | None:
+    """The served model's `tokenizers.Tokenizer` when the server names a local directory
+    holding tokenizer.json; None otherwise (a hub id, another machine)."""
+    for candidate in (model_info.get("tokenizer_path"), model_info.get("model_path"),
+                      server_info.get("tokenizer_path"), server_info.get("model_path")):
+        if candidate and (Path(str(candidate)) / "tokenizer.json").is_file():
+            try:
+                from tokenizers import Tokenizer  # lazy
+
+                return Tokenizer.from_file(str(Path(str(candidate)) / "tokenizer.json"))
+            except Exception:
+                continue
+    return None
+
+
 def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
     tokenizer_file = path / "tokenizer.json"
     if tokenizer_file.is_file():
