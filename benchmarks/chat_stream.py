@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-LIST_EVERY = int(os.environ.get("LIST_EVERY", "12"))
 WORDS = "the quick brown fox jumps over a lazy dog while speculative decoding commits several tokens".split()
 
 
-def synthetic_tokens(n: int) -> list[str]:
-    """Markdown-shaped text: paragraphs, a list and a fenced code block, one token per word."""
+def synthetic_tokens(n: int, list_every: int = 12) -> list[str]:
+    """Markdown-shaped text: paragraphs, a list and a fenced code block, one token per word.
+    list_every: a list item every N tokens in the list sections (0: no lists, prose and code only)."""
     out: list[str] = []
     i = 0
     while len(out) < n:
@@ -42,7 +42,7 @@ def synthetic_tokens(n: int) -> list[str]:
             out.append(f"x_{i} = {i}\n" if i % 6 == 0 else f"{word} ")
         elif section == 3 and i % 120 == 0:
             out.append("\n```\n\n")
-        elif section == 1 and i % LIST_EVERY == 0:
+        elif section == 1 and list_every and i % list_every == 0:
             out.append(f"\n- item {i}: ")
         elif i % 60 == 0:
             out.append("\n\n")
@@ -53,7 +53,7 @@ def synthetic_tokens(n: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the server
-async def _serve(port: int, rate: float, tokens_per_chunk: int) -> None:
+async def _serve(port: int, rate: float, tokens_per_chunk: int, list_every: int) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -88,7 +88,7 @@ async def _serve(port: int, rate: float, tokens_per_chunk: int) -> None:
     async def stream(writer: asyncio.StreamWriter, body: dict) -> None:
         n = int(body.get("max_tokens") or 1000)
         continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
-        pieces = synthetic_tokens(n)
+        pieces = synthetic_tokens(n, list_every)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n")
         await asyncio.sleep(0.02)  # a fixed "prefill"
         t0 = time.perf_counter()
@@ -132,11 +132,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(rate: float, tokens_per_chunk: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(rate: float, tokens_per_chunk: int, log: Path, list_every: int = 12) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, SYNTHETIC_LOG=str(log))
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--rate", str(rate), "--tokens-per-chunk", str(tokens_per_chunk)],
+        [sys.executable, __file__, "--serve", str(port), "--rate", str(rate), "--tokens-per-chunk", str(tokens_per_chunk),
+         "--list-every", str(list_every)],
         env=env, start_new_session=True,
     )
     deadline = time.monotonic() + 20
@@ -174,22 +175,26 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=3000, help="tokens per reply")
     parser.add_argument("--replies", type=int, default=3)
     parser.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens per SSE event (>1 mimics speculative chunks)")
+    parser.add_argument("--list-every", type=int, default=12,
+                        help="a list item every N tokens in list sections (0: prose and code only); lists cost Textual most")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.serve, args.rate, args.tokens_per_chunk))
+        asyncio.run(_serve(args.serve, args.rate, args.tokens_per_chunk, args.list_every))
         return
     os.environ.setdefault("SPARKIT_HOME", tempfile.mkdtemp(prefix="chat-bench-home-"))
     log = Path(tempfile.mkdtemp(prefix="chat-bench-log-")) / "sent.jsonl"
-    proc, url = start_server(args.rate, args.tokens_per_chunk, log)
+    proc, url = start_server(args.rate, args.tokens_per_chunk, log, args.list_every)
     try:
         results = asyncio.run(drive(url, args.tokens, args.replies))
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=10)
     sent = [json.loads(line) for line in log.read_text().splitlines()]
+    load = os.getloadavg()[0]
     print(f"synthetic SSE server: target {args.rate:.0f} tok/s, {args.tokens} tokens/reply, "
-          f"{args.tokens_per_chunk} token(s)/event, {args.replies} replies")
+          f"{args.tokens_per_chunk} token(s)/event, list item every {args.list_every or 'never'} tokens, "
+          f"{args.replies} replies; {os.cpu_count()} CPUs, load average {load:.1f} at the end")
     print(f"{'reply':>5} {'server sent tok/s':>18} {'app shows tok/s':>16} {'shown/true':>11} {'tokens shown':>13} {'last token -> final text on screen':>34}")
     ratios, latencies = [], []
     for k, ((reply, latency), s) in enumerate(zip(results, sent)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -197,6 +198,10 @@ class ChatApp(App):
         self._client = EngineClient(self.url, api_key=self.api_key)
         self._loop = asyncio.get_running_loop()
         self._app_context = contextvars.copy_context()
+        # The reader thread must get the GIL promptly to stamp arrivals while the UI thread
+        # renders Markdown (pure-Python work); 1 ms instead of CPython's 5 ms default.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.001)
         self._show_summary()
         self.query_one(MetricsBar).show_connection(self.connection_state, self.url)
         self.query_one("#prompt", Input).focus()
@@ -207,6 +212,7 @@ class ChatApp(App):
             self.call_later(self._poll_health)
 
     async def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
         if self._reader is not None:
             self._reader.stop()
         if self._client is not None:
@@ -395,7 +401,6 @@ class ChatApp(App):
             pass
         view.content = self._reply_text
         view.set_status(status, error=error, metrics=reply)
-        self.store.update_message(self._reply_message_id, content=self._reply_text, status=status, metrics=reply.to_dict())
         self.session.add(reply)
         self.finished_replies.append(reply)
         bar = self.query_one(MetricsBar)
@@ -407,12 +412,14 @@ class ChatApp(App):
             self._set_connection("offline")
         elif self.connection_state != "online" and status == "complete":
             self._set_connection("online")
-        self.call_after_refresh(self._painted, reply, view)
+        self.call_after_refresh(self._painted, reply, view, self._reply_message_id)
 
-    def _painted(self, reply: ReplyMetrics, view: MessageView) -> None:
+    def _painted(self, reply: ReplyMetrics, view: MessageView, message_id: int) -> None:
         # The streamed text is complete and painted: that is when the user has the final text.
         if reply.t_last is not None:
             self.display_latencies.append(time.perf_counter() - reply.t_last)
+        # Saved after the paint: a commit (fsync) must not delay the final text.
+        self.store.update_message(message_id, content=view.content, status=view.status, metrics=reply.to_dict())
         self.run_worker(self._full_update(view), group="markdown-final")
 
     async def _full_update(self, view: MessageView) -> None:
