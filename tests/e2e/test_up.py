@@ -174,11 +174,6 @@ def test_unshared_head_fails_shared_head_and_acceptance(sparkit_home, tiny_model
     assert psutil.pid_exists(doc["pid"])
     assert run_sparkit(sparkit_home, "down", "--all").returncode == 0
     assert wait_gone([doc["pid"]]) == []
-    if checks["acceptance"]["status"] == "pass":
-        # The embedded engine's "tensor" sharing mode gives the draft its own full-precision
-        # copy of the head, so it still drafts well; the trap (FP8 bytes read as bf16) is
-        # the engine's to reproduce. The check itself is proven to fail on ~1.0 above.
-        pytest.xfail(f"embedded engine: --draft-lm-head-sharing tensor keeps accept length at {checks['acceptance']['data']['accept_length']:.2f}")
     assert checks["acceptance"]["status"] == "fail"
     assert checks["acceptance"]["data"]["accept_length"] < 1.2
     assert "lm_head" in checks["acceptance"]["cause"]
