@@ -342,7 +342,8 @@ class EngineClient:
                             new_tokens, cumulative = running - counted, running
                         else:
                             new_tokens, cumulative = 1, counted + 1
-                        chunk = StreamChunk(t=now, text=delta, new_tokens=new_tokens, completion_tokens=cumulative)
+                        chunk = StreamChunk(t=now, text=delta, new_tokens=new_tokens, completion_tokens=cumulative,
+                                            meta={"usage": data["usage"]} if isinstance(running, int) else {})
                         chunks.append(chunk)
                         yield chunk
         except httpx.HTTPError as exc:

@@ -45,7 +45,7 @@ class StreamReader:
     """Reads one streamed reply in its own thread and event loop.
 
     Events land in a deque (thread-safe appends): ("start", t0), ("chunk", t, text,
-    new_tokens), then exactly one of ("done", Generation), ("stopped",), ("error", message).
+    new_tokens, counted_exactly), then exactly one of ("done", Generation), ("stopped",), ("error", message).
     `wake` is called from the reader thread when the reply ends.
     """
 
@@ -107,7 +107,7 @@ class StreamReader:
                     extra={"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **self.request_extra},
                 ):
                     if isinstance(item, StreamChunk):
-                        self.events.append(("chunk", item.t, item.text, item.new_tokens))
+                        self.events.append(("chunk", item.t, item.text, item.new_tokens, "usage" in item.meta))
                     elif isinstance(item, Generation):
                         self.events.append(("done", item))
         except asyncio.CancelledError:
@@ -347,7 +347,7 @@ class ChatApp(App):
                 while reader.events:
                     event = reader.events.popleft()
                     if event[0] == "chunk":
-                        reply.on_chunk(event[1], event[3])
+                        reply.on_chunk(event[1], event[3], counted_exactly=event[4])
                         pieces.append(event[2])
                     elif event[0] == "start":
                         reply.t_start = event[1]

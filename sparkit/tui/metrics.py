@@ -23,11 +23,14 @@ class ReplyMetrics:
     output_tokens: int = 0
     accept_length: float | None = None  # tokens per verify step; None when the server does not speculate
     exact: bool = False  # True once the server's usage count replaced the live chunk count
+    live_counts_exact: bool = True  # False when a chunk's token count was not reported (counted as 1)
     status: str = "streaming"  # streaming | done | stopped | error
 
-    def on_chunk(self, t: float, new_tokens: int) -> None:
+    def on_chunk(self, t: float, new_tokens: int, *, counted_exactly: bool = True) -> None:
         if new_tokens <= 0:
             return
+        if not counted_exactly:
+            self.live_counts_exact = False
         if self.t_first is None:
             self.t_first = t
         self.t_last = t
@@ -105,11 +108,14 @@ def format_reply(reply: ReplyMetrics | None, *, with_status: bool = True) -> str
     """One line for the metrics bar, e.g. '312.4 tok/s · TTFT 41 ms · 128 tok · accept 2.71'."""
     if reply is None:
         return "no reply yet"
-    speed = f"{reply.decode_tok_s:.1f} tok/s" if reply.decode_tok_s is not None else "– tok/s"
+    # While streaming without per-chunk usage, a chunk counts as one token: a lower bound.
+    bound = "≥" if reply.status == "streaming" and not reply.live_counts_exact else ""
+    speed = f"{bound}{reply.decode_tok_s:.1f} tok/s" if reply.decode_tok_s is not None else "– tok/s"
     ttft = f"TTFT {reply.ttft * 1000:.0f} ms" if reply.ttft is not None else "TTFT –"
-    tokens = f"{reply.output_tokens} tok"
-    accept = f"accept {reply.accept_length:.2f}" if reply.accept_length is not None else "accept n/a"
-    parts = [speed, ttft, tokens, accept]
+    tokens = f"{bound}{reply.output_tokens} tok"
+    parts = [speed, ttft, tokens]
+    if reply.status != "streaming":  # the accept length is known when the reply ends
+        parts.append(f"accept {reply.accept_length:.2f}" if reply.accept_length is not None else "accept n/a")
     if not with_status:
         pass
     elif reply.status == "streaming":

@@ -81,7 +81,7 @@ class MetricsBar(Horizontal):
 
     def show_session(self, series: list[float], mean: float | None, accept: float | None) -> None:
         self.query_one(Sparkline).data = list(series[-60:])
-        parts = [f"{len(series)} replies"]
+        parts = [f"{len(series)} repl{'y' if len(series) == 1 else 'ies'}"]
         if mean is not None:
             parts.append(f"mean {mean:.0f} tok/s")
         if accept is not None:

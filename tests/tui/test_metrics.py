@@ -66,6 +66,13 @@ def test_the_metrics_line_says_what_is_known():
     reply = ReplyMetrics(t_start=0, t_first=0.041, t_last=1.041, output_tokens=301, accept_length=2.71, status="done")
     assert format_reply(reply) == "300.0 tok/s · TTFT 41 ms · 301 tok · accept 2.71"
     waiting = ReplyMetrics(t_start=0)
-    assert format_reply(waiting) == "– tok/s · TTFT – · 0 tok · accept n/a · streaming…"
+    assert format_reply(waiting) == "– tok/s · TTFT – · 0 tok · streaming…"
+    # chunks whose token count the server did not report make the live figures lower bounds
+    live = ReplyMetrics(t_start=0)
+    live.on_chunk(0.1, 1, counted_exactly=False)
+    live.on_chunk(0.2, 1, counted_exactly=False)
+    assert format_reply(live) == "≥10.0 tok/s · TTFT 100 ms · ≥2 tok · streaming…"
+    live.settle(completion_tokens=7, accept_length=3.5, status="done")
+    assert format_reply(live) == "60.0 tok/s · TTFT 100 ms · 7 tok · accept 3.50"
     stopped = ReplyMetrics(t_start=0, t_first=0.1, t_last=0.2, output_tokens=3, status="stopped")
     assert format_reply(stopped).endswith("· stopped")
