@@ -726,10 +726,16 @@ def create_app(state: ServerState):
         )
 
     async def updates(job: Job):
-        """Yield the job's progress snapshots until it finishes; errors are raised."""
+        """Yield the job's progress snapshots until it finishes; errors are raised.
+
+        Snapshots are cumulative, so when the client reads slower than the engine
+        commits, the ones waiting are coalesced into the newest: fewer, larger chunks
+        instead of a backlog (and less work competing with the engine thread)."""
         try:
             while True:
                 item = await job.updates.get()
+                while not isinstance(item, BaseException) and not item.finished and not job.updates.empty():
+                    item = job.updates.get_nowait()
                 if isinstance(item, BaseException):
                     raise item
                 yield item
