@@ -62,9 +62,10 @@ CCR_CONFIGS = [
         (64, 256, 8, 4), (16, 512, 4, 4), (64, 512, 8, 2),
     ]
 ]
+PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2}
 PACKED_CONFIGS = [
     KernelConfig(kind, bn, bk, w, s)
-    for kind in ("pk", "pk16")
+    for kind in ("pk16", "pk16t")
     for bn, bk, w, s in [
         (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (64, 256, 4, 3),
         (64, 64, 4, 6), (128, 64, 4, 6), (256, 128, 8, 3),
@@ -228,28 +229,51 @@ def _fp8_tma_kernel(
 
 
 @triton.jit
+def _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K: tl.constexpr):
+    """Per activation row, the power of two e >= 0 with max|x| * 2^-e <= 4 (see _dot_fp16_rescaled)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    amax = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :],
+                     mask=(offs_m < M)[:, None] & ((k0 + offs_k) < K)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(xv.to(tl.float32)), axis=1))
+    return tl.maximum(tl.ceil(tl.log2(amax * 0.25)), 0.0)
+
+
+@triton.jit
 def _fp8_packed_kernel(
-    x_desc, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
+    x_desc, x_ptr, stride_xm, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, F16: tl.constexpr,
+    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
     # BLOCK_N * K bytes, which HBM serves far better than BLOCK_K-byte pieces of many rows.
+    # MODE 0: bf16 MMA. MODE 1: fp16 MMA, activations rescaled per tile (_dot_fp16_rescaled).
+    # MODE 2: fp16 MMA, one power of two per activation row found by a pre-scan of x (from L2),
+    # which keeps the MMAs chained on one accumulator.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
     row0 = pid_n * K_BLOCKS * BLOCK_N
+    offs_m = off_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if MODE == 2:
+        e = _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K)
+        inv = tl.exp2(-e)
     for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
         w = w_desc.load([row0 + kb * BLOCK_N, 0])
         xk = x_desc.load([off_m, kb * BLOCK_K])
-        if F16:
+        if MODE == 1:
             acc = _dot_fp16_rescaled(w, xk, acc)
+        elif MODE == 2:
+            xs = (xk.to(tl.float32) * inv[:, None]).to(tl.float16)
+            acc = tl.dot(w.to(tl.float16), tl.trans(xs), acc)
         else:
             acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
+    if MODE == 2:
+        acc = acc * tl.exp2(e)[None, :]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = off_m + tl.arange(0, BLOCK_M)
     s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
     acc = acc * s[:, None]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
@@ -299,7 +323,7 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 
 
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
-                      num_stages: int = 4, f16: bool = False):
+                      num_stages: int = 4, mode: int = 2):
     out_dtype = out_dtype or x.dtype
     n, k = packed.n, packed.k
     lead = x.shape[:-1]
@@ -319,10 +343,10 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
     _fp8_packed_kernel[grid](
-        x_desc, w_desc, packed.scale, out, m, n, k, out.stride(0),
+        x_desc, x2, x2.stride(0), w_desc, packed.scale, out, m, n, k, out.stride(0),
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        F16=f16, num_warps=num_warps,
+        MODE=mode, num_warps=num_warps,
     )
     return out.reshape(*lead, n)
 
@@ -393,7 +417,7 @@ def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None
     if isinstance(weight_fp8, PackedFp8Weight):
         cfg = config or KernelConfig("pk", weight_fp8.block_n, weight_fp8.block_k, 4, 4)
         return fp8_linear_packed(x, weight_fp8, out_dtype, num_warps=cfg.num_warps,
-                                 num_stages=cfg.num_stages, f16=cfg.kind == "pk16")
+                                 num_stages=cfg.num_stages, mode=PACKED_MODES[cfg.kind])
     out_dtype = out_dtype or x.dtype
     n, k = weight_fp8.shape
     lead = x.shape[:-1]

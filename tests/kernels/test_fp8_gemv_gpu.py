@@ -86,9 +86,9 @@ def test_a_corrupted_scale_is_detected(head):
     assert torch.allclose(y[:, 8].double(), exact[:, 8], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("f16", [False, True])
+@pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("m", [1, 3, 16, 17])
-def test_packed_weight_kernel_matches_and_round_trips(head, m, f16):
+def test_packed_weight_kernel_matches_and_round_trips(head, m, mode):
     from sparkit.kernels import fp8_gemv_triton as fk
 
     q, s = head
@@ -97,7 +97,7 @@ def test_packed_weight_kernel_matches_and_round_trips(head, m, f16):
     assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2, s)
     x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
     x[:, 5] = 2.0e5  # an outlier channel far beyond what fp16 holds without the 2^-8 prescale
-    y = fk.fp8_linear_packed(x, packed, torch.float32, f16=f16)
+    y = fk.fp8_linear_packed(x, packed, torch.float32, mode=mode)
     exact = _exact(x, q, s)
     assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
     y2 = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
