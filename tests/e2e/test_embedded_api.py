@@ -63,6 +63,14 @@ def test_startup_logs_activation_report_and_info(embedded_server):
     assert "Load weight end." in log and "type=TinyLingForCausalLM," in log
     assert "type=TinyLingForCausalLMNextN" in log
     assert "The server is fired up and ready to roll!" in log
+    assert "Online FP8 quantization enabled for lm_head." in log
+
+    from sparkit.checks.evidence import parse_log
+
+    evidence = parse_log(log)  # sparkit's own reader of SGLang's log lines reads these too
+    assert [w.model_class for w in evidence.weight_loads] == ["TinyLingForCausalLM", "TinyLingForCausalLMNextN"]
+    assert evidence.fp8_lm_head and evidence.ready
+    assert evidence.server_args["speculative_algorithm"] == "NEXTN"
     report = json.loads((embedded_server.report_dir / "activation-tp0.json").read_text())
     assert report["engine"] == "embedded"
     assert report["models"]["target"]["lm_head"]["weight_dtype"] == "float8_e4m3fn"
@@ -352,7 +360,7 @@ def test_decode_log_lines_and_gauges(embedded_server):
     assert _generate(embedded_server, body).json()["meta_info"]["completion_tokens"] == 400
     lines = [line for line in embedded_server.log().splitlines() if line.startswith("Decode batch.")]
     assert lines, "a 'Decode batch.' line every 40 decode steps"
-    match = re.search(r"#running-req: 1, #token: \d+, accept len: ([\d.]+), gen throughput \(token/s\): ([\d.]+)", lines[-1])
+    match = re.search(r"#running-req: 1, #token: \d+, accept len: ([\d.]+), accept rate: [\d.]+, gen throughput \(token/s\): ([\d.]+)", lines[-1])
     assert match, lines[-1]
     accept, throughput = float(match.group(1)), float(match.group(2))
     assert 1.0 <= accept <= 4.0 and throughput > 0

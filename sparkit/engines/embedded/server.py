@@ -497,7 +497,10 @@ class EngineWorker:
             window.proposed += step.num_proposed_drafts
         if window.steps >= DECODE_LOG_INTERVAL:
             throughput, accept = self.metrics.record_window(window)
-            accept_part = f"accept len: {accept:.2f}, " if accept is not None else ""
+            accept_part = ""
+            if accept is not None:
+                rate = (window.accepted / window.proposed) if window.proposed else 0.0
+                accept_part = f"accept len: {accept:.2f}, accept rate: {rate:.2f}, "
             log(
                 f"Decode batch. #running-req: 1, #token: {progress.prompt_tokens + progress.completion_tokens}, "
                 f"{accept_part}gen throughput (token/s): {throughput:.2f}, #queue-req: {self._jobs.qsize()}"
@@ -578,6 +581,8 @@ def load_engine(args: argparse.Namespace, served_name: str) -> Any:
     engine = EmbeddedEngine(EngineConfig(**values))
     for line in load_weight_end_lines(engine):
         log(line)
+    for note in engine.activation_report().notes:  # e.g. "Online FP8 quantization enabled for lm_head."
+        log(note)
     return engine
 
 
