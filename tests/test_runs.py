@@ -283,3 +283,21 @@ def test_follow_log_streams_and_ends_when_the_engine_is_gone(sparkit_home, stand
         stop(run, grace=5)
     drained = list(follow_log(run, from_start=True))  # returns by itself: nothing is running
     assert "The server is fired up and ready to roll!" in drained
+
+
+def test_cli_with_no_runs(sparkit_home):
+    import subprocess
+
+    env = {**os.environ, "SPARKIT_HOME": str(sparkit_home)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True, timeout=60)
+
+    status = cli("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["runs"] == []
+    down = cli("down")
+    assert down.returncode == 2 and "no running server found" in down.stderr and "Traceback" not in down.stderr
+    check = cli("check", "--url", "http://127.0.0.1:9")
+    assert check.returncode == 2 and "--recipe" in check.stderr
+    bad_port = cli("up", "--port", "http")
+    assert bad_port.returncode == 2 and "--port 'http'" in bad_port.stderr

@@ -97,8 +97,8 @@ def up(
     from sparkit.runs import free_port, stop
 
     _sigterm_as_interrupt()
-    loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
     wanted_port = _parse_port(port)
+    loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
     if wanted_port == "auto":
         wanted_port = free_port()
     plan = compile_plan(loaded, port=wanted_port)
