@@ -209,3 +209,28 @@ def test_metrics_render_is_parsable_with_sglang_names():
     assert values['sglang:time_to_first_token_seconds_bucket{model_name="tiny-ling",le="0.1"}'] == 1
     assert values["sglang:context_len"] == 512
     assert metrics.avg_spec_accept_length == pytest.approx(8 / 3)
+
+
+def test_launch_command_hides_the_api_key():
+    from sparkit.engines.embedded.server import _redacted_argv
+
+    assert _redacted_argv(["--port", "1", "--api-key", "s3cret", "--api-key=x"]) == ["--port", "1", "--api-key", "<redacted>", "--api-key=<redacted>"]
+
+
+def test_checkpoint_problems_name_the_file(tmp_path):
+    from sparkit.engines.embedded.server import CheckpointError, check_checkpoint
+
+    with pytest.raises(CheckpointError, match="not a directory"):
+        check_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match=str(tmp_path / "config.json")):
+        check_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text('{"vocab_size": 8}')
+    with pytest.raises(CheckpointError, match=str(tmp_path / "model.safetensors") + ": missing"):
+        check_checkpoint(tmp_path)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)  # 8 of 16 data bytes
+    with pytest.raises(CheckpointError, match="truncated"):
+        check_checkpoint(tmp_path)
+    weights.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 16)
+    assert check_checkpoint(tmp_path) == {"vocab_size": 8}
