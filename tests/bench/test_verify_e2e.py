@@ -1,0 +1,65 @@
+"""`verify` end to end: real embedded servers started from recipes through sparkit.runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkit.bench.verify import run_verify
+from sparkit.checks.results import Status
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+
+
+def checks_of(report):
+    return {c.name: c for c in report.checks}
+
+
+def test_mtp_on_versus_off_is_greedy_identical(tiny_model_dir):
+    model = f"model.path={tiny_model_dir}"
+    report = run_verify("tiny", "tiny", recipe_overrides=[model],
+                        against_overrides=[model, "stack.speculative=none"], num_prompts=3)
+    checks = checks_of(report)
+    assert report.rounding_changes == []
+    assert checks["greedy_outputs"].status == Status.PASS, checks["greedy_outputs"].detail
+    assert checks["greedy_outputs"].data["identical"] == 3
+    assert checks["accept_length"].status == Status.SKIP  # the baseline does not speculate
+    assert checks["state_pollution"].status == Status.PASS
+    assert report.passed
+    assert all(len(o["output_ids"]) == 256 for o in report.candidate["outputs"])
+
+
+def test_fp8_lm_head_versus_bf16_is_declared_rounding_changing_with_its_agreement(tiny_model_dir):
+    model = f"model.path={tiny_model_dir}"
+    report = run_verify("tiny", "tiny", recipe_overrides=[model],
+                        against_overrides=[model, "stack.lm_head=bf16"], num_prompts=4)
+    checks = checks_of(report)
+    assert report.rounding_changes == ["stack.lm_head: bf16 -> fp8"]
+    greedy = checks["greedy_outputs"]
+    assert "rounding-changing" in greedy.detail and greedy.status != Status.FAIL
+    # FP8 rounding flips a few argmaxes; given the same context nearly all tokens agree.
+    assert 0.8 <= greedy.data["teacher_forced_agreement"] <= 1.0
+    assert greedy.data["teacher_forced_positions"] == 4 * 256 // 16
+    accept = checks["accept_length"]
+    assert accept.status != Status.SKIP  # both speculate: judged (its verdict is in the report)
+    assert accept.data["baseline"] > 1.5 and accept.data["candidate"] > 1.5
+    assert checks["state_pollution"].status == Status.PASS
+
+
+def test_a_wrong_draft_fails_the_accept_length_gate_but_not_the_greedy_one(tiny_model_dir, wrong_draft_model_dir):
+    model = f"model.path={tiny_model_dir}"
+    report = run_verify("tiny-wrong-draft", "tiny",
+                        recipe_overrides=[model, f"stack.speculative.draft_model={wrong_draft_model_dir}"],
+                        against_overrides=[model], num_prompts=2, max_new_tokens=128)
+    checks = checks_of(report)
+    # Speculation never changes greedy output, even with a useless draft ...
+    assert checks["greedy_outputs"].status == Status.PASS
+    # ... but the accept length collapses and the gate says so.
+    assert checks["accept_length"].status == Status.FAIL
+    assert checks["accept_length"].data["candidate"] < checks["accept_length"].data["baseline"] - 0.5
+    assert not report.passed
