@@ -62,13 +62,13 @@ CCR_CONFIGS = [
         (64, 256, 8, 4), (16, 512, 4, 4), (64, 512, 8, 2),
     ]
 ]
-PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2}
+PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3}
 PACKED_CONFIGS = [
     KernelConfig(kind, bn, bk, w, s)
-    for kind in ("pk16", "pk16t")
+    for kind in ("pk16x", "pk16t")
     for bn, bk, w, s in [
-        (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (64, 256, 4, 3),
-        (64, 64, 4, 6), (128, 64, 4, 6), (256, 128, 8, 3),
+        (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (128, 128, 8, 5),
+        (128, 128, 8, 6), (256, 128, 8, 3), (256, 128, 8, 4), (128, 256, 8, 3),
     ]
 ]
 TMA16_CONFIGS = [
@@ -83,17 +83,12 @@ CC_CONFIGS = [
     ]
 ]
 
-# Measured choice per M (H200, N=157184, K=2560); M above the table uses the last entry.
-DEFAULT_TABLE: dict[int, KernelConfig] = {
-    1: KernelConfig("cc", 16, 256, 4, 3),
-    2: KernelConfig("dot", 128, 256, 8, 3),
-}
-_DEFAULT_DOT = KernelConfig("dot", 128, 256, 8, 3)
-
-
-# Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) gets bf16 tl.dot wrong;
-# an fp32 dot there is exact (the products of bf16 and e4m3 values fit in fp32). Compiled kernels convert directly.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Shipped choice (H200, N=157184, K=2560, benchmarks/fp8_lm_head.py --sweep): weights packed as
+# 128 x 128 tiles, read by the fp16 packed kernel; plain [N, K] tensors use the TMA fp16 kernel.
+PACK_BLOCK_N, PACK_BLOCK_K = 128, 128
+PACKED_DEFAULT = KernelConfig("pk16t", PACK_BLOCK_N, PACK_BLOCK_K, 8, 4)
+UNPACKED_DEFAULT = KernelConfig("tma16", 128, 128, 8, 4)
+FP32_DEFAULT = KernelConfig("cc", 16, 128, 4, 3)
 
 
 @triton.jit
@@ -241,8 +236,15 @@ def _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    e = _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K)
+    tl.store(e_ptr + offs_m, e, mask=offs_m < M)
+
+
+@triton.jit
 def _fp8_packed_kernel(
-    x_desc, x_ptr, stride_xm, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
+    x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
 ):
@@ -251,7 +253,8 @@ def _fp8_packed_kernel(
     # BLOCK_N * K bytes, which HBM serves far better than BLOCK_K-byte pieces of many rows.
     # MODE 0: bf16 MMA. MODE 1: fp16 MMA, activations rescaled per tile (_dot_fp16_rescaled).
     # MODE 2: fp16 MMA, one power of two per activation row found by a pre-scan of x (from L2),
-    # which keeps the MMAs chained on one accumulator.
+    # which keeps the MMAs chained on one accumulator. MODE 3: as 2, the powers of two computed
+    # once per call by _row_exponent_kernel instead of by every program.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -261,17 +264,20 @@ def _fp8_packed_kernel(
     if MODE == 2:
         e = _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K)
         inv = tl.exp2(-e)
+    if MODE == 3:
+        e = tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0)
+        inv = tl.exp2(-e)
     for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
         w = w_desc.load([row0 + kb * BLOCK_N, 0])
         xk = x_desc.load([off_m, kb * BLOCK_K])
         if MODE == 1:
             acc = _dot_fp16_rescaled(w, xk, acc)
-        elif MODE == 2:
+        elif MODE >= 2:
             xs = (xk.to(tl.float32) * inv[:, None]).to(tl.float16)
             acc = tl.dot(w.to(tl.float16), tl.trans(xs), acc)
         else:
             acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
-    if MODE == 2:
+    if MODE >= 2:
         acc = acc * tl.exp2(e)[None, :]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
@@ -297,7 +303,8 @@ class PackedFp8Weight:
         return (self.n, self.k)
 
 
-def pack_fp8_weight(weight_fp8, scale, block_n: int = 64, block_k: int = 128) -> PackedFp8Weight:
+def pack_fp8_weight(weight_fp8, scale, block_n: int = PACK_BLOCK_N,
+                    block_k: int = PACK_BLOCK_K) -> PackedFp8Weight:
     n, k = weight_fp8.shape
     n_pad = triton.cdiv(n, block_n) * block_n
     k_pad = triton.cdiv(k, block_k) * block_k
@@ -330,8 +337,12 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    if x2.dtype not in (torch.bfloat16, torch.float16):
+    if x2.dtype not in (torch.bfloat16, torch.float16) and not (mode >= 1 and x2.dtype == torch.float32):
         x2 = x2.to(torch.bfloat16)
+    if x2.data_ptr() % 16 or (k * x2.element_size()) % 16:
+        x2 = x2.clone()  # TMA needs 16-byte aligned rows; a fresh allocation is aligned
+        if (k * x2.element_size()) % 16:
+            raise ValueError(f"fp8_linear_packed needs K * itemsize divisible by 16 (K={k})")
     m = x2.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
@@ -342,8 +353,13 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
     w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
+    exps = x2  # unused unless mode 3
+    if mode == 3:
+        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+        _row_exponent_kernel[(triton.cdiv(m, block_m),)](
+            x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
     _fp8_packed_kernel[grid](
-        x_desc, x2, x2.stride(0), w_desc, packed.scale, out, m, n, k, out.stride(0),
+        x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
         MODE=mode, num_warps=num_warps,
@@ -406,16 +422,14 @@ def _fp8_ccr_kernel(
 def choose_config(m: int, x_dtype) -> KernelConfig:
     if x_dtype == torch.float32:
         # tl.dot on fp32 would round through tf32; the CUDA-core kernel stays exact in fp32.
-        return KernelConfig("cc", 16, 128, 4, 3)
-    if m in DEFAULT_TABLE:
-        return DEFAULT_TABLE[m]
-    return _DEFAULT_DOT
+        return FP32_DEFAULT
+    return UNPACKED_DEFAULT
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
     """y[..., N] = x[..., K] @ (weight_fp8 * scale[:, None]).T with fp32 accumulation."""
     if isinstance(weight_fp8, PackedFp8Weight):
-        cfg = config or KernelConfig("pk", weight_fp8.block_n, weight_fp8.block_k, 4, 4)
+        cfg = config or PACKED_DEFAULT
         return fp8_linear_packed(x, weight_fp8, out_dtype, num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages, mode=PACKED_MODES[cfg.kind])
     out_dtype = out_dtype or x.dtype

@@ -3,9 +3,12 @@
 API (stable; the Triton fast path is added behind it):
     quantize_fp8_per_row(weight) -> (weight_fp8 [N, K] float8_e4m3fn, scale [N] float32)
     fp8_linear(x [..., K], weight_fp8, scale, out_dtype=None) -> [..., N]
+    prepare_fp8_weight(weight_fp8, scale) -> PackedFp8Weight | None   (added; optional)
 
 On CPU (and where Triton is missing) the reference path dequantises in row
 chunks so that memory stays bounded; on CUDA a Triton kernel is used when present.
+For the full speed on CUDA, pack the weight once with prepare_fp8_weight (a tile-major
+re-layout, same bytes) and pass the packed weight as weight_fp8 (scale=None).
 """
 
 from __future__ import annotations
@@ -40,8 +43,27 @@ def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int =
     return out.reshape(*lead, n)
 
 
+def prepare_fp8_weight(weight_fp8, scale):
+    """The weight re-laid for the CUDA kernel (sparkit.kernels.fp8_gemv_triton.PackedFp8Weight),
+    or None where that kernel cannot run (CPU tensors, no Triton): then keep using the tensors."""
+    if not weight_fp8.is_cuda:
+        return None
+    try:
+        from sparkit.kernels import fp8_gemv_triton
+    except ImportError:
+        return None
+    return fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale)
+
+
 def fp8_linear(x, weight_fp8, scale, out_dtype=None):
-    """Dispatch: the Triton kernel on CUDA when available, else the reference path."""
+    """Dispatch: the Triton kernel on CUDA when available, else the reference path.
+
+    weight_fp8 is an [N, K] e4m3 tensor (with scale [N]) or a prepare_fp8_weight() result.
+    """
+    if not hasattr(weight_fp8, "dtype"):  # a packed weight: only the CUDA kernel reads it
+        from sparkit.kernels import fp8_gemv_triton
+
+        return fp8_gemv_triton.fp8_linear(x, weight_fp8, None, out_dtype=out_dtype)
     if x.is_cuda:
         try:
             from sparkit.kernels import fp8_gemv_triton  # noqa: F401  (added by the kernel work)

@@ -86,7 +86,7 @@ def test_a_corrupted_scale_is_detected(head):
     assert torch.allclose(y[:, 8].double(), exact[:, 8], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
 @pytest.mark.parametrize("m", [1, 3, 16, 17])
 def test_packed_weight_kernel_matches_and_round_trips(head, m, mode):
     from sparkit.kernels import fp8_gemv_triton as fk
@@ -102,3 +102,18 @@ def test_packed_weight_kernel_matches_and_round_trips(head, m, mode):
     assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
     y2 = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
     assert ((y2.double() - exact).norm() / exact.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("x_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("m", [1, 7, 16, 33])
+def test_shipped_path_prepare_then_linear(head, m, x_dtype):
+    """What the plugin and the embedded engine call: pack once, then fp8_linear(x, packed, None)."""
+    from sparkit.kernels.fp8_linear import fp8_linear, prepare_fp8_weight
+
+    q, s = head
+    packed = prepare_fp8_weight(q, s)
+    assert packed is not None and packed.shape == (5003, 2560)
+    x = torch.randn(m, 2560, device="cuda").to(getattr(torch, x_dtype))
+    y = fp8_linear(x, packed, None, out_dtype=torch.float32)
+    exact = _exact(x, q, s)
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
