@@ -1,0 +1,54 @@
+"""`tune` end to end on tiny-ling over NEXTN num_steps 1..4 (real servers via recipes + runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkit.bench.runner import BenchConfig
+from sparkit.bench.tune import run_tune
+from sparkit.recipes.load import load_recipe
+from sparkit.runs import find_run, pid_alive
+
+pytestmark = pytest.mark.e2e
+
+
+def test_tune_sweeps_depth_ranks_it_and_writes_a_new_recipe(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = BenchConfig(input_len=64, output_len=64, num_prompts=4, warmup=1)
+    out = tmp_path / "sweep.json"
+    doc = run_tune("tiny", ["speculative.num_steps=1,2,3,4"], config, out_path=out,
+                   base_overrides=[f"model.path={tiny_model_dir}"], write_recipe_dir=tmp_path)
+
+    points = doc["points"]
+    assert [p["values"]["speculative.num_steps"] for p in points] == ["1", "2", "3", "4"]
+    assert all(p["status"] == "done" for p in points), [p["error"] for p in points]
+    accept = [p["figures"]["accept_length_mean"] for p in points]
+    assert accept[3] > accept[0] > 1.0  # deeper drafts commit more tokens per step
+    for p in points:  # each point's own bench result is on disk
+        bench = json.loads(open(p["bench_file"]).read())
+        assert bench["server"]["server_args"]["speculative_num_steps"] == int(p["values"]["speculative.num_steps"])
+
+    ranking = doc["ranking"]
+    assert sorted(ranking["order"]) == [0, 1, 2, 3]
+    # Either a depth is measurably better than num_steps 1, or the sweep says honestly that none is.
+    if ranking["measurably_better"]:
+        assert "is measurably better than num_steps=1" in ranking["verdict"]
+        assert ranking["tpot_gain_ms"] > ranking["noise_ms"]
+    else:
+        assert "measurably better" in ranking["verdict"] and ranking["verdict"].startswith(("no point", "none of", "num_steps"))
+
+    best = points[ranking["best"]]
+    tuned = load_recipe(doc["best_recipe"])
+    assert tuned.recipe.stack.speculative.num_steps == int(best["values"]["speculative.num_steps"])
+    assert json.loads(out.read_text())["complete"] is True
+    for p in points:  # every server it started is gone
+        run_id = json.loads(open(p["bench_file"]).read())["server"]["run_id"]
+        assert not pid_alive(find_run(run_id).read_meta().pid)
+
+    # Re-running the same sweep keeps what was measured and starts nothing.
+    again = run_tune("tiny", ["speculative.num_steps=1,2,3,4"], config, out_path=out,
+                     base_overrides=[f"model.path={tiny_model_dir}"], write_recipe_dir=tmp_path)
+    assert [p["figures"] for p in again["points"]] == [p["figures"] for p in points]
+    assert again["best_recipe"] != doc["best_recipe"]  # a new file again, never an overwrite
