@@ -71,3 +71,37 @@ def test_bench_without_speculation_reports_no_accept_length(start_embedded_serve
     figures = json.loads(done.stdout)["summary"]["figures"]
     assert figures["accept_length_mean"] is None
     assert figures["step_time_estimate_ms"] == pytest.approx(figures["tpot_mean_ms"])  # accept length 1
+
+
+def bench_cli(url: str, out, *extra: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "bench", "--url", url, "--out", str(out), "--json", *extra],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_finished_run_is_kept_and_rerunning_resumes_instead_of_measuring_again(embedded_server, tmp_path):
+    out = tmp_path / "r.json"
+    args = ("--input-len", "32", "--output-len", "16", "--num-prompts", "2", "--repeats", "2", "--warmup", "0")
+    first = bench_cli(embedded_server.url, out, *args)
+    assert first["summary"]["repeats"] == 2 and len(first["summary"]["per_repeat"]["tpot_mean_ms"]) == 2
+    before = server_counters(embedded_server.url)
+    again = bench_cli(embedded_server.url, out, *args)
+    assert server_counters(embedded_server.url)["generated"] == before["generated"]  # nothing re-measured
+    assert again["repeats"] == first["repeats"]
+    # A different setting is a different benchmark: measured afresh.
+    third = bench_cli(embedded_server.url, out, "--input-len", "32", "--output-len", "8", "--num-prompts", "1", "--warmup", "0")
+    assert third["repeats"][0]["metrics"]["total_output_tokens"] == 8
+
+
+def test_prompts_from_a_file_are_sent_as_text(embedded_server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hello there, "}) + "\n" + json.dumps({"prompt": "The sea is "}) + "\n")
+    doc = bench_cli(embedded_server.url, tmp_path / "f.json", "--dataset", str(prompts), "--output-len", "12",
+                    "--num-prompts", "3", "--warmup", "0")
+    assert doc["workload"]["synthetic"] is False
+    requests = doc["repeats"][0]["requests"]
+    assert len(requests) == 3 and all(r["output_tokens"] == 12 for r in requests)
+    assert requests[0]["prompt_tokens"] == len("Hello there, ")  # tiny-ling's byte tokenizer

@@ -1,0 +1,52 @@
+"""Workloads: exact-length random ids from the vocabulary, GSM8K and prompt files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import GSM8K_DIR
+from sparkit.bench.workload import Vocabulary, build_workload, file_prompts, gsm8k_prompts, random_prompts
+from sparkit.errors import DataError, UsageError
+
+
+def test_random_prompts_have_exact_length_avoid_specials_and_repeat_with_the_seed():
+    vocab = Vocabulary(size=10, special_ids=frozenset({0, 9}))
+    a = random_prompts(vocab, count=3, input_len=50, seed=1)
+    assert [len(p.input_ids) for p in a] == [50, 50, 50]
+    assert all(1 <= i <= 8 for p in a for i in p.input_ids)
+    assert [p.input_ids for p in a] == [p.input_ids for p in random_prompts(vocab, 3, 50, seed=1)]
+    assert a[0].input_ids != random_prompts(vocab, 3, 50, seed=2)[0].input_ids
+
+
+def test_random_workload_needs_a_vocabulary_and_sane_lengths():
+    with pytest.raises(DataError):
+        build_workload("random", count=1, input_len=8, output_len=8, seed=0, vocabulary=None)
+    with pytest.raises(UsageError, match="--output-len"):
+        build_workload("random", count=1, input_len=8, output_len=0, seed=0, vocabulary=Vocabulary(5))
+
+
+@pytest.mark.skipif(not (GSM8K_DIR / "test.jsonl").exists(), reason="GSM8K data not present")
+def test_gsm8k_prompts_are_questions_from_the_test_file():
+    prompts = gsm8k_prompts(GSM8K_DIR / "test.jsonl", count=5, seed=0)
+    assert len(prompts) == 5 and all(p.text.startswith("Question: ") and p.text.endswith("Answer:") for p in prompts)
+
+
+def test_prompt_file_lines_cycle_to_the_requested_count(tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text("one\n\ntwo\n")
+    assert [p.text for p in file_prompts(path, 3)] == ["one", "two", "one"]
+
+
+def test_a_bad_prompt_file_names_the_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"answer": 3}) + "\n")
+    with pytest.raises(DataError, match="line 2"):
+        file_prompts(path, 2)
+    broken = tmp_path / "b.jsonl"
+    broken.write_text("{not json\n")
+    with pytest.raises(DataError, match="b.jsonl:1"):
+        file_prompts(broken, 1)
+    with pytest.raises(DataError, match="no such prompt file"):
+        file_prompts(tmp_path / "missing.jsonl", 1)
