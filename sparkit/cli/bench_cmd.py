@@ -28,7 +28,15 @@ class _BenchGroup(TyperGroup):
             click.Command.parse_args(self, ctx, [])
             ctx._protected_args, ctx.args = args[:1], args[1:]  # what Group.parse_args sets
             return ctx.args
-        return super().parse_args(ctx, args)
+        # `bench RUN --input-len 5`: options may follow RUN, as for a plain command.
+        ctx.allow_interspersed_args = True
+        click.Command.parse_args(self, ctx, args)
+        if ctx.args:
+            from sparkit.errors import UsageError
+
+            raise UsageError(f"sparkit bench: unexpected argument(s): {' '.join(ctx.args)}",
+                             hint="bench takes one RUN (or --url); `sparkit bench compare A.json B.json` compares results")
+        return ctx.args
 
 
 bench_app = typer.Typer(

@@ -105,3 +105,26 @@ def test_prompts_from_a_file_are_sent_as_text(embedded_server, tmp_path):
     requests = doc["repeats"][0]["requests"]
     assert len(requests) == 3 and all(r["output_tokens"] == 12 for r in requests)
     assert requests[0]["prompt_tokens"] == len("Hello there, ")  # tiny-ling's byte tokenizer
+
+
+def test_bench_a_run_by_id_records_its_recipe(tiny_model_dir, tmp_path, monkeypatch):
+    from sparkit import runs
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    plan = compile_plan(load_recipe("tiny", [f"model.path={tiny_model_dir}"]), port=runs.free_port())
+    run = runs.launch(plan, timeout=180)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sparkit", "bench", run.id, "--input-len", "16", "--output-len", "8",
+             "--num-prompts", "1", "--warmup", "0", "--out", str(tmp_path / "run.json"), "--json"],
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        runs.stop(run)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["server"]["run_id"] == run.id and doc["server"]["url"] == plan.url
+    assert doc["recipe"]["stack"]["lm_head"] == "fp8"
+    assert doc["recipe"]["stack"]["speculative"]["num_steps"] == 3

@@ -61,3 +61,10 @@ def test_tune_rejects_a_malformed_param_before_starting_anything():
     done = sparkit("tune", "tiny", "--param", "speculative.num_steps")
     assert done.returncode == 2
     assert "KEY=VALUE" in done.stderr
+
+
+def test_bench_takes_options_after_the_run_and_refuses_extra_arguments():
+    done = sparkit("bench", "no-such-run", "--num-prompts", "1")
+    assert done.returncode == 2 and "no run matches 'no-such-run'" in done.stderr
+    done = sparkit("bench", "a", "b")
+    assert done.returncode == 2 and "unexpected argument" in done.stderr
