@@ -112,9 +112,7 @@ class ServerPanel(VerticalScroll):
             text.append("recipe: ", style="bold")
             text.append(f"{summary.recipe or '(unknown)'}\n")
             text.append(f"from {summary.source}\n", style="dim")
-            for label, value in summary.facts:
-                text.append(f"{label}: ", style="bold")
-                text.append(f"{value}\n")
+            # The checks first: whether the optimisations are active is what this panel is for.
             text.append("\nstartup checks\n", style="bold")
             if not summary.checks:
                 text.append(f"{summary.checks_note or 'none recorded'}\n", style="dim")
@@ -126,6 +124,10 @@ class ServerPanel(VerticalScroll):
                 text.append(f" {check.status}\n", style=style)
                 if check.status in ("fail", "warn") and check.detail:
                     text.append(f"  {check.detail}\n", style="dim")
+            text.append("\n")
+            for label, value in summary.facts:
+                text.append(f"{label}: ", style="bold")
+                text.append(f"{value}\n")
         self.query_one("#server-text", Static).update(text)
 
 
