@@ -116,4 +116,6 @@ def test_shipped_path_prepare_then_linear(head, m, x_dtype):
     x = torch.randn(m, 2560, device="cuda").to(getattr(torch, x_dtype))
     y = fp8_linear(x, packed, None, out_dtype=torch.float32)
     exact = _exact(x, q, s)
-    assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-5
+    # bf16 activations are exact in the kernel's fp16 MMA; fp32 ones are rounded to fp16 (2^-11).
+    tol = 1e-5 if x_dtype == "bfloat16" else 1e-3
+    assert ((y.double() - exact).norm() / exact.norm()).item() < tol
