@@ -129,7 +129,8 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * inner, bias=False)
         self.o_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
 
-    def forward(self, x, rope: RotaryEmbedding, cache: KVCache | None = None, layer: int = 0, start: int = 0):
+    def forward(self, x, rope: RotaryEmbedding, cache: KVCache | None = None, layer: int = 0, start: int = 0, last_only: bool = False):
+        """last_only: write K/V for every position but attend for the last query only."""
         B, T, _ = x.shape
         q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = rope(q, start), rope(k, start)
@@ -142,6 +143,8 @@ class Attention(nn.Module):
             cache.k[layer, :, :, start:end] = k
             cache.v[layer, :, :, start:end] = v
             keys, values = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
+            if last_only and T > 1:
+                q, T = q[:, :, -1:], 1
             if T == 1:
                 out = F.scaled_dot_product_attention(q, keys, values)
             else:
@@ -238,11 +241,14 @@ class MoE(nn.Module):
                 y = torch.bmm(wd, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [k, H]
                 out = out + topw @ y
             else:
+                # Every picked expert on every token (tiny matmuls), then keep what the router chose
+                # through a [experts, tokens] weight matrix: fewer ops than gathering per slot.
+                gate, up = torch.matmul(wgu, flat.T).chunk(2, dim=1)  # [u, I, n]
+                y = torch.matmul(wd, F.silu(gate) * up)  # [u, H, n]
                 slot_token = torch.arange(n, device=x.device).repeat_interleave(k)
-                gate, up = torch.matmul(wgu, flat.T)[slot_expert, :, slot_token].chunk(2, dim=-1)  # [n*k, I]
-                act = F.silu(gate) * up
-                y = torch.matmul(wd, act.T)[slot_expert, :, torch.arange(n * k, device=x.device)]  # [n*k, H]
-                out = out + (y.view(n, k, H) * topw.unsqueeze(-1)).sum(dim=1)
+                route = torch.zeros(uniq.numel(), n, dtype=y.dtype, device=x.device)
+                route.index_put_((slot_expert, slot_token), topw.reshape(-1), accumulate=True)
+                out = out + torch.einsum("uhn,un->nh", y, route)
         else:
             for e in range(self.num_experts):
                 token_idx, slot = (topi == e).nonzero(as_tuple=True)
@@ -267,8 +273,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg)
 
-    def forward(self, x, rope, cache=None, layer=0, start=0):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start)
+    def forward(self, x, rope, cache=None, layer=0, start=0, last_only=False):
+        attn = self.self_attn(self.input_layernorm(x), rope, cache, layer, start, last_only)
+        x = (x[:, -1:] if last_only else x) + attn
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -298,10 +305,12 @@ class NextNLayer(nn.Module):
         self.decoder = DecoderLayer(cfg)
         self.shared_head_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, hidden, next_embeds, rope, cache=None, start=0):
-        """hidden[t] (target hidden at t) + embedding of token t+1 -> MTP hidden at t (pre-norm)."""
+    def forward(self, hidden, next_embeds, rope, cache=None, start=0, last_only=False):
+        """hidden[t] (target hidden at t) + embedding of token t+1 -> MTP hidden at t (pre-norm).
+        last_only: fill the KV cache for all positions, compute the output for the last one only
+        (a single layer's K/V depend only on its input, so the rest of the layer can be skipped)."""
         x = self.eh_proj(torch.cat((self.enorm(next_embeds), self.hnorm(hidden)), dim=-1))
-        return self.decoder(x, rope, cache, 0, start)
+        return self.decoder(x, rope, cache, 0, start, last_only)
 
 
 class TinyLingForCausalLM(nn.Module):
@@ -342,8 +351,8 @@ class TinyLingForCausalLMNextN:
     def __init__(self, nextn: NextNLayer, embed_tokens: nn.Embedding, lm_head: nn.Module, rope: RotaryEmbedding, config: TinyLingConfig):
         self.nextn, self.embed_tokens, self.lm_head, self.rope, self.config = nextn, embed_tokens, lm_head, rope, config
 
-    def forward_hidden(self, hidden, next_ids, cache: KVCache | None = None, start: int = 0):
-        return self.nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start)
+    def forward_hidden(self, hidden, next_ids, cache: KVCache | None = None, start: int = 0, last_only: bool = False):
+        return self.nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start, last_only)
 
     def logits(self, mtp_hidden):
         return self.lm_head(self.nextn.shared_head_norm(mtp_hidden))

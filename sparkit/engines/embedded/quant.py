@@ -132,7 +132,8 @@ class ExpertWeights:
         return tuple(self.weight.shape)
 
     def select(self, idx):
-        return self.weight[idx].to(self.compute_dtype)
+        # index_select, not fancy indexing: several times faster for a few experts on CPU
+        return torch_index_select(self.weight, idx).to(self.compute_dtype)
 
     def dense(self, e: int):
         return self.weight[e].to(self.compute_dtype)
@@ -162,7 +163,7 @@ class Fp8ExpertWeights(ExpertWeights):
         self._shape = tuple(weight.shape)
 
     def select(self, idx):
-        return dequantize_fp8(self.weight[idx], self.scale[idx], self.compute_dtype)
+        return dequantize_fp8(torch_index_select(self.weight, idx), torch_index_select(self.scale, idx), self.compute_dtype)
 
     def dense(self, e: int):
         return dequantize_fp8(self.weight[e], self.scale[e], self.compute_dtype)
@@ -186,13 +187,19 @@ class Mxfp4ExpertWeights(ExpertWeights):
         return self._shape
 
     def select(self, idx):
-        return dequantize_mxfp4(self.packed[idx], self.scales[idx], self.compute_dtype)
+        return dequantize_mxfp4(torch_index_select(self.packed, idx), torch_index_select(self.scales, idx), self.compute_dtype)
 
     def dense(self, e: int):
         return dequantize_mxfp4(self.packed[e], self.scales[e], self.compute_dtype)
 
     def tensors(self) -> dict:
         return {"packed": self.packed, "scales": self.scales}
+
+
+def torch_index_select(tensor, idx):
+    import torch
+
+    return torch.index_select(tensor, 0, idx)
 
 
 def make_expert_weights(weight, fmt: str, compute_dtype) -> ExpertWeights:

@@ -98,8 +98,8 @@ class NextnDrafter:
         """Run the NextN layer over committed positions start.. with the target's hidden states
         [1, n, H] and the ids of the tokens that follow them [1, n]."""
         self.cache.truncate(min(self.cache.length, start))
-        out = self.draft.forward_hidden(target_hidden, next_ids, self.cache, start)
-        self.cache.length = start + out.shape[1]
+        out = self.draft.forward_hidden(target_hidden, next_ids, self.cache, start, last_only=True)
+        self.cache.length = start + next_ids.shape[1]
         self.next_hidden = out[:, -1:]
         self.next_logits = self.draft.logits(self.next_hidden)[0, -1]
 

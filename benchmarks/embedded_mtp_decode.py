@@ -1,0 +1,121 @@
+"""Decode speed of tiny-ling on the embedded engine, with and without NEXTN MTP.
+
+Same prompts (from the tiny corpus), greedy, ignore_eos, fixed output length; the two engines
+run interleaved (A B, then B A, ...) in one process so that machine load hits both alike.
+Decode tok/s counts the tokens after the first one over the time after the first one (prefill
+excluded). Prints the accept length, both tok/s and the ratio, and the load average.
+
+    python benchmarks/embedded_mtp_decode.py [--model-path DIR] [--num-steps 3] [--repeats 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def decode_run(engine, ids, params):
+    from sparkit.engines.embedded.api import SamplingParams  # noqa: F401
+
+    started = time.perf_counter()
+    first_at = None
+    tokens = 0
+    verify_steps = verify_tokens = 0
+    for step in engine.generate(ids, params, lambda: False):
+        if first_at is None and step.token_ids:
+            first_at = time.perf_counter()
+            tokens_at_first = tokens + len(step.token_ids)
+        tokens += len(step.token_ids)
+        if step.verify_step:
+            verify_steps += 1
+            verify_tokens += len(step.token_ids)
+    ended = time.perf_counter()
+    return {"tokens": tokens, "decode_tokens": tokens - tokens_at_first, "decode_s": ended - first_at, "e2e_s": ended - started,
+            "verify_steps": verify_steps, "verify_tokens": verify_tokens}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", help="tiny-ling checkpoint (default: build/reuse the cached one)")
+    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--expert-weights", default="bf16", choices=["fp32", "bf16", "fp8", "mxfp4"])
+    parser.add_argument("--lm-head-dtype", default="fp8", choices=["fp32", "bf16", "fp8"])
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the machine is shared)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from sparkit.engines.embedded.api import SamplingParams
+    from sparkit.engines.embedded.builder import ensure_model
+    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
+    from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
+
+    path = args.model_path or str(ensure_model(progress=lambda f, m: print(f"[build {f:.0%}] {m}", file=sys.stderr)))
+    common = dict(model_path=path, expert_weights=args.expert_weights, lm_head_dtype=args.lm_head_dtype, device="cpu")
+    engines = {
+        "plain": EmbeddedEngine(EngineConfig(**common)),
+        "mtp": EmbeddedEngine(EngineConfig(**common, speculative_algorithm="NEXTN", speculative_num_steps=args.num_steps)),
+    }
+    tokenizer = engines["plain"].tokenizer
+    prompts = [prompt_ids(tokenizer, p) for p in sample_prompts(args.prompts, seed=2024)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    load_before = os.getloadavg()
+    # warm-up (first-call allocations, lazy imports)
+    for engine in engines.values():
+        decode_run(engine, prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
+
+    results = {name: [] for name in engines}
+    order = list(engines)
+    for repeat in range(args.repeats):
+        for i, ids in enumerate(prompts):
+            for name in order if (repeat + i) % 2 == 0 else order[::-1]:
+                results[name].append(decode_run(engines[name], ids, params))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    load_after = os.getloadavg()
+
+    def summary(runs):
+        tok_s = sum(r["decode_tokens"] for r in runs) / sum(r["decode_s"] for r in runs)
+        per_run = [r["decode_tokens"] / r["decode_s"] for r in runs]
+        out = {"decode_tok_s": round(tok_s, 1), "per_run_median_tok_s": round(statistics.median(per_run), 1), "runs": len(runs)}
+        if any(r["verify_steps"] for r in runs):
+            out["accept_length"] = round(sum(r["verify_tokens"] for r in runs) / sum(r["verify_steps"] for r in runs), 3)
+        return out
+
+    report = {
+        "model_path": path,
+        "num_steps": args.num_steps,
+        "expert_weights": args.expert_weights,
+        "lm_head_dtype": args.lm_head_dtype,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+        "plain": summary(results["plain"]),
+        "mtp": summary(results["mtp"]),
+    }
+    report["speedup"] = round(report["mtp"]["decode_tok_s"] / report["plain"]["decode_tok_s"], 3)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"tiny-ling decode on CPU ({args.threads} thread(s), {os.cpu_count()} cores, load {load_before[0]:.1f} -> {load_after[0]:.1f}); "
+              f"experts {args.expert_weights}, lm_head {args.lm_head_dtype}; {args.prompts} prompts x {args.repeats}, {args.max_new_tokens} tokens")
+        print(f"  plain         : {report['plain']['decode_tok_s']:8.1f} tok/s")
+        print(f"  NEXTN {args.num_steps}/1/{args.num_steps + 1}  : {report['mtp']['decode_tok_s']:8.1f} tok/s   accept length {report['mtp']['accept_length']:.2f}")
+        print(f"  ratio         : {report['speedup']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
