@@ -95,8 +95,8 @@ def render_bench(doc: dict[str, Any]) -> None:
     n = summary.get("repeats", 0)
     workload = doc.get("workload") or {}
     table = Table(title=f"bench: {workload.get('description', '')}", title_justify="left")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
+    table.add_column("figure", overflow="fold")
+    table.add_column("value", justify="right", no_wrap=True)
     table.add_column("unit")
     if n > 1:
         table.add_column(f"stdev over {n} repeats", justify="right")
@@ -189,11 +189,12 @@ def compare(
         return
     table = Table(title=f"A = {comparison.a_label} ({comparison.a_repeats} repeats), B = {comparison.b_label} ({comparison.b_repeats} repeats)", title_justify="left")
     for column in ("figure", "A", "B", "B/A", "noise (+-)", "verdict"):
-        table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
+        table.add_column(column, justify="left" if column in ("figure", "verdict") else "right",
+                         no_wrap=column != "figure", overflow="fold")
     colours = {"better": "green", "worse": "red"}
     for f in comparison.figures:
         verdict = f"[{colours[f.verdict]}]{f.verdict}[/]" if f.verdict in colours else f.verdict
-        table.add_row(f"{f.key} ({f.unit})", _fmt(f.a), _fmt(f.b), _fmt(f.ratio, 3), _fmt(f.noise, 3), verdict)
+        table.add_row(f.key, _fmt(f.a), _fmt(f.b), _fmt(f.ratio, 3), _fmt(f.noise, 3), verdict)
     console().print(table)
     for note in comparison.notes:
         console().print(f"note: {note}")
