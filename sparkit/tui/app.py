@@ -37,6 +37,7 @@ from sparkit.tui.server_summary import ServerSummary, merge, summarize_run, summ
 from sparkit.tui.settings import ChatSettings
 from sparkit.tui.widgets import HistoryScreen, MessageView, MetricsBar, ServerPanel, SettingsScreen
 
+LIVE_REPLIES = 1  # the newest replies stay Markdown widgets; older ones are settled (MessageView.settle)
 RENDER_INTERVAL_S = 0.05  # at most 20 screen updates a second while streaming
 ONLINE_POLL_S = 10.0  # /health every 10 s while connected (SGLang's /health runs a 1-token generate)
 
@@ -427,7 +428,13 @@ class ChatApp(App):
         # by it; incremental appends re-parse only the last block, the full update fixes any
         # block boundary they saw differently.
         await view.markdown.update(view.content)
+        await self._settle_older_replies()
         self.reply_finished.set()
+
+    async def _settle_older_replies(self) -> None:
+        replies = [v for v in self.message_views() if v.role == "assistant" and v.status != "streaming"]
+        for view in replies[:-LIVE_REPLIES]:
+            await view.settle()
 
     # -- actions ----------------------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -474,12 +481,16 @@ class ChatApp(App):
         await view.remove_children()
         views = []
         last: ReplyMetrics | None = None
+        assistant_left = sum(1 for m in conversation.messages if m.role == "assistant")
         for message in conversation.messages:
+            if message.role == "assistant":
+                assistant_left -= 1
             metrics = ReplyMetrics.from_dict(message.metrics) if message.metrics else None
             if metrics is not None:
                 self.session.add(metrics)
                 last = metrics
-            views.append(MessageView(message.role, message.content, status=message.status, metrics=metrics))
+            views.append(MessageView(message.role, message.content, status=message.status, metrics=metrics,
+                                     settled=message.role == "assistant" and assistant_left >= LIVE_REPLIES))
         await view.mount_all(views)
         for v in views:
             if v.status in ("stopped", "interrupted"):
@@ -497,7 +508,7 @@ class ChatApp(App):
         return None
 
     def _view_text(self, view: MessageView) -> str:
-        return view.markdown.source if view.role == "assistant" else view.content
+        return view.markdown.source if view.role == "assistant" and not view.settled else view.content
 
     def _copy(self, text: str, what: str) -> None:
         self.copy_to_clipboard(text)  # OSC 52

@@ -28,9 +28,18 @@ STATUS_MARKS = {
 class MessageView(Vertical):
     """One message: a role line (with the reply's status and figures) and its text."""
 
-    def __init__(self, role: str, content: str = "", *, status: str = "complete", metrics: ReplyMetrics | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        content: str = "",
+        *,
+        status: str = "complete",
+        metrics: ReplyMetrics | None = None,
+        settled: bool = False,
+    ) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
+        self.settled = settled
         self.content = content
         self.status = status
         self.metrics = metrics
@@ -38,7 +47,9 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(self._label_text(), classes="role", markup=False)
-        if self.role == "assistant":
+        if self.role == "assistant" and self.settled:
+            yield self._settled_body()
+        elif self.role == "assistant":
             yield Markdown(self.content, classes="body")
         else:
             yield Static(self.content, classes="body", markup=False)
@@ -57,6 +68,24 @@ class MessageView(Vertical):
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    def _settled_body(self) -> Static:
+        from rich.markdown import Markdown as RichMarkdown
+
+        return Static(RichMarkdown(self.content), classes="body settled")
+
+    async def settle(self) -> None:
+        """Swap the Markdown widget tree for one Static rendering the same Markdown.
+
+        Textual lays out every widget of the transcript whenever anything grows, so each
+        old reply kept as a Markdown tree (dozens of widgets for a list or code) slows the
+        streaming of every later one; a settled reply is one widget.
+        """
+        if self.settled or self.role != "assistant" or self.status == "streaming":
+            return
+        self.settled = True
+        await self.query_one(Markdown).remove()
+        await self.mount(self._settled_body())
 
     def set_status(self, status: str, *, error: str | None = None, metrics: ReplyMetrics | None = None) -> None:
         self.status = status
