@@ -91,6 +91,11 @@ UNPACKED_DEFAULT = KernelConfig("tma16", 128, 128, 8, 4)
 FP32_DEFAULT = KernelConfig("cc", 16, 128, 4, 3)
 
 
+# Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) gets bf16 tl.dot wrong;
+# an fp32 dot there is exact (the products of bf16 and e4m3 values fit in fp32).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @triton.jit
 def _dot_fp16_rescaled(w, xk, acc):
     """acc[BN, BM] += w[BN, BK] @ xk[BM, BK]^T on fp16 tensor cores, exact for any bf16 xk.
