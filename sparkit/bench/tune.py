@@ -167,8 +167,13 @@ def rank(points: list[SweepPoint]) -> Ranking:
     order = near_sorted + rest
     best, baseline = order[0], done[0]
     if best == baseline:
-        return Ranking(order, best, baseline, False, 0.0, None,
-                       f"none of the other points is measurably better than {points[baseline].label}")
+        verdict = f"none of the other points is measurably better than {points[baseline].label}"
+        if len(order) > 1:
+            nxt = order[1]
+            noise = difference_noise(points[baseline].tpot_per_request_ms, points[nxt].tpot_per_request_ms)
+            verdict += (f" (runner-up {points[nxt].label}: TPOT {tpot[nxt] - tpot[baseline]:+.3f} ms"
+                        + (f", noise {noise:.3f} ms)" if noise is not None else ")"))
+        return Ranking(order, best, baseline, False, 0.0, None, verdict)
     noise = difference_noise(points[baseline].tpot_per_request_ms, points[best].tpot_per_request_ms)
     gain = tpot[baseline] - tpot[best]
     if noise is None:
