@@ -91,3 +91,13 @@ def test_tuned_recipe_for_a_shipped_recipe_loads_and_carries_the_winning_depth(t
     assert tuned.recipe.stack.speculative.num_steps == 2
     assert tuned.recipe.stack.speculative.num_draft_tokens == 3
     assert tuned.recipe.stack.lm_head == base.recipe.stack.lm_head  # everything else inherited
+
+
+def test_an_invalid_value_is_refused_before_any_server_starts(tmp_path):
+    from sparkit.bench.runner import BenchConfig
+    from sparkit.bench.tune import run_tune
+    from sparkit.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="num_steps"):
+        run_tune("tiny", ["speculative.num_steps=2,0"], BenchConfig(), out_path=tmp_path / "s.json")
+    assert not (tmp_path / "s.json").exists()
