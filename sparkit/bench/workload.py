@@ -75,6 +75,11 @@ def vocabulary_from_server(model_info: dict[str, Any], server_info: dict[str, An
             vocab = _vocabulary_from_tokenizer_dir(Path(str(candidate)))
             if vocab is not None:
                 return vocab
+    for candidate in candidates:  # a hub id whose tokenizer is in the local cache (no download)
+        if candidate and not Path(str(candidate)).exists():
+            vocab = _vocabulary_from_hub_cache(str(candidate))
+            if vocab is not None:
+                return vocab
     for source in (model_info, server_info):
         size = source.get("vocab_size")
         if isinstance(size, int) and size > 0:
@@ -98,6 +103,19 @@ def tokenizer_from_server(model_info: dict[str, Any], server_info: dict[str, Any
             except Exception:
                 continue
     return None
+
+
+def _vocabulary_from_hub_cache(model_id: str) -> Vocabulary | None:
+    try:
+        from transformers import AutoTokenizer  # lazy: heavy import
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=True)
+    except Exception:
+        return None
+    specials = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return Vocabulary(size=len(tokenizer), special_ids=frozenset(specials), source=f"{model_id} (local cache)")
 
 
 def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
