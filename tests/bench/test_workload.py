@@ -50,3 +50,19 @@ def test_a_bad_prompt_file_names_the_line(tmp_path):
         file_prompts(broken, 1)
     with pytest.raises(DataError, match="no such prompt file"):
         file_prompts(tmp_path / "missing.jsonl", 1)
+
+
+def test_vocabulary_comes_from_the_served_models_tokenizer(tiny_model_dir):
+    from sparkit.bench.workload import vocabulary_from_server
+
+    vocab = vocabulary_from_server({"model_path": str(tiny_model_dir)}, {})
+    assert vocab.size == 262 and len(vocab.special_ids) == 6  # byte tokenizer + its special tokens
+    assert max(vocab.sampleable()) < min(vocab.special_ids)
+
+
+def test_no_vocabulary_anywhere_is_a_data_error_with_a_way_out():
+    from sparkit.bench.workload import vocabulary_from_server
+
+    with pytest.raises(DataError) as caught:
+        vocabulary_from_server({"model_path": "nobody/no-such-model-xyz"}, {})
+    assert "--dataset" in str(caught.value)
