@@ -121,6 +121,9 @@ async def test_history_reopens_after_a_restart(embedded_server, tmp_path):
         await type_and_send(pilot, "and one more")
         await wait_until(pilot, lambda: second.reply_finished.is_set(), what="the next reply")
         assert len(ChatStore(store_path).load(conversation_id).messages) == 4
+        # The older reply is settled into one widget (layout cost stays flat) and keeps its text.
+        older = second.message_views()[1]
+        assert older.settled and not older.query("Markdown") and older.content == said
 
 
 @run_async
