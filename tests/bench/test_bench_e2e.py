@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -128,3 +129,20 @@ def test_bench_a_run_by_id_records_its_recipe(tiny_model_dir, tmp_path, monkeypa
     assert doc["server"]["run_id"] == run.id and doc["server"]["url"] == plan.url
     assert doc["recipe"]["stack"]["lm_head"] == "fp8"
     assert doc["recipe"]["stack"]["speculative"]["num_steps"] == 3
+
+
+def test_gsm8k_workload_is_labelled_as_such(embedded_server, tmp_path):
+    from conftest import GSM8K_DIR
+
+    if not (GSM8K_DIR / "test.jsonl").exists():
+        pytest.skip("GSM8K data not present")
+    env_file = str(GSM8K_DIR / "test.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "bench", "--url", embedded_server.url, "--dataset", "gsm8k", "--output-len", "8",
+         "--num-prompts", "2", "--warmup", "0", "--out", str(tmp_path / "g.json"), "--json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "SPARKIT_GSM8K": env_file},
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["workload"]["dataset"] == "gsm8k" and doc["workload"]["synthetic"] is False
+    assert doc["repeats"][0]["metrics"]["total_output_tokens"] == 16
