@@ -1,0 +1,163 @@
+"""sparkit's SGLang general plugin (entry point group `sglang.srt.plugins`, name `sparkit`).
+
+SGLang calls register() early in every one of its processes. It does nothing unless sparkit's
+launcher enabled it (SPARKIT_SGLANG_PLUGIN=1, set by the plan for `lm_head: fp8` on an SGLang
+without SGLANG_ENABLE_FP8_LM_HEAD), so plain sglang use on the same machine is untouched.
+
+Enabled, it registers AFTER hooks on (dotted paths checked against sglang 0.5.23 by the tests):
+* ModelRunner.load_model: on the target runner, quantise the lm_head online to FP8 (e4m3,
+  per-row scales; this rank's vocab shard) and compute logits through the FP8-weight kernel;
+  then write this rank's activation report.
+* EagleDraftWorker.init_lm_head and MultiLayerEagleDraftWorker.init_lm_head (NEXTN/EAGLE): after
+  SGLang hands the draft the target's weight tensors, give the draft the target's lm_head *module*
+  (SGLang only does that for drafts with set_lm_head_from_target, which Ling's NextN lacks), log
+  it, and rewrite the report with the draft.
+SPARKIT_FP8_LM_HEAD=0 keeps the report and sharing hooks but leaves the lm_head as loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENABLE_ENV = "SPARKIT_SGLANG_PLUGIN"
+FP8_ENV = "SPARKIT_FP8_LM_HEAD"
+
+LOAD_MODEL_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+EAGLE_INIT_LM_HEAD_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
+MULTI_LAYER_INIT_LM_HEAD_TARGET = (
+    "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker.init_lm_head"
+)
+
+logger = logging.getLogger("sparkit.sglang")
+
+# What this process has seen: the target runner (one per TP-rank process) and the draft models.
+_STATE: dict = {"target_runner": None, "drafts": [], "notes": []}
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def enabled() -> bool:
+    return _truthy(os.environ.get(ENABLE_ENV))
+
+
+def fp8_enabled() -> bool:
+    return os.environ.get(FP8_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def hook_targets() -> list[tuple[str, str]]:
+    """(dotted path, hook type name) of every hook register() installs."""
+    return [
+        (LOAD_MODEL_TARGET, "AFTER"),
+        (EAGLE_INIT_LM_HEAD_TARGET, "AFTER"),
+        (MULTI_LAYER_INIT_LM_HEAD_TARGET, "AFTER"),
+    ]
+
+
+def register() -> None:
+    """Entry point. Registers hooks only when sparkit's launcher set SPARKIT_SGLANG_PLUGIN=1."""
+    if not enabled():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    hooks = {
+        LOAD_MODEL_TARGET: after_load_model,
+        EAGLE_INIT_LM_HEAD_TARGET: after_init_lm_head,
+        MULTI_LAYER_INIT_LM_HEAD_TARGET: after_init_lm_head,
+    }
+    for target, hook_type in hook_targets():
+        HookRegistry.register(target, hooks[target], getattr(HookType, hook_type))
+
+
+def _runner_device(runner) -> str:
+    device = getattr(runner, "device", None) or "unknown"
+    gpu = getattr(runner, "gpu_id", None)
+    return f"{device}:{gpu}" if device == "cuda" and gpu is not None else str(device)
+
+
+def write_current_report() -> None:
+    from sparkit.engines.sglang import report as rep
+
+    runner = _STATE["target_runner"]
+    if runner is None:
+        return
+    drafts = _STATE["drafts"]
+    tp_rank, tp_size = rep.tp_rank_and_size(runner)
+    built = rep.build_report(
+        runner.model, drafts[0] if drafts else None, tp_rank=tp_rank, tp_size=tp_size,
+        device=_runner_device(runner),
+        speculative=rep.speculative_report(getattr(runner, "server_args", None)),
+        runner_backend=rep.moe_runner_backend(), notes=_STATE["notes"],
+    )
+    if len(drafts) > 1:  # multi-layer drafts: each step's model must share too
+        unshared = [i for i, d in enumerate(drafts) if getattr(d, "lm_head", None) is not runner.model.lm_head]
+        built.notes.append(f"{len(drafts)} draft step models; not sharing the target lm_head: {unshared or 'none'}")
+    rep.write_report(built)
+
+
+def after_load_model(result, runner, *args, **kwargs):
+    """AFTER hook on ModelRunner.load_model: convert the target's lm_head, write the report."""
+    try:
+        model = getattr(runner, "model", None)
+        if model is None:
+            return None
+        if getattr(runner, "is_draft_worker", False):
+            _STATE["drafts"].append(model)
+            return None
+        _STATE["target_runner"] = runner
+        _STATE["drafts"] = []
+        head = getattr(model, "lm_head", None)
+        if fp8_enabled() and head is not None and hasattr(head, "weight"):
+            from sparkit.engines.sglang.fp8_lm_head import convert_lm_head_to_fp8
+
+            from sparkit.engines.sglang.report import tp_rank_and_size
+
+            info = convert_lm_head_to_fp8(head)
+            rank, size = tp_rank_and_size(runner)
+            line = (f"sparkit: Online FP8 quantization enabled for lm_head. ({info['format']}, "
+                    f"tp rank {rank}/{size}, shard {info['rows']}x{info['hidden']}, {info['kernel']}, "
+                    f"was {info['replaced']})")
+            logger.info(line)
+            _STATE["notes"].append("Online FP8 quantization enabled for lm_head (sparkit plugin).")
+        write_current_report()
+    except Exception:
+        # The engine must still start; the missing report / bf16 head is what the checks flag.
+        logger.exception("sparkit: the FP8 lm_head conversion or the activation report failed")
+    return None
+
+
+def _draft_models(worker) -> list:
+    runners = getattr(worker, "draft_runner_list", None)
+    if runners:
+        return [r.model for r in runners]
+    runner = getattr(worker, "draft_runner", None)
+    return [runner.model] if runner is not None else []
+
+
+def after_init_lm_head(result, worker, *args, **kwargs):
+    """AFTER hook on the draft workers' init_lm_head: share the target's lm_head module."""
+    try:
+        from sparkit.engines.sglang.fp8_lm_head import is_fp8_lm_head, share_lm_head_with_draft
+        from sparkit.engines.sglang.report import tp_rank_and_size
+
+        target_runner = worker.target_worker.model_runner
+        target = target_runner.model
+        drafts = _draft_models(worker)
+        shared = []
+        if is_fp8_lm_head(getattr(target, "lm_head", None)):
+            shared = [share_lm_head_with_draft(target, d) for d in drafts]
+            rank, size = tp_rank_and_size(target_runner)
+            if drafts and all(shared):
+                logger.info("sparkit: online FP8 lm_head enabled (e4m3, per-row scales, tp rank %d/%d); "
+                            "draft shares the target lm_head module", rank, size)
+            else:
+                logger.warning("sparkit: online FP8 lm_head enabled (tp rank %d/%d) but the draft could "
+                               "not share the target lm_head module", rank, size)
+        _STATE["target_runner"] = target_runner
+        _STATE["drafts"] = drafts
+        write_current_report()
+    except Exception:
+        logger.exception("sparkit: sharing the lm_head with the draft failed")
+    return None
