@@ -263,10 +263,8 @@ class _Request:
         return out, None
 
     def _target_logits(self, hidden):
-        logits = self.engine.model.logits(hidden)[0].float()
-        if self.engine.vocab_limit < logits.shape[-1]:
-            logits[:, self.engine.vocab_limit :] = float("-inf")
-        return logits
+        # ids past the tokenizer's vocabulary (padding rows of the head) are never produced
+        return self.engine.model.logits(hidden)[0, :, : self.engine.vocab_limit].float()
 
     def _prefill(self):
         model, cache = self.engine.model, self.engine._target_cache

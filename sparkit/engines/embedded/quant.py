@@ -226,13 +226,26 @@ class UnquantizedLinearMethod:
 
 
 class Fp8LmHeadMethod:
-    """Weight-only FP8 (W8A16): e4m3 weight + per-row scale, via sparkit.kernels.fp8_linear."""
+    """Weight-only FP8 (W8A16): e4m3 weight + per-row scale, via sparkit.kernels.fp8_linear.
+    On CUDA the weight is also packed once (same bytes, tile-major) for the Triton kernel;
+    `layer.weight` stays the plain e4m3 tensor (what the activation report inspects)."""
+
+    def __init__(self):
+        self.packed = None
+        self._prepared_for = None
 
     def apply(self, layer, x):
         import torch
 
         from sparkit.kernels.fp8_linear import fp8_linear
 
+        if x.is_cuda:
+            if self._prepared_for is not layer.weight:
+                from sparkit.kernels.fp8_linear import prepare_fp8_weight
+
+                self.packed, self._prepared_for = prepare_fp8_weight(layer.weight, layer.weight_scale), layer.weight
+            if self.packed is not None:
+                return fp8_linear(x, self.packed, None, out_dtype=torch.float32)
         return fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=torch.float32)
 
 

@@ -111,7 +111,7 @@ class NextnDrafter:
         logits, hidden = self.next_logits, self.next_hidden
         pos = self.cache.length
         for step in range(self.num_steps):
-            logits = _mask_unused(logits, vocab_limit)
+            logits = logits[..., :vocab_limit]  # ids past the tokenizer's vocabulary are never proposed
             token = pick(logits)
             tokens.append(token)
             logits_list.append(logits)
@@ -123,9 +123,3 @@ class NextnDrafter:
             logits = self.draft.logits(hidden)[0, -1]
         return tokens, logits_list
 
-
-def _mask_unused(logits, vocab_limit: int):
-    if vocab_limit < logits.shape[-1]:
-        logits = logits.clone()
-        logits[..., vocab_limit:] = float("-inf")
-    return logits
