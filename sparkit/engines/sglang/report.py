@@ -81,7 +81,10 @@ def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
     if not methods:
         return None
     method = methods.most_common(1)[0][0]
-    runner = runners.most_common(1)[0][0] if runners else (runner_backend or "unknown")
+    runner = runners.most_common(1)[0][0] if runners else None
+    if runner is None and "humming" in method.lower():
+        runner = "humming"  # the humming methods run their own kernels whatever the backend flag says
+    runner = runner or runner_backend or "unknown"
     return MoeReport(expert_weight_format=expert_weight_format(method), quant_method=method, runner=runner)
 
 
