@@ -1,0 +1,118 @@
+"""FP8 (W8A16) lm_head linear on CPU: the torch reference path, and the Triton kernels' logic
+run by Triton's CPU interpreter (TRITON_INTERPRET=1) in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+
+def _exact(x, q, s):
+    return x.double() @ (q.double() * s.double()[:, None]).T
+
+
+def test_quantize_per_row_scale_range_and_rounding():
+    from sparkit.kernels.fp8_linear import FP8_E4M3_MAX, quantize_fp8_per_row
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * torch.logspace(-3, 2, 64)[:, None]  # rows over 5 decades
+    w[3] = 0.0
+    q, s = quantize_fp8_per_row(w)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == (64,)
+    assert s[3] == 1.0 and q[3].float().abs().max() == 0  # an all-zero row stays zero
+    amax = w.abs().amax(1)
+    nz = amax > 0
+    assert torch.allclose(s[nz], amax[nz] / FP8_E4M3_MAX)
+    assert torch.equal(q.float().abs().amax(1)[nz], torch.full((63,), FP8_E4M3_MAX))
+    deq = q.float() * s[:, None]
+    big = w.abs() > amax[:, None] / 64  # normal e4m3 range: 3 mantissa bits -> <= 2^-4 relative
+    assert ((deq - w).abs()[big] <= w.abs()[big] * 2 ** -4 + 1e-12).all()
+
+
+def test_reference_linear_is_the_dequantised_product_across_row_chunks():
+    from sparkit.kernels.fp8_linear import fp8_linear_reference, quantize_fp8_per_row
+
+    torch.manual_seed(1)
+    q, s = quantize_fp8_per_row(torch.randn(1000, 96))
+    x = torch.randn(2, 3, 96).to(torch.bfloat16)
+    y = fp8_linear_reference(x, q, s, out_dtype=torch.float32, chunk_rows=97)  # uneven chunks
+    assert y.shape == (2, 3, 1000) and y.dtype == torch.float32
+    exact = _exact(x.reshape(6, 96), q, s).reshape(2, 3, 1000)
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 1e-6
+    assert fp8_linear_reference(x, q, s).dtype == torch.bfloat16  # default: the input's dtype
+
+
+def test_dispatch_on_cpu_uses_the_reference_and_prepare_declines():
+    from sparkit.kernels.fp8_linear import fp8_linear, fp8_linear_reference, prepare_fp8_weight, quantize_fp8_per_row
+
+    q, s = quantize_fp8_per_row(torch.randn(50, 32))
+    x = torch.randn(4, 32)
+    assert torch.equal(fp8_linear(x, q, s), fp8_linear_reference(x, q, s))
+    assert prepare_fp8_weight(q, s) is None  # packing is for the CUDA kernel only
+
+
+def test_fp8_head_keeps_top1_of_a_peaked_bf16_head():
+    from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
+
+    torch.manual_seed(2)
+    w = (torch.randn(4000, 64) * 0.05).to(torch.bfloat16)
+    targets = torch.randint(0, 4000, (64,))
+    x = (w[targets].float() * 40 + torch.randn(64, 64) * 0.5).to(torch.bfloat16)
+    q, s = quantize_fp8_per_row(w)
+    ref = (x.float() @ w.float().T)
+    y = fp8_linear(x, q, s, out_dtype=torch.float32)
+    assert (y.argmax(1) == ref.argmax(1)).float().mean() == 1.0
+    assert ((y - ref).norm() / ref.norm()).item() < 0.05
+
+
+_INTERPRETER_SCRIPT = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    from sparkit.kernels.fp8_linear import quantize_fp8_per_row
+    from sparkit.kernels import fp8_gemv_triton as fk
+    N, K = 300, 256
+    q, s = quantize_fp8_per_row(torch.randn(N, K))
+    exact = lambda x: x.double() @ (q.double() * s.double()[:, None]).T
+    packed = fk.pack_fp8_weight(q, s, 64, 128)
+    q2, s2 = fk.unpack_fp8_weight(packed)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2, s)
+    for m in (1, 3, 17):
+        for dt in (torch.float16, torch.bfloat16):
+            x = torch.randn(m, K).to(dt)
+            x[:, 7] = 3.0e4  # needs the fp16 path's rescaling
+            want = exact(x)
+            runs = {f"packed mode {mode}": fk.fp8_linear_packed(x, packed, torch.float32, mode=mode)
+                    for mode in (1, 2, 3)}
+            runs["tma16"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
+            runs["dot"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("dot", 64, 128, 4, 3))
+            runs["cc"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("cc", 16, 128, 4, 3))
+            if dt == torch.float16:
+                runs["packed mode 0"] = fk.fp8_linear_packed(x, packed, torch.float32, mode=0)
+                runs["tma"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma", 64, 128, 4, 3))
+            for name, y in runs.items():
+                rel = ((y.double() - want).norm() / want.norm()).item()
+                assert y.shape == (m, N) and rel < 1e-5, (name, m, dt, rel)
+    bad = s.clone(); bad[5] *= 2  # a wrong scale must show: the check above is not vacuous
+    x = torch.randn(2, K).to(torch.bfloat16)
+    y = fk.fp8_linear_packed(x, fk.pack_fp8_weight(q, bad, 64, 128), torch.float32, mode=1)
+    assert torch.allclose(y[:, 5].double(), 2 * exact(x)[:, 5], rtol=1e-4, atol=1e-6)
+    assert torch.allclose(y[:, 6].double(), exact(x)[:, 6], rtol=1e-4, atol=1e-6)
+    print("INTERPRETER-OK")
+""")
+
+
+@pytest.mark.slow
+def test_triton_kernels_under_the_cpu_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "INTERPRETER-OK" in proc.stdout, proc.stderr[-3000:]
