@@ -1,13 +1,16 @@
 """The `sparkit chat` app.
 
-Streaming design (why it keeps up at 1,500 tok/s without distorting tok/s):
+Streaming design (how it keeps up with a fast server without distorting tok/s):
 a StreamReader reads the SSE stream in its own thread and event loop and stamps
 every chunk with time.perf_counter() on arrival (inside sparkit.client), so a
-slow redraw never delays a timestamp. The UI drains the reader's queue at most
-every 50 ms (and at once when the reply ends), writes the batch to a
-MarkdownStream, refreshes the metrics bar, and does one full Markdown update
-with the final text. Esc cancels the reader's task, which closes the HTTP
-stream so that the server frees the slot.
+slow redraw never delays a timestamp. The UI drains the reader's queue on a
+50 ms timer (and at once when the reply ends) and writes text to a
+MarkdownStream at most once per painted frame, no sooner than the last frame's
+cost after it. When the reply ends, the rest is flushed and painted first (that
+is when the user has the final text), then one full Markdown update runs and
+older replies are settled into one widget each (Textual lays out the whole
+transcript whenever it grows). Esc cancels the reader's task, which closes the
+HTTP stream so that the server frees the slot.
 """
 
 from __future__ import annotations
