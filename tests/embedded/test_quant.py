@@ -142,3 +142,13 @@ def test_raw_tensor_copy_of_an_fp8_head_gives_garbage_logits_but_of_a_bf16_head_
     bf16_head = quant.make_lm_head(w, "bf16")
     copy = quant.lm_head_from_raw_tensor(bf16_head.weight, torch.float32)
     assert (copy(x).argmax(-1) == bf16_head(x).argmax(-1)).float().mean().item() == 1.0
+
+
+def test_fp8_bit_trick_dequantisation_equals_the_cast_for_every_code():
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # the two NaN encodings never come out of quantisation
+    q = codes.view(torch.float8_e4m3fn).reshape(1, -1)
+    scale = torch.tensor([0.0123])
+    expected = quant.dequantize_fp8(q, scale)
+    got = quant.dequantize_fp8_bits(q, scale * 2.0**120)
+    assert torch.equal(got, expected)

@@ -227,3 +227,22 @@ def test_engine_config_errors_name_the_setting(untrained_model_dir, make_engine)
         make_engine(untrained_model_dir, speculative_algorithm="NEXTN", speculative_eagle_topk=2)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         make_engine(untrained_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_num_draft_tokens=8)
+
+
+@pytest.mark.parametrize("experts", ["fp8", "mxfp4"])
+def test_decoding_experts_per_forward_computes_the_same_tokens(tiny_model_dir, make_engine, experts):
+    """expert_dequant "forward" (decode the picked experts from the quantised bytes each time) and
+    "load" (decode once) compute with the same values; speculation stays exact with either."""
+    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
+
+    at_load = make_engine(tiny_model_dir, expert_weights=experts)
+    per_forward = make_engine(tiny_model_dir, expert_weights=experts, expert_dequant="forward")
+    spec = make_engine(tiny_model_dir, expert_weights=experts, expert_dequant="forward", speculative_algorithm="NEXTN", speculative_num_steps=3)
+    assert per_forward.model.layers[0].mlp.experts_gate_up.decoded is None
+    assert at_load.model.layers[0].mlp.experts_gate_up.decoded is not None
+    params = SamplingParams(temperature=0.0, max_new_tokens=32)
+    for prompt in sample_prompts(4, seed=3):
+        ids = prompt_ids(at_load.tokenizer, prompt)
+        expected, _ = run(at_load, ids, params)
+        assert run(per_forward, ids, params)[0] == expected
+        assert run(spec, ids, params)[0] == expected

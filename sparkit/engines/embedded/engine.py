@@ -26,6 +26,11 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str | None = None  # bfloat16 | float32; None = float32 on cpu, bfloat16 on cuda
     expert_weights: str = "bf16"  # bf16 | fp8 | mxfp4 (fp32 = keep the trained weights as is)
+    # "load": quantise at load, decode the quantised values once into the compute dtype (the
+    # forward computes with exactly the quantised values; fast on CPU). "forward": decode the
+    # picked experts from the quantised bytes in every forward (what a fused GPU kernel does;
+    # on CPU the decoding dominates the step, so verify steps, which touch more experts, get slow).
+    expert_dequant: str = "load"
     lm_head_dtype: str = "bf16"  # bf16 | fp32 | fp8
     speculative_algorithm: str | None = None  # NEXTN | EAGLE (alias) | None
     speculative_num_steps: int = 3
@@ -139,6 +144,7 @@ class EmbeddedEngine:
             "lm_head_dtype": c.lm_head_dtype,
             "enable_fp32_lm_head": c.lm_head_dtype == "fp32",
             "moe_runner_backend": "embedded-torch",
+            "expert_dequant": c.expert_dequant,
             "attention_backend": "torch_sdpa",
             "tp_size": 1,
             "ep_size": 1,
@@ -207,6 +213,8 @@ class EmbeddedEngine:
                 raise ValueError("the embedded engine supports speculative_eagle_topk 1 only")
             if c.speculative_num_draft_tokens not in (None, c.speculative_num_steps + 1):
                 raise ValueError("with eagle_topk 1, speculative_num_draft_tokens must be speculative_num_steps + 1")
+        if c.expert_dequant not in ("load", "forward"):
+            raise ValueError(f"expert_dequant must be 'load' or 'forward', not {c.expert_dequant!r}")
         if c.draft_lm_head_sharing not in LM_HEAD_SHARING:
             raise ValueError(f"draft_lm_head_sharing must be 'module' or 'tensor', not {c.draft_lm_head_sharing!r}")
 
@@ -221,6 +229,8 @@ class EmbeddedEngine:
                         setattr(holder, name, tensor.to(self.device))
                     if hasattr(holder, "packed"):
                         holder.weight = holder.packed
+                    if self.config.expert_dequant == "load":
+                        holder.cache_decoded()
 
 
 class _Request:

@@ -211,6 +211,15 @@ class MoE(nn.Module):
             return self.experts_gate_up, self.experts_down
         return None, None
 
+    def _all_experts(self):
+        """All experts' weights in the compute dtype without decoding work (the trained parameters,
+        or a decoded copy cached at load), else None."""
+        if self.experts_gate_up is None:
+            return self.w_gate_up, self.w_down
+        if self.experts_gate_up.decoded is not None:
+            return self.experts_gate_up.decoded, self.experts_down.decoded
+        return None
+
     def forward(self, x):
         B, T, H = x.shape
         flat = x.reshape(-1, H)
@@ -228,22 +237,27 @@ class MoE(nn.Module):
         gate_up_q, down_q = self._weights()
         if n <= _GATHER_MAX_TOKENS and not self.training:
             # Dequantise only the experts the router picked, each once.
-            idx = topi.reshape(-1)
             if n == 1:
-                uniq, slot_expert = idx, None  # top-k experts of one token are distinct
-            else:
-                uniq, slot_expert = idx.unique(return_inverse=True)
-            if gate_up_q is not None:
-                wgu, wd = gate_up_q.select(uniq), down_q.select(uniq)
-            else:
-                wgu, wd = self.w_gate_up[uniq], self.w_down[uniq]
-            if n == 1:
+                idx = topi[0]  # top-k experts of one token are distinct
+                if gate_up_q is not None:
+                    wgu, wd = gate_up_q.select(idx), down_q.select(idx)
+                else:
+                    wgu, wd = torch.index_select(self.w_gate_up, 0, idx), torch.index_select(self.w_down, 0, idx)
                 gate, up = torch.matmul(wgu, flat[0]).chunk(2, dim=-1)  # [k, I] each
                 y = torch.bmm(wd, (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)  # [k, H]
                 out = out + topw @ y
+            elif (full := self._all_experts()) is not None:
+                # A few tokens (a verify step): every expert on every token in two batched matmuls
+                # (tiny), then keep what the router chose through an [experts, tokens] weight matrix.
+                # Far fewer ops than gathering per slot; top-k experts of a token are distinct.
+                gate, up = torch.matmul(full[0], flat.T).chunk(2, dim=1)  # [E, I, n]
+                y = torch.matmul(full[1], F.silu(gate) * up)  # [E, H, n]
+                route = torch.zeros(self.num_experts, n, dtype=y.dtype, device=x.device).scatter_(0, topi.T, topw.T)
+                out = out + torch.einsum("ehn,en->nh", y, route)
             else:
-                # Every picked expert on every token (tiny matmuls), then keep what the router chose
-                # through a [experts, tokens] weight matrix: fewer ops than gathering per slot.
+                # Same, over the picked experts only, each decoded once.
+                uniq, slot_expert = topi.reshape(-1).unique(return_inverse=True)
+                wgu, wd = gate_up_q.select(uniq), down_q.select(uniq)
                 gate, up = torch.matmul(wgu, flat.T).chunk(2, dim=1)  # [u, I, n]
                 y = torch.matmul(wd, F.silu(gate) * up)  # [u, H, n]
                 slot_token = torch.arange(n, device=x.device).repeat_interleave(k)

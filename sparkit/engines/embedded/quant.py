@@ -81,14 +81,28 @@ def quantize_mxfp4(weight):
     return packed.contiguous(), scale_codes.contiguous()
 
 
+_BYTE_PAIRS: dict = {}
+
+
+def _byte_pair_table(device):
+    """[256, 2] float32: the two e2m1 values (low nibble, high nibble) of every packed byte."""
+    import torch
+
+    table = _BYTE_PAIRS.get(device)
+    if table is None:
+        b = torch.arange(256)
+        table = torch.stack((decode_e2m1(b & 0x0F), decode_e2m1(b >> 4)), dim=-1).to(device)
+        _BYTE_PAIRS[device] = table
+    return table
+
+
 def dequantize_mxfp4(packed, scale_codes, dtype=None):
     import torch
 
-    low = packed & 0x0F
-    high = packed >> 4
-    codes = torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-    values = decode_e2m1(codes).reshape(*packed.shape[:-1], -1, MX_BLOCK)
-    out = (values * decode_e8m0(scale_codes)[..., None]).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    # one lookup per byte (both nibbles at once), then one multiply by the block scales
+    values = torch.index_select(_byte_pair_table(packed.device), 0, packed.reshape(-1).to(torch.int32))
+    values = values.view(*packed.shape[:-1], -1, MX_BLOCK)
+    out = (values * decode_e8m0(scale_codes)[..., None]).view(*packed.shape[:-1], packed.shape[-1] * 2)
     return out if dtype is None else out.to(dtype)
 
 
@@ -113,15 +127,38 @@ def dequantize_fp8(q, scale, dtype=None):
     return out if dtype is None else out.to(dtype)
 
 
+_E4M3_TO_F32_SHIFT = 2.0**120  # e4m3 bits moved into a float32's exponent/mantissa fields are the value * 2^-120
+
+
+def dequantize_fp8_bits(q, scale_shifted, dtype=None):
+    """The same values as dequantize_fp8, by bit manipulation (PyTorch's CPU e4m3 -> float cast is
+    several times slower): sign to bit 31, exponent+mantissa to bits 20..27, then one multiply by
+    scale * 2^120. Exact for every finite e4m3 value, subnormals included; `scale_shifted` is
+    scale * 2^120 (precomputed at load)."""
+    import torch
+
+    i = q.view(torch.uint8).to(torch.int32)
+    bits = ((i & 0x7F) << 20) | ((i & 0x80) << 24)
+    out = bits.view(torch.float32) * scale_shifted[..., None]
+    return out if dtype is None else out.to(dtype)
+
+
 # ---------------------------------------------------------------- expert weight holders
 
 
 class ExpertWeights:
-    """One stacked expert weight [E, N, K] in some format. `select(idx)` dequantises only the
-    experts the router picked (decode), `dense()` all of them (prefill, which loops over experts)."""
+    """One stacked expert weight [E, N, K] in some format (the quantised tensors are the stored
+    form, what `tensors()` and the activation report see).
+
+    Decoding: `select(idx)` gives the picked experts in the compute dtype, `dense(e)` one expert.
+    By default each call decodes from the quantised bytes (as a fused GPU kernel would). After
+    `cache_decoded()` they read a copy decoded once (same values, bit for bit): on CPU PyTorch's
+    e4m3/e2m1 decoding costs more than the rest of a decode step and would distort what sparkit
+    measures (see EngineConfig.expert_dequant)."""
 
     method_name = "UnquantizedFusedMoEMethod"
     fmt = "fp32"
+    decoded = None
 
     def __init__(self, weight, compute_dtype):
         self.weight = weight
@@ -131,11 +168,28 @@ class ExpertWeights:
     def shape(self):
         return tuple(self.weight.shape)
 
+    @property
+    def num_experts(self) -> int:
+        return self.shape[0]
+
     def select(self, idx):
+        if self.decoded is not None:
+            return torch_index_select(self.decoded, idx)
+        return self._select(idx)
+
+    def dense(self, e: int):
+        return self.decoded[e] if self.decoded is not None else self._dense(e)
+
+    def cache_decoded(self) -> None:
+        import torch
+
+        self.decoded = self._select(torch.arange(self.num_experts, device=self.weight.device)).contiguous()
+
+    def _select(self, idx):
         # index_select, not fancy indexing: several times faster for a few experts on CPU
         return torch_index_select(self.weight, idx).to(self.compute_dtype)
 
-    def dense(self, e: int):
+    def _dense(self, e: int):
         return self.weight[e].to(self.compute_dtype)
 
     def tensors(self) -> dict:
@@ -161,15 +215,22 @@ class Fp8ExpertWeights(ExpertWeights):
         self.weight, self.scale = q.contiguous(), scale.contiguous()
         self.compute_dtype = compute_dtype
         self._shape = tuple(weight.shape)
+        # scale * 2^120 must stay finite in float32 (it does for any sane weight: scale = amax / 448)
+        self.scale_shifted = self.scale * _E4M3_TO_F32_SHIFT if float(self.scale.max()) < 2.0**7 else None
 
-    def select(self, idx):
-        return dequantize_fp8(torch_index_select(self.weight, idx), torch_index_select(self.scale, idx), self.compute_dtype)
+    def _select(self, idx):
+        if self.scale_shifted is None:
+            return dequantize_fp8(torch_index_select(self.weight, idx), torch_index_select(self.scale, idx), self.compute_dtype)
+        return dequantize_fp8_bits(torch_index_select(self.weight, idx), torch_index_select(self.scale_shifted, idx), self.compute_dtype)
 
-    def dense(self, e: int):
+    def _dense(self, e: int):
         return dequantize_fp8(self.weight[e], self.scale[e], self.compute_dtype)
 
     def tensors(self) -> dict:
-        return {"weight": self.weight, "scale": self.scale}
+        tensors = {"weight": self.weight, "scale": self.scale}
+        if self.scale_shifted is not None:
+            tensors["scale_shifted"] = self.scale_shifted
+        return tensors
 
 
 class Mxfp4ExpertWeights(ExpertWeights):
@@ -186,10 +247,10 @@ class Mxfp4ExpertWeights(ExpertWeights):
     def shape(self):
         return self._shape
 
-    def select(self, idx):
+    def _select(self, idx):
         return dequantize_mxfp4(torch_index_select(self.packed, idx), torch_index_select(self.scales, idx), self.compute_dtype)
 
-    def dense(self, e: int):
+    def _dense(self, e: int):
         return dequantize_mxfp4(self.packed[e], self.scales[e], self.compute_dtype)
 
     def tensors(self) -> dict:
