@@ -38,6 +38,44 @@ def decode_run(engine, ids, params):
             "verify_steps": verify_steps, "verify_tokens": verify_tokens}
 
 
+def breakdown(engine, k: int, calls: int = 200) -> dict:
+    """Best-of-5 mean time (us) of each piece of a decode step / speculative round."""
+    import torch
+
+    model, draft = engine.model, engine.draft
+    cache, dcache = engine._target_cache, engine._draft_cache
+    h1 = torch.randn(1, 1, model.config.hidden_size)
+    hk = torch.randn(1, k, model.config.hidden_size)
+    ids1 = torch.tensor([[65]])
+    ids_verify = torch.tensor([[65 + i for i in range(k + 1)]])
+    ids_k = ids_verify[:, :k]
+
+    def timed(fn) -> int:
+        for _ in range(10):
+            fn()
+        best = float("inf")
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, (time.perf_counter() - started) / calls)
+        return round(best * 1e6)
+
+    with torch.inference_mode():
+        out = {
+            "target_1": timed(lambda: model.forward_hidden(ids1, cache, 64)),
+            "target_verify": timed(lambda: model.forward_hidden(ids_verify, cache, 64)),
+            "nextn_1": timed(lambda: draft.forward_hidden(h1, ids1, dcache, 64)),
+            "nextn_extend": timed(lambda: draft.forward_hidden(hk, ids_k, dcache, 64, last_only=True)),
+            "lm_head": timed(lambda: model.logits(h1)),
+        }
+    cache.length = dcache.length = 0
+    out["plain_step"] = out["target_1"] + out["lm_head"]
+    # one round: verify + its logits, extend (gives draft 1) + k-1 chained steps, k draft logits
+    out["round"] = out["target_verify"] + out["lm_head"] + out["nextn_extend"] + (k - 1) * out["nextn_1"] + k * out["lm_head"]
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", help="tiny-ling checkpoint (default: build/reuse the cached one)")
@@ -48,6 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--expert-weights", default="bf16", choices=["fp32", "bf16", "fp8", "mxfp4"])
     parser.add_argument("--lm-head-dtype", default="fp8", choices=["fp32", "bf16", "fp8"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the machine is shared)")
+    parser.add_argument("--breakdown", action="store_true", help="also time the pieces of a step (target forward of 1 and k+1 tokens, NextN step, lm_head)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
 
@@ -106,6 +145,10 @@ def main(argv=None) -> int:
         "mtp": summary(results["mtp"]),
     }
     report["speedup"] = round(report["mtp"]["decode_tok_s"] / report["plain"]["decode_tok_s"], 3)
+    if args.breakdown:
+        report["breakdown_us"] = breakdown(engines["mtp"], args.num_steps)
+        b = report["breakdown_us"]
+        b["breakeven_accept_length"] = round(b["round"] / b["plain_step"], 2)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -114,6 +157,12 @@ def main(argv=None) -> int:
         print(f"  plain         : {report['plain']['decode_tok_s']:8.1f} tok/s")
         print(f"  NEXTN {args.num_steps}/1/{args.num_steps + 1}  : {report['mtp']['decode_tok_s']:8.1f} tok/s   accept length {report['mtp']['accept_length']:.2f}")
         print(f"  ratio         : {report['speedup']:.2f}x")
+        if args.breakdown:
+            b = report["breakdown_us"]
+            print(f"  per call (us) : target 1 tok {b['target_1']}, target {args.num_steps + 1} tok {b['target_verify']}, "
+                  f"NextN step {b['nextn_1']}, NextN extend {b['nextn_extend']}, lm_head {b['lm_head']}")
+            print(f"  plain step {b['plain_step']} us, speculative round {b['round']} us: "
+                  f"break-even accept length {b['breakeven_accept_length']}")
     return 0
 
 
