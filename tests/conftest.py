@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-SHARED_DIR = Path(os.environ.get("SPARKIT_SHARED_DIR", REPO_DIR.parent / "shared"))
-GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _shared import GSM8K_DIR, REPO_DIR, SHARED_DIR  # noqa: E402,F401
 
 _session_home = tempfile.mkdtemp(prefix="sparkit-test-home-")
 os.environ["SPARKIT_HOME"] = _session_home

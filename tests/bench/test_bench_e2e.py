@@ -132,7 +132,7 @@ def test_bench_a_run_by_id_records_its_recipe(tiny_model_dir, tmp_path, monkeypa
 
 
 def test_gsm8k_workload_is_labelled_as_such(embedded_server, tmp_path):
-    from conftest import GSM8K_DIR
+    from _shared import GSM8K_DIR
 
     if not (GSM8K_DIR / "test.jsonl").exists():
         pytest.skip("GSM8K data not present")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import GSM8K_DIR
+from _shared import GSM8K_DIR
 from sparkit.bench.workload import Vocabulary, build_workload, file_prompts, gsm8k_prompts, random_prompts
 from sparkit.errors import DataError, UsageError
 

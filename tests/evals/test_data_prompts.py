@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import GSM8K_DIR
+from _shared import GSM8K_DIR
 
 from sparkit.errors import DataError
 from sparkit.evals import gsm8k as core

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import GSM8K_DIR
+from _shared import GSM8K_DIR
 
 
 def sparkit(*args: str, home) -> subprocess.CompletedProcess:

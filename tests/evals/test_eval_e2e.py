@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from conftest import GSM8K_DIR
+from _shared import GSM8K_DIR
 
 pytestmark = pytest.mark.e2e
 

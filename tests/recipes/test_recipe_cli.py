@@ -26,7 +26,7 @@ def test_plan_prints_the_exact_command_env_provisions_and_expectations():
            "--speculative-num-draft-tokens 4" in out
     assert "sparkit-plugin" in out and "speculative_algorithm_reported: EAGLE" in out
     assert "draft_shares_lm_head: True" in out
-    from conftest import REPO_DIR
+    from _shared import REPO_DIR
 
     by_path = runner.invoke(app, ["plan", str(REPO_DIR / "recipes" / "ling-3.0-flash" / "spark-optimized.yaml")])
     assert by_path.exit_code == 0 and by_path.output == out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO_DIR
+from _shared import REPO_DIR
 
 
 def test_recipe_reference_is_up_to_date():
