@@ -125,6 +125,28 @@ def test_openai_chat_streamed_equals_non_streamed(embedded_server):
     assert details["spec_accept_length"] == pytest.approx(usage.completion_tokens / details["spec_verify_ct"])
 
 
+def test_continuous_usage_counts_every_token_of_speculative_chunks(embedded_server):
+    """With stream_options.continuous_usage_stats each chunk carries the cumulative usage, so a
+    client (sparkit chat) counts all the tokens of a multi-token speculative chunk, live."""
+    client = _openai(embedded_server)
+    stream = client.chat.completions.create(
+        model=_served_name(embedded_server), messages=[{"role": "user", "content": "count: one two three"}],
+        temperature=0, max_tokens=48, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )
+    cumulative, final = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            assert chunk.usage is not None, "a content chunk without usage"
+            cumulative.append(chunk.usage.completion_tokens)
+        elif not chunk.choices and chunk.usage:
+            final = chunk.usage.completion_tokens
+    assert cumulative == sorted(cumulative) and cumulative[-1] <= final
+    # NEXTN commits several tokens per verify step: some chunk must carry more than one.
+    steps = [b - a for a, b in zip([0] + cumulative, cumulative)]
+    assert max(steps) > 1
+
+
 def test_openai_completions_streamed_and_not(embedded_server):
     client = _openai(embedded_server)
     name = _served_name(embedded_server)

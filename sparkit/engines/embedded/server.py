@@ -891,6 +891,16 @@ def create_app(state: ServerState):
             return JSONResponse(shape(progress, model, created, req.return_spec_tokens_details))
         require_ready().submit(job)
 
+        # stream_options.continuous_usage_stats: SGLang puts the cumulative usage on every
+        # chunk, which is how a client counts the several tokens of a speculative chunk.
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+        def content(progress: Any, delta: str | None, finish: Any) -> bytes:
+            chunk = _content_chunk(kind, job.rid, model, created, delta, finish)
+            if continuous:
+                chunk["usage"] = proto.usage(progress)
+            return proto.sse(chunk)
+
         async def body():
             sent = ""
             try:
@@ -901,12 +911,12 @@ def create_app(state: ServerState):
                     sent = progress.text if delta else sent
                     if progress.finished:
                         if delta:
-                            yield proto.sse(_content_chunk(kind, job.rid, model, created, delta, None))
-                        yield proto.sse(_content_chunk(kind, job.rid, model, created, None, progress.finish_reason))
+                            yield content(progress, delta, None)
+                        yield content(progress, None, progress.finish_reason)
                         for chunk in proto.closing_chunks(kind, progress, model, created, include_usage=req.include_usage, want_spec=req.return_spec_tokens_details):
                             yield proto.sse(chunk)
                     elif delta:
-                        yield proto.sse(_content_chunk(kind, job.rid, model, created, delta, None))
+                        yield content(progress, delta, None)
             except proto.ApiError as exc:
                 yield proto.sse(exc.body())
             yield proto.SSE_DONE
