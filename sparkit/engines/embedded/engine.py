@@ -117,7 +117,10 @@ class EmbeddedEngine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.model_config.vocab_size})")
         generator = _make_generator(self.device, params.seed) if params.seed is not None else self._generator
-        run = _Request(self, list(input_ids), params, generator)
+        # Validation above runs at call time (this method is not a generator); steps run lazily.
+        return self._steps(_Request(self, list(input_ids), params, generator), cancelled)
+
+    def _steps(self, run: "_Request", cancelled: CancelFlag) -> Iterator[StepOutput]:
         try:
             if self.draft is None:
                 yield from run.plain(cancelled)
