@@ -19,8 +19,6 @@ import time
 
 
 def decode_run(engine, ids, params):
-    from sparkit.engines.embedded.api import SamplingParams  # noqa: F401
-
     started = time.perf_counter()
     first_at = None
     tokens = 0

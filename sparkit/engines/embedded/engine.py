@@ -3,7 +3,6 @@ decoding) behind the EngineProtocol of api.py. Batch 1; the server calls it from
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -411,7 +410,3 @@ def _make_generator(device: torch.device, seed: int):
     g = torch.Generator(device=device)
     g.manual_seed(int(seed) % (2**63))
     return g
-
-
-def default_threads() -> int:
-    return int(os.environ.get("SPARKIT_ENGINE_THREADS", "0")) or 0
