@@ -5,7 +5,9 @@ run interleaved (A B, then B A, ...) in one process so that machine load hits bo
 Decode tok/s counts the tokens after the first one over the time after the first one (prefill
 excluded). Prints the accept length, both tok/s and the ratio, and the load average.
 
-    python benchmarks/embedded_mtp_decode.py [--model-path DIR] [--num-steps 3] [--repeats 3] [--json]
+    python benchmarks/embedded_mtp_decode.py [--model-path DIR] [--num-steps 3] [--repeats 3] [--breakdown] [--json]
+
+Defaults follow recipes/tiny/tiny.yaml: fp8 experts, fp8 lm_head, NEXTN 3/1/4.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--expert-weights", default="bf16", choices=["fp32", "bf16", "fp8", "mxfp4"])
+    parser.add_argument("--expert-weights", default="fp8", choices=["fp32", "bf16", "fp8", "mxfp4"])
     parser.add_argument("--lm-head-dtype", default="fp8", choices=["fp32", "bf16", "fp8"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the machine is shared)")
     parser.add_argument("--breakdown", action="store_true", help="also time the pieces of a step (target forward of 1 and k+1 tokens, NextN step, lm_head)")
