@@ -43,6 +43,7 @@ def test_chat_template_renders_turns_and_the_generation_prompt(quick_build):
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
     )
     assert text == "<|bos|><|system|>Be brief.<|eos|><|user|>Hi<|eos|><|assistant|>"
+    assert "chat_template" in json.loads((quick_build[0] / "tokenizer_config.json").read_text())
 
 
 def test_build_has_the_documented_files_and_config(quick_build):

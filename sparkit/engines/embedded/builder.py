@@ -110,6 +110,7 @@ def build_model(directory: Path, seed: int = 0, progress: Progress | None = None
     report(0.98, "saving")
     save_checkpoint(model, directory)
     tokenizer.save_pretrained(str(directory))
+    tok.add_template_to_config(directory)
     (directory / MARKER).write_text(json.dumps({"builder_version": BUILDER_VERSION, "seed": seed, **stats}, indent=2) + "\n")
     return stats
 

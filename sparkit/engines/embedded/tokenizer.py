@@ -65,6 +65,18 @@ def build_tokenizer():
 
 def save_tokenizer(directory: str | Path) -> None:
     build_tokenizer().save_pretrained(str(directory))
+    add_template_to_config(directory)
+
+
+def add_template_to_config(directory: str | Path) -> None:
+    """Also put the chat template into tokenizer_config.json (transformers >= 5 writes it only to
+    chat_template.jinja; older readers look in the config)."""
+    import json
+
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.setdefault("chat_template", CHAT_TEMPLATE)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_tokenizer(directory: str | Path):
