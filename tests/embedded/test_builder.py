@@ -137,3 +137,20 @@ def test_make_tiny_cli_builds_and_reports_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["path"] == str(target) and data["seed"] == 5 and data["builder_version"] == builder.BUILDER_VERSION
     assert builder.is_complete(target)
+
+
+def test_same_seed_and_steps_give_identical_weights_and_another_seed_does_not(tmp_path):
+    from safetensors.torch import load_file
+
+    from sparkit.engines.embedded.corpus import documents
+
+    docs_a, docs_b = documents(seed=0), documents(seed=0)
+    assert [next(docs_a) for _ in range(50)] == [next(docs_b) for _ in range(50)]
+    stats = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        (tmp_path / name).mkdir()
+        stats.append(builder.build_model(tmp_path / name, seed=seed, train_seconds=600, max_steps=2))
+    assert [s["train_steps"] for s in stats] == [2, 2, 2]
+    a, b, c = (load_file(str(tmp_path / n / "model.safetensors")) for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["embed_tokens.weight"], c["embed_tokens.weight"])

@@ -89,8 +89,10 @@ def ensure_model(
     return target
 
 
-def build_model(directory: Path, seed: int = 0, progress: Progress | None = None, train_seconds: float | None = None, config=None) -> dict:
-    """Train tiny-ling and save it into `directory`; returns the training stats."""
+def build_model(directory: Path, seed: int = 0, progress: Progress | None = None, train_seconds: float | None = None, config=None,
+                max_steps: int | None = None) -> dict:
+    """Train tiny-ling and save it into `directory`; returns the training stats. `max_steps`
+    (tests) stops after that many steps, which makes the result identical run to run."""
     import torch
 
     from sparkit.engines.embedded import tokenizer as tok
@@ -105,7 +107,7 @@ def build_model(directory: Path, seed: int = 0, progress: Progress | None = None
     with _torch_threads():
         torch.manual_seed(seed)
         model = TinyLingForCausalLM(cfg)
-        stats = train(model, tokenizer, seed=seed, train_seconds=train_seconds, progress=lambda f, m: report(0.97 * f, m))
+        stats = train(model, tokenizer, seed=seed, train_seconds=train_seconds, progress=lambda f, m: report(0.97 * f, m), max_steps=max_steps)
     cfg.sparkit = {"builder_version": BUILDER_VERSION, "seed": seed, **stats}
     report(0.98, "saving")
     save_checkpoint(model, directory)
@@ -115,7 +117,8 @@ def build_model(directory: Path, seed: int = 0, progress: Progress | None = None
     return stats
 
 
-def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress, batch_size: int = 16, seq_len: int = 128) -> dict:
+def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress, batch_size: int = 16, seq_len: int = 128,
+          max_steps: int | None = None) -> dict:
     """AdamW on packed corpus sequences until `train_seconds` have passed (at least a few steps).
     The data order depends only on the seed; the number of steps depends on the machine."""
     import math
@@ -133,9 +136,9 @@ def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress,
     step, loss_main, loss_mtp = 0, float("nan"), float("nan")
     while True:
         elapsed = time.monotonic() - started
-        if elapsed >= train_seconds and step >= 1:
+        if (elapsed >= train_seconds and step >= 1) or (max_steps is not None and step >= max_steps):
             break
-        fraction = min(1.0, elapsed / max(train_seconds, 1e-9))
+        fraction = min(1.0, elapsed / max(train_seconds, 1e-9)) if max_steps is None else step / max_steps
         # warmup, then cosine decay over the time budget (the budget is wall time, not steps)
         lr = peak_lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
         for group in opt.param_groups:
