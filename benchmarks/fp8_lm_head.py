@@ -22,6 +22,14 @@ reference is the bf16 model's logits computed exactly (fp32 product of the bf16 
 margin between its top-1 and top-2 is reported so the agreement can be judged.
 
 --sweep times every candidate kernel config for each M and uses the fastest for the table.
+
+--variants pk16t:n256k128w8s3,pk16p:n256k128w8s3 also times those kernel configs, interleaved in
+the same rounds as bf16, scaled_mm and the shipped path (a "v ..." line per variant under each M).
+
+--margins-from benchmarks/data/tiny_ling_margins.json (written by fp8_head_real_states.py on CPU:
+the bf16 top1-top2 margin distribution of a real trained LM's hidden states) reweights the per-band
+agreement measured here on Ling's head shape by that distribution: the agreement to expect where
+decoding margins look like a real LM's rather than this synthetic mix.
 """
 
 from __future__ import annotations
@@ -67,6 +75,27 @@ Z_LO, Z_HI = 4.0, 10.0
 
 
 GRAPHS = True  # --eager turns it off
+
+
+def parse_label(label):
+    """'pk16p:n256k128w8s3' -> KernelConfig (the format KernelConfig.label() writes)."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    kind, rest = label.split(":")
+    bn, rest = rest[1:].split("k")
+    bk, rest = rest.split("w")
+    nw, ns = rest.split("s")
+    return fk.KernelConfig(kind, int(bn), int(bk), int(nw), int(ns))
+
+
+def band_agreement(hits, margins, edges):
+    """[(lo, hi, states, agreement or None)] of the top-1 hits within each bf16 margin band."""
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = (margins >= lo) & (margins < hi)
+        k = int(sel.sum())
+        out.append((lo, hi, k, float(hits[sel].float().mean()) if k else None))
+    return out
 
 
 def time_interleaved(methods, copies, reps, rounds):
@@ -129,6 +158,11 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write all figures to this file")
     ap.add_argument("--configs-from", default=None,
                     help="a --json file from a --sweep run: use its fastest config per M")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated kernel config labels to time beside the shipped path")
+    ap.add_argument("--margins-from", default=None,
+                    help="a fp8_head_real_states.py JSON: reweight per-band agreement by its margins")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # smoke runs of the script
     ap.add_argument("--eager", action="store_true",
                     help="time plain launches instead of CUDA-graph replays (includes host overhead)")
     args = ap.parse_args(argv)
@@ -141,7 +175,7 @@ def main(argv=None):
     from sparkit.kernels import fp8_gemv_triton as fk
     from sparkit.kernels.fp8_linear import quantize_fp8_per_row
 
-    dev = "cuda"
+    dev = args.device
     out_dtype = getattr(torch, args.out_dtype)
     n, k = args.n, args.k
     ms = [int(v) for v in args.ms.split(",")]
@@ -186,12 +220,10 @@ def main(argv=None):
     if args.configs_from:
         prior = json.load(open(args.configs_from))
         for m_str, ranked in prior.get("sweep", {}).items():
-            kind, rest = ranked[0][0].split(":")  # e.g. "pk16:n64k128w4s4"
-            bn, rest = rest[1:].split("k")
-            bk, rest = rest.split("w")
-            nw, ns = rest.split("s")
-            best_cfg[int(m_str)] = fk.KernelConfig(kind, int(bn), int(bk), int(nw), int(ns))
+            best_cfg[int(m_str)] = parse_label(ranked[0][0])  # e.g. "pk16:n64k128w4s4"
     packed_cache = {}
+    variants = [parse_label(v) for v in args.variants.split(",") if v.strip()]
+    real_margins = json.load(open(args.margins_from)) if args.margins_from else None
 
     def weights_for(cfg):
         """Per-copy weights in the layout cfg's kernel reads (packed copies are built once)."""
@@ -203,7 +235,8 @@ def main(argv=None):
             return q_copies, s_copies
         key = (cfg.block_n, cfg.block_k)
         if key not in packed_cache:
-            packed_cache.clear()  # noqa: B909  # keep at most one packed layout's copies on the GPU
+            if not variants:  # the sweep keeps at most one packed layout's copies on the GPU
+                packed_cache.clear()  # noqa: B909
             packed_cache[key] = [fk.pack_fp8_weight(q, s, *key) for q, s in zip(q_copies, s_copies)]
         return packed_cache[key], [None] * len(packed_cache[key])
 
@@ -257,6 +290,10 @@ def main(argv=None):
                 out_dtype=torch.bfloat16)
         except Exception as exc:
             log(f"M={m} scaled_mm unavailable: {type(exc).__name__}: {str(exc)[:160]}")
+        for vcfg in variants:
+            vw, vs = weights_for(vcfg)
+            methods["v " + vcfg.label()] = (
+                lambda c, vw, vs: lambda i: fk.fp8_linear(x, vw[i], vs[i], out_dtype, config=c))(vcfg, vw, vs)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
         med = {name: statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(b / s for b, s in zip(times["bf16"], times["sparkit"]))
@@ -307,12 +344,52 @@ def main(argv=None):
                                  f"{float(hit_all[sel].float().mean()) * 100:.1f}% agree")
             results["agreement_by_bf16_margin"] = parts
             log("top-1 agreement by bf16 top1-top2 margin (logits): " + "; ".join(parts))
+            if real_margins:
+                edges = [b["lo"] for b in real_margins["bands"]] + [float("inf")]
+                synth = band_agreement(hit_all, marg, edges)
+                expected = 0.0
+                covered = 0.0
+                for (lo, hi, k, agree), band in zip(synth, real_margins["bands"]):
+                    if agree is not None:
+                        expected += band["fraction"] * agree
+                        covered += band["fraction"]
+                expected /= max(covered, 1e-12)
+                clear = sum(b["fraction"] for b in real_margins["bands"] if b["lo"] >= 0.1)
+                results["agreement_under_real_margins"] = {
+                    "source": args.margins_from, "model": real_margins.get("model"),
+                    "expected_top1": expected, "real_model_top1": real_margins.get("top1_agree"),
+                    "fraction_of_states_with_margin_ge_0.1": clear}
+                print(f"expected top-1 agreement on this head if bf16 margins were distributed as "
+                      f"{real_margins.get('model')}'s real hidden states ({args.margins_from}): "
+                      f"{expected * 100:.2f}% (that model's own fp8-vs-bf16 head agreement: "
+                      f"{real_margins.get('top1_agree', float('nan')) * 100:.2f}%; "
+                      f"{clear * 100:.1f}% of its states have margin >= 0.1)", flush=True)
         results["rows"].append(row)
         sm = f"{med['scaled_mm']:.1f}" if "scaled_mm" in med else "n/a"
         print(f"{m} | {med['bf16']:.1f} | {sm} | n/a | {med['sparkit']:.1f} | {gbs:.0f} | "
               f"{ratio:.2f}x | {top1 * 100:.2f}% | {rel:.2e} (kernel {kern_err:.1e}) | {label} | "
               f"top1 where margin>=0.25: {agree_clear / max(1, n_clear) * 100:.2f}%",
               flush=True)
+        row["variants"] = {}
+        if variants:
+            exact_m = hidden[:m].double() @ (w_fp8.double() * scale.double()[:, None]).T
+        for vcfg in variants:
+            name = "v " + vcfg.label()
+            vw, vs = weights_for(vcfg)
+            v_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
+            v_vs_shipped = statistics.median(t / sp for t, sp in zip(times[name], times["sparkit"]))
+            v_hits = torch.cat([
+                fk.fp8_linear(hidden[st:st + m], vw[0], vs[0], out_dtype, config=vcfg).float().argmax(1)
+                == ref_top1[st:st + m] for st in range(0, args.samples - m + 1, m)])
+            y32 = fk.fp8_linear(hidden[:m], vw[0], vs[0], torch.float32, config=vcfg).double()
+            v_err = float((y32 - exact_m).norm() / exact_m.norm())
+            row["variants"][vcfg.label()] = {"us": med[name], "ratio": v_ratio,
+                                             "time_vs_shipped": v_vs_shipped,
+                                             "top1": float(v_hits.float().mean()),
+                                             "fp32_out_rel_err_vs_exact_dequant": v_err}
+            print(f"  v {vcfg.label()} | {med[name]:.1f} us | {v_ratio:.2f}x bf16 | "
+                  f"time/shipped {v_vs_shipped:.3f} | top1 {float(v_hits.float().mean()) * 100:.2f}% | "
+                  f"fp32-out err vs exact dequant {v_err:.1e}", flush=True)
     log(humming_note)
     if args.json:
         with open(args.json, "w") as fh:

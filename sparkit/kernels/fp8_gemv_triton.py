@@ -62,7 +62,7 @@ CCR_CONFIGS = [
         (64, 256, 8, 4), (16, 512, 4, 4), (64, 512, 8, 2),
     ]
 ]
-PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3}
+PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4}
 PACKED_CONFIGS = [
     KernelConfig(kind, bn, bk, w, s)
     for kind in ("pk16x", "pk16t")
@@ -70,6 +70,12 @@ PACKED_CONFIGS = [
         (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (128, 128, 8, 5),
         (128, 128, 8, 6), (256, 128, 8, 3), (256, 128, 8, 4), (128, 256, 8, 3),
     ]
+]
+# pk16p reads activations that _prescale_rows_kernel already scaled and rounded to fp16: the main
+# loop is the plain chained fp16 MMA, with no per-tile work on the activations.
+PRESCALED_CONFIGS = [
+    KernelConfig("pk16p", bn, bk, w, s)
+    for bn, bk, w, s in [(256, 128, 8, 3), (256, 128, 8, 4), (128, 128, 8, 4), (128, 128, 4, 3)]
 ]
 TMA16_CONFIGS = [
     KernelConfig("tma16", bn, bk, w, s)
@@ -248,6 +254,27 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
+def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.constexpr):
+    """One activation row per program: xs = fp16(x * 2^-e) with e >= 0 the power of two that brings
+    max|x| to <= 4 (the bound _dot_fp16_rescaled explains), and e itself, undone after the MMAs.
+    Two passes over the row (the second from L1/L2); a power of two keeps the scaling exact."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    src = x_ptr + row.to(tl.int64) * stride_xm
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+    e = tl.maximum(tl.ceil(tl.log2(tl.max(amax, axis=0) * 0.25)), 0.0)
+    inv = tl.exp2(-e)
+    dst = xs_ptr + row.to(tl.int64) * K
+    for k0 in range(0, K, BLOCK_K):
+        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+        tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
+    tl.store(e_ptr + row, e)
+
+
+@triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -259,7 +286,9 @@ def _fp8_packed_kernel(
     # MODE 0: bf16 MMA. MODE 1: fp16 MMA, activations rescaled per tile (_dot_fp16_rescaled).
     # MODE 2: fp16 MMA, one power of two per activation row found by a pre-scan of x (from L2),
     # which keeps the MMAs chained on one accumulator. MODE 3: as 2, the powers of two computed
-    # once per call by _row_exponent_kernel instead of by every program.
+    # once per call by _row_exponent_kernel instead of by every program. MODE 4: x_desc describes
+    # activations already scaled and rounded to fp16 by _prescale_rows_kernel (exponents in e_ptr):
+    # nothing but the chained MMA in the loop.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -272,18 +301,22 @@ def _fp8_packed_kernel(
     if MODE == 3:
         e = tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0)
         inv = tl.exp2(-e)
+    if MODE == 4:
+        e = tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0)
     for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
         w = w_desc.load([row0 + kb * BLOCK_N, 0])
         xk = x_desc.load([off_m, kb * BLOCK_K])
         if MODE == 1:
             acc = _dot_fp16_rescaled(w, xk, acc)
+        elif MODE == 4:
+            acc = tl.dot(w.to(tl.float16), tl.trans(xk), acc)
         elif MODE >= 2:
             xs = (xk.to(tl.float32) * inv[:, None]).to(tl.float16)
             acc = tl.dot(w.to(tl.float16), tl.trans(xs), acc)
         else:
             acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
     if MODE >= 2:
-        acc = acc * tl.exp2(e)[None, :]
+        acc = acc * tl.exp2(e)[None, :]  # MODE 2, 3, 4
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
     acc = acc * s[:, None]
@@ -354,11 +387,19 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         return out.reshape(*lead, n)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    if mode == 4 and k % 8:
+        mode = 1  # the fp16 copy's rows would not be 16-byte aligned for TMA
     block_m = 16
-    x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
+    exps = x2  # unused unless mode 3 or 4
+    if mode == 4:
+        xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), BLOCK_K=512, num_warps=4)
+        x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
+    else:
+        x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
     w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
-    exps = x2  # unused unless mode 3
     if mode == 3:
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
         _row_exponent_kernel[(triton.cdiv(m, block_m),)](

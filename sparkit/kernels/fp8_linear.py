@@ -4,6 +4,7 @@ API (stable; the Triton fast path is added behind it):
     quantize_fp8_per_row(weight) -> (weight_fp8 [N, K] float8_e4m3fn, scale [N] float32)
     fp8_linear(x [..., K], weight_fp8, scale, out_dtype=None) -> [..., N]
     prepare_fp8_weight(weight_fp8, scale) -> PackedFp8Weight | None   (added; optional)
+    kernel_description(weight_fp8) -> str   (added: which path fp8_linear takes, for logs/reports)
 
 On CPU (and where Triton is missing) the reference path dequantises in row
 chunks so that memory stays bounded; on CUDA a Triton kernel is used when present.
@@ -27,6 +28,33 @@ def quantize_fp8_per_row(weight):
     return q, scale
 
 
+# CPU: the dequantised weight (exact: e4m3 * float32 scale) is kept next to the fp8 weight, so an
+# fp8 head costs what a float32 head costs instead of re-decoding on every call. Keyed by the
+# weight object (weakly) and both tensors' version counters; only for weights up to this size.
+_CPU_DEQUANT_CACHE_MAX_ELEMENTS = 1 << 26
+_cpu_dequantised: dict = {}
+
+
+def _cached_dequantised_t(weight_fp8, scale):
+    """[K, N] float32 dequantised weight (transposed: faster for a few rows on CPU), or None."""
+    import weakref
+
+    import torch
+
+    if weight_fp8.is_cuda or weight_fp8.numel() > _CPU_DEQUANT_CACHE_MAX_ELEMENTS or weight_fp8.requires_grad:
+        return None
+    key = id(weight_fp8)
+    entry = _cpu_dequantised.get(key)
+    if entry is not None:
+        ref, version, scale_ref, scale_version, w_t = entry
+        if ref() is weight_fp8 and scale_ref() is scale and version == weight_fp8._version and scale_version == scale._version:
+            return w_t
+    w_t = (weight_fp8.to(torch.float32) * scale[:, None].to(torch.float32)).T.contiguous()
+    ref = weakref.ref(weight_fp8, lambda _r, key=key: _cpu_dequantised.pop(key, None))
+    _cpu_dequantised[key] = (ref, weight_fp8._version, weakref.ref(scale), scale._version, w_t)
+    return w_t
+
+
 def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192):
     """y = x @ (weight_fp8 * scale[:, None]).T, fp32 accumulation, chunked over output rows."""
     import torch
@@ -35,6 +63,9 @@ def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int =
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32)
     n = weight_fp8.shape[0]
+    w_t = _cached_dequantised_t(weight_fp8, scale)
+    if w_t is not None:
+        return torch.mm(x2, w_t).to(out_dtype).reshape(*lead, n)
     out = torch.empty((x2.shape[0], n), dtype=out_dtype, device=x.device)
     for start in range(0, n, chunk_rows):
         stop = min(n, start + chunk_rows)
@@ -53,6 +84,24 @@ def prepare_fp8_weight(weight_fp8, scale):
     except ImportError:
         return None
     return fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale)
+
+
+def kernel_description(weight_fp8) -> str:
+    """Which path fp8_linear(x, weight_fp8, ...) takes for x on weight_fp8's device, in words
+    (for the engine's log and activation report: proof that the Triton kernel serves the head)."""
+    if not hasattr(weight_fp8, "dtype"):
+        from sparkit.kernels import fp8_gemv_triton
+
+        return (f"Triton W8A16 kernel {fp8_gemv_triton.PACKED_DEFAULT.label()} "
+                f"(tile-packed e4m3 weight {weight_fp8.block_n}x{weight_fp8.block_k})")
+    if weight_fp8.is_cuda:
+        try:
+            from sparkit.kernels import fp8_gemv_triton
+        except ImportError:
+            pass
+        else:
+            return f"Triton W8A16 kernel {fp8_gemv_triton.UNPACKED_DEFAULT.label()} (row-major e4m3 weight)"
+    return "torch reference (e4m3 rows dequantised in chunks, fp32 matmul)"
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None):

@@ -86,7 +86,7 @@ def test_a_corrupted_scale_is_detected(head):
     assert torch.allclose(y[:, 8].double(), exact[:, 8], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("m", [1, 3, 16, 17])
 def test_packed_weight_kernel_matches_and_round_trips(head, m, mode):
     from sparkit.kernels import fp8_gemv_triton as fk
@@ -104,18 +104,44 @@ def test_packed_weight_kernel_matches_and_round_trips(head, m, mode):
     assert ((y2.double() - exact).norm() / exact.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("kernel", ["default", "pk16t", "pk16p"])
 @pytest.mark.parametrize("x_dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("m", [1, 7, 16, 33])
-def test_shipped_path_prepare_then_linear(head, m, x_dtype):
-    """What the plugin and the embedded engine call: pack once, then fp8_linear(x, packed, None)."""
+def test_shipped_path_prepare_then_linear(head, m, x_dtype, kernel):
+    """What the plugin and the embedded engine call: pack once, then fp8_linear(x, packed, None);
+    also each of the two kernels that can be the default (per-tile or per-row activation scaling)."""
+    from sparkit.kernels import fp8_gemv_triton as fk
     from sparkit.kernels.fp8_linear import fp8_linear, prepare_fp8_weight
 
     q, s = head
     packed = prepare_fp8_weight(q, s)
     assert packed is not None and packed.shape == (5003, 2560)
     x = torch.randn(m, 2560, device="cuda").to(getattr(torch, x_dtype))
-    y = fp8_linear(x, packed, None, out_dtype=torch.float32)
+    if kernel == "default":
+        y = fp8_linear(x, packed, None, out_dtype=torch.float32)
+    else:
+        cfg = fk.KernelConfig(kernel, packed.block_n, packed.block_k, 8, 3)
+        y = fk.fp8_linear(x, packed, None, torch.float32, config=cfg)
     exact = _exact(x, q, s)
     # bf16 activations are exact in the kernel's fp16 MMA; fp32 ones are rounded to fp16 (2^-11).
     tol = 1e-5 if x_dtype == "bfloat16" else 1e-3
     assert ((y.double() - exact).norm() / exact.norm()).item() < tol
+
+
+@pytest.mark.parametrize("kernel", ["pk16t", "pk16p"])
+def test_large_activations_stay_finite_on_the_fp16_path(head, kernel):
+    """bf16 hidden states far beyond fp16's range (6.5e4) must not overflow the fp16 MMA."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    q, s = head
+    packed = fk.pack_fp8_weight(q, s)
+    x = torch.randn(4, 2560, device="cuda").to(torch.bfloat16)
+    x[0] *= 1.0e6
+    x[1, 100] = -3.0e9
+    cfg = fk.KernelConfig(kernel, packed.block_n, packed.block_k, 8, 3)
+    y = fk.fp8_linear(x, packed, None, torch.float32, config=cfg)
+    exact = _exact(x, q, s)
+    assert torch.isfinite(y).all()
+    for row in range(4):  # each row on its own: rows 0 and 1 dwarf the others
+        rel = ((y[row].double() - exact[row]).norm() / exact[row].norm()).item()
+        assert rel < 1e-5, (row, rel)

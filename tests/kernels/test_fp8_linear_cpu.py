@@ -90,7 +90,7 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
             x[:, 7] = 3.0e4  # needs the fp16 path's rescaling
             want = exact(x)
             runs = {f"packed mode {mode}": fk.fp8_linear_packed(x, packed, torch.float32, mode=mode)
-                    for mode in (1, 2, 3)}
+                    for mode in (1, 2, 3, 4)}
             runs["tma16"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
             runs["dot"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("dot", 64, 128, 4, 3))
             runs["cc"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("cc", 16, 128, 4, 3))

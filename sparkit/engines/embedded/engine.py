@@ -70,6 +70,7 @@ class EmbeddedEngine:
         model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype)
         if config.lm_head_dtype == "fp8":
             self.notes.append("Online FP8 quantization enabled for lm_head.")
+            self.notes.append(f"FP8 lm_head path: {model.lm_head.quant_method.kernel(model.lm_head)}")
         self.model = model
         self.load_seconds["target"] = time.monotonic() - started
 

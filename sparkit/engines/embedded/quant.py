@@ -302,12 +302,21 @@ class Fp8LmHeadMethod:
 
         if x.is_cuda:
             if self._prepared_for is not layer.weight:
-                from sparkit.kernels.fp8_linear import prepare_fp8_weight
-
-                self.packed, self._prepared_for = prepare_fp8_weight(layer.weight, layer.weight_scale), layer.weight
+                self.prepare(layer)
             if self.packed is not None:
                 return fp8_linear(x, self.packed, None, out_dtype=torch.float32)
         return fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=torch.float32)
+
+    def prepare(self, layer):
+        from sparkit.kernels.fp8_linear import prepare_fp8_weight
+
+        self.packed, self._prepared_for = prepare_fp8_weight(layer.weight, layer.weight_scale), layer.weight
+
+    def kernel(self, layer) -> str:
+        """The path the logits take, in words (the engine logs it and puts it in the report)."""
+        from sparkit.kernels.fp8_linear import kernel_description
+
+        return kernel_description(self.packed if self.packed is not None else layer.weight)
 
 
 def make_lm_head(weight, dtype: str):
@@ -320,7 +329,10 @@ def make_lm_head(weight, dtype: str):
         from sparkit.kernels.fp8_linear import quantize_fp8_per_row
 
         q, scale = quantize_fp8_per_row(weight)
-        return LmHead(q, Fp8LmHeadMethod(), weight_scale=scale)
+        head = LmHead(q, Fp8LmHeadMethod(), weight_scale=scale)
+        if q.is_cuda:
+            head.quant_method.prepare(head)  # packed at load, so the report can name the kernel
+        return head
     if dtype in ("fp32", "float32"):
         return LmHead(weight.detach().to(torch.float32).contiguous(), UnquantizedLinearMethod())
     if dtype in ("bf16", "bfloat16"):
