@@ -349,7 +349,7 @@ def main(argv=None):
                 synth = band_agreement(hit_all, marg, edges)
                 expected = 0.0
                 covered = 0.0
-                for (lo, hi, k, agree), band in zip(synth, real_margins["bands"]):
+                for (_lo, _hi, _states, agree), band in zip(synth, real_margins["bands"]):
                     if agree is not None:
                         expected += band["fraction"] * agree
                         covered += band["fraction"]

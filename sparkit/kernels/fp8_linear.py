@@ -101,7 +101,7 @@ def kernel_description(weight_fp8) -> str:
             pass
         else:
             return f"Triton W8A16 kernel {fp8_gemv_triton.UNPACKED_DEFAULT.label()} (row-major e4m3 weight)"
-    return "torch reference (e4m3 rows dequantised in chunks, fp32 matmul)"
+    return "torch reference (e4m3 weight dequantised with its row scales, fp32 matmul)"
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None):
