@@ -116,3 +116,16 @@ def test_triton_kernels_under_the_cpu_interpreter():
     proc = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and "INTERPRETER-OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_kernel_description_names_the_path_the_head_takes():
+    """The engine logs this and puts it in the activation report: it must say which path runs."""
+    from sparkit.kernels.fp8_linear import kernel_description, quantize_fp8_per_row
+
+    q, s = quantize_fp8_per_row(torch.randn(300, 256))
+    assert kernel_description(q).startswith("torch reference")  # CPU tensors: no Triton kernel
+    fk = pytest.importorskip("sparkit.kernels.fp8_gemv_triton")
+    packed = fk.pack_fp8_weight(q, s)  # what prepare_fp8_weight returns on CUDA
+    desc = kernel_description(packed)
+    assert desc.startswith("Triton") and fk.PACKED_DEFAULT.label() in desc
+    assert f"{fk.PACK_BLOCK_N}x{fk.PACK_BLOCK_K}" in desc
