@@ -71,6 +71,9 @@ class EmbeddedEngine:
         if config.lm_head_dtype == "fp8":
             self.notes.append("Online FP8 quantization enabled for lm_head.")
             self.notes.append(f"FP8 lm_head path: {model.lm_head.quant_method.kernel(model.lm_head)}")
+        if self.dtype == torch.float32:
+            # fixed-op-count CPU path (see model.FastDecoderLayer); off where experts are decoded per forward
+            model.prepare_inference()
         self.model = model
         self.load_seconds["target"] = time.monotonic() - started
 
@@ -91,6 +94,8 @@ class EmbeddedEngine:
                 self._quantize_moe(draft_model, config.expert_weights)
                 draft_model.to(device=self.device, dtype=self.dtype)
                 nextn = draft_model.mtp
+                if self.dtype == torch.float32:
+                    nextn.prepare_inference()
             if config.draft_lm_head_sharing == "module":
                 draft_head = model.lm_head
             else:

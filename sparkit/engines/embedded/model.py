@@ -91,9 +91,11 @@ class KVCache:
     overwritten by the next write, so rollback costs nothing."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, max_len: int, dtype, device):
-        shape = (num_layers, 1, num_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # K and V of a layer side by side in one buffer so that the fast path writes both with
+        # one copy; k and v are views [num_layers, 1, heads, max_len, head_dim] of it.
+        self.kv = torch.zeros((num_layers, 2, num_heads, max_len, head_dim), dtype=dtype, device=device)
+        self.k = self.kv[:, 0].unsqueeze(1)
+        self.v = self.kv[:, 1].unsqueeze(1)
         self.length = 0
         self.max_len = max_len
 
@@ -111,6 +113,21 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def fast_tables(self):
+        """For the fast inference path (float32): a complex table [max_pos, 3, 1, head_dim/2] that
+        rotates q and k (as interleaved pairs, see _interleave_rows) and leaves v as is (1 + 0i,
+        exact), so one complex multiply applies RoPE to the whole qkv projection; and a causal mask
+        [max_pos, max_pos] whose slice [start:end, :end] is the mask of a verify step."""
+        tables = getattr(self, "_fast_tables", None)
+        if tables is None or tables[0].device != self.cos.device:
+            rotate = torch.complex(self.cos, self.sin)  # exactly cos + i sin (polar would round)
+            identity = torch.complex(torch.ones_like(self.cos), torch.zeros_like(self.cos))
+            table = torch.stack((rotate, rotate, identity), dim=1).unsqueeze(2).contiguous()
+            n = self.cos.shape[0]
+            mask = torch.ones(n, n, dtype=torch.bool, device=self.cos.device).tril()
+            tables = self._fast_tables = (table, mask)
+        return tables
 
     def forward(self, x, start: int):
         # x: [..., T, head_dim]; rotate halves (GPT-NeoX style)
@@ -205,6 +222,10 @@ class MoE(nn.Module):
         self.experts_gate_up = make_expert_weights(self.w_gate_up.data, fmt, compute_dtype)
         self.experts_down = make_expert_weights(self.w_down.data, fmt, compute_dtype)
         del self.w_gate_up, self.w_down  # the quantised copy is the only one kept
+
+    def experts_inter_size(self) -> int:
+        full = self._all_experts()
+        return full[1].shape[-1] if full is not None else -1
 
     def _weights(self):
         if self.experts_gate_up is not None:
@@ -324,8 +345,143 @@ class NextNLayer(nn.Module):
         """hidden[t] (target hidden at t) + embedding of token t+1 -> MTP hidden at t (pre-norm).
         last_only: fill the KV cache for all positions, compute the output for the last one only
         (a single layer's K/V depend only on its input, so the rest of the layer can be skipped)."""
+        fast = getattr(self, "_fast", None)
+        if fast is not None and cache is not None and not self.training and hidden.shape[0] == 1:
+            x = torch.mm(torch.cat((self.enorm(next_embeds[0]), self.hnorm(hidden[0])), dim=-1), self._eh_t)
+            return fast(x, rope, cache, 0, start, last_only)[None]
         x = self.eh_proj(torch.cat((self.enorm(next_embeds), self.hnorm(hidden)), dim=-1))
         return self.decoder(x, rope, cache, 0, start, last_only)
+
+    def prepare_inference(self) -> bool:
+        """Build the fast path from the current weights (call after quantisation and .to());
+        False (module path kept) where it does not apply."""
+        self._fast = FastDecoderLayer(self.decoder) if FastDecoderLayer.supports(self.decoder) else None
+        self._eh_t = self.eh_proj.weight.detach().T.contiguous() if self._fast is not None else None
+        return self._fast is not None
+
+
+# ---------------------------------------------------------------- fast inference path
+#
+# At this size (width 128, 4 layers) a decode step is bound by the number of torch ops, not by
+# arithmetic (each op costs microseconds whatever its size) and by the bytes of weights read (the
+# model does not fit in L2). The fast path computes the same function as the modules with few ops
+# per layer and reads only the weights it needs:
+#   - q/k/v in one matmul whose q/k output rows are permuted to interleaved pairs, so that RoPE
+#     (and the identity on v) is one complex multiply; K and V reach the cache in one copy;
+#   - MoE for a few tokens (decode, verify): only the experts touched, read in place (views),
+#     with the residual added by addmm; for many tokens (prefill) the router and every expert's
+#     gate/up in ONE matmul, routing weights on the activations (0 for experts not picked, 1 for
+#     the shared one), every down projection plus the residual in ONE addmm;
+#   - weights pre-transposed ([in, out]: faster for a few rows on CPU), masks and rotary tables
+#     precomputed. Results equal the module path up to float rounding (summation order).
+# Built by prepare_inference() from the current (quantised-then-decoded) weights, so the numbers
+# it computes with are exactly the stored fp8/mxfp4 values; float32 only (complex64 RoPE).
+
+
+# silu of a very negative gate is a float32 subnormal, and subnormal operands make the CPU matmul
+# after it ~10x slower; activations under 1e-20 (contributions far below rounding) become 0.
+_SUBNORMAL_GUARD = 1e-20
+_PER_EXPERT_MAX_TOKENS = 8  # decode, verify and MTP extend: per expert touched; beyond (prefill): dense
+
+
+def _interleave_rows(weight, num_heads: int, head_dim: int):
+    """Rows [heads * head_dim, in] of a q or k projection, each head's halves (x1, x2) reordered
+    to pairs (x1_0, x2_0, x1_1, x2_1, ...). The same permutation on q and k leaves q.k unchanged."""
+    half = head_dim // 2
+    perm = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1).reshape(-1).to(weight.device)
+    return weight.view(num_heads, head_dim, -1).index_select(1, perm).reshape(num_heads * head_dim, -1)
+
+
+class FastDecoderLayer:
+    """One decoder layer's weights laid out for the fast path (plain tensors, not parameters)."""
+
+    def __init__(self, layer: "DecoderLayer"):
+        attn, moe = layer.self_attn, layer.mlp
+        heads, head_dim = attn.num_heads, attn.head_dim
+        inner = heads * head_dim
+        self.heads, self.head_dim = heads, head_dim
+        self.in_norm, self.post_norm = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+        self.eps = layer.input_layernorm.eps
+        w = attn.qkv_proj.weight.detach()
+        q, k, v = w[:inner], w[inner : 2 * inner], w[2 * inner :]
+        qkv = torch.cat((_interleave_rows(q, heads, head_dim), _interleave_rows(k, heads, head_dim), v))
+        self.qkv_t = qkv.T.contiguous()
+        self.o_t = attn.o_proj.weight.detach().T.contiguous()
+        gate_up, down = moe._all_experts()
+        E, two_i, H = gate_up.shape
+        self.num_experts, self.top_k, self.inter = E, moe.top_k, two_i // 2
+        shared = moe.shared_expert
+        gu_all = torch.cat((gate_up.detach(), shared.gate_up_proj.weight.detach()[None].to(gate_up.dtype)))  # [E+1, 2I, H]
+        self.moe_t = torch.cat((moe.gate.weight.detach(), gu_all.reshape(-1, H))).T.contiguous()  # [H, E + (E+1)*2I]
+        down_all = torch.cat((down.detach(), shared.down_proj.weight.detach()[None].to(down.dtype)))  # [E+1, H, I]
+        self.down_t = down_all.transpose(1, 2).reshape(-1, H).contiguous()  # [(E+1)*I, H]
+        # A few tokens: each expert touched (and the shared one) read as views [H, 2I] / [I, H].
+        self.router_t = moe.gate.weight.detach().T.contiguous()
+        self.gate_up_t = [w.T.contiguous() for w in gu_all]
+        self.down_t_each = [w.T.contiguous() for w in down_all]
+
+    @staticmethod
+    def supports(layer: "DecoderLayer") -> bool:
+        moe = layer.mlp
+        return (
+            moe._all_experts() is not None
+            and moe.shared_expert.down_proj.weight.shape[1] == moe.experts_inter_size()
+            and layer.self_attn.head_dim % 2 == 0
+            and layer.self_attn.qkv_proj.weight.dtype == torch.float32
+        )
+
+    def __call__(self, x, rope: RotaryEmbedding, cache: KVCache, layer: int, start: int, last_only: bool = False):
+        """x [T, H] -> [T, H] (or [1, H] with last_only: K/V for all T, the rest for the last)."""
+        T, H = x.shape
+        end = start + T
+        if end > cache.max_len:
+            raise ValueError(f"sequence length {end} exceeds the KV cache ({cache.max_len})")
+        table, causal = rope.fast_tables()
+        h = F.rms_norm(x, (H,), self.in_norm, self.eps)
+        qkv = torch.view_as_complex(torch.mm(h, self.qkv_t).view(T, 3, self.heads, self.head_dim // 2, 2))
+        qkv = torch.view_as_real(qkv * table[start:end]).view(T, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)
+        cache.kv[layer, :, :, start:end] = qkv[1:]
+        # 4-D [1, heads, T, D]: SDPA's fused CPU kernel (3-D inputs take the slower math path)
+        keys, values = cache.kv[layer, 0:1, :, :end], cache.kv[layer, 1:2, :, :end]
+        q = qkv[0:1]
+        if last_only and T > 1:
+            q, x = q[:, :, -1:], x[-1:]
+        n = q.shape[2]
+        if n == 1:
+            attn = F.scaled_dot_product_attention(q, keys, values)
+        else:
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal[start:end, :end])
+        x = torch.addmm(x, attn[0].transpose(0, 1).reshape(n, -1), self.o_t)
+
+        h = F.rms_norm(x, (H,), self.post_norm, self.eps)
+        E, inter = self.num_experts, self.inter
+        if n <= _PER_EXPERT_MAX_TOKENS:
+            # Decode, verify, MTP extend: a loop over the experts the tokens picked (plus the shared
+            # one), each read once and applied to all n rows, its output weighted per token (0 for
+            # a token that did not pick it). At this size a step costs the bytes of weights it reads
+            # (the model does not fit in L2) as much as its op count, so only touched experts are
+            # read. Experts in ascending order for any n, so that a token's sum is formed in the
+            # same order in a decode step and in a verify step.
+            top_logits, topi = torch.mm(h, self.router_t).topk(self.top_k, dim=-1)
+            topw = top_logits.softmax(dim=-1)
+            if n == 1:
+                picked, columns = map(list, zip(*sorted(zip(topi[0].tolist(), topw[0].tolist()))))
+            else:
+                route = torch.zeros(n, E, dtype=x.dtype, device=x.device).scatter_(1, topi, topw).T.contiguous()
+                picked = sorted(set(topi.view(-1).tolist()))
+                columns = [route[e, :, None] for e in picked]
+            for e, w in zip(picked + [E], columns + [None]):
+                gate_up = torch.mm(h, self.gate_up_t[e])
+                act = F.hardshrink(F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:]), _SUBNORMAL_GUARD)
+                x = torch.addmm(x, act if w is None else act.mul_(w), self.down_t_each[e])
+            return x
+        y = torch.mm(h, self.moe_t)
+        top_logits, topi = y[:, :E].topk(self.top_k, dim=-1)
+        route = torch.zeros(n, E, 1, dtype=x.dtype, device=x.device).scatter_(1, topi.unsqueeze(-1), top_logits.softmax(dim=-1).unsqueeze(-1))
+        gate_up = y[:, E:].view(n, E + 1, 2, inter)
+        act = F.hardshrink(F.silu(gate_up[:, :, 0]).mul_(gate_up[:, :, 1]), _SUBNORMAL_GUARD)  # [n, E+1, I]
+        act[:, :E] *= route  # routed experts by their weight (0 if not picked); shared expert by 1
+        return torch.addmm(x, act.view(n, -1), self.down_t)
 
 
 class TinyLingForCausalLM(nn.Module):
@@ -341,10 +497,25 @@ class TinyLingForCausalLM(nn.Module):
 
     def forward_hidden(self, input_ids, cache: KVCache | None = None, start: int = 0):
         """input_ids [B, T] -> last layer's hidden states [B, T, H] (before the final norm)."""
+        fast = getattr(self, "_fast", None)
+        if fast is not None and cache is not None and not self.training and input_ids.shape[0] == 1:
+            x = F.embedding(input_ids[0], self.embed_tokens.weight)
+            for i, layer in enumerate(fast):
+                x = layer(x, self.rope, cache, i, start)
+            return x[None]
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, self.rope, cache, i, start)
         return x
+
+    def prepare_inference(self) -> bool:
+        """Build the fast path (FastDecoderLayer) for the target layers and the MTP layer from the
+        current weights; call after quantisation and .to(). Returns whether it applies (float32,
+        experts decoded or unquantised); otherwise the modules run as they are."""
+        layers = [FastDecoderLayer(layer) if FastDecoderLayer.supports(layer) else None for layer in self.layers]
+        self._fast = layers if all(layer is not None for layer in layers) else None
+        self.mtp.prepare_inference()
+        return self._fast is not None
 
     def logits(self, hidden):
         return self.lm_head(self.norm(hidden))
