@@ -38,6 +38,46 @@ def decode_run(engine, ids, params):
             "verify_steps": verify_steps, "verify_tokens": verify_tokens}
 
 
+class CallTimes:
+    """Wall time of the model calls an engine makes while it generates (wrapped in place): what a
+    step really costs inside the decode loop, where the weights of the target, the draft and the
+    head evict each other from cache (isolated timings of one call in a loop are lower)."""
+
+    def __init__(self, engine):
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._wrap(engine.model, "forward_hidden", lambda ids, *a, **k: "target_forward" if ids.shape[1] <= 16 else "prefill")
+        self._wrap(engine.model, "logits", lambda hidden: "target_lm_head")
+        if engine.draft is not None:
+            self._wrap(engine.draft, "forward_hidden",
+                       lambda h, ids, *a, **k: "prefill" if ids.shape[1] > 16 else ("nextn_extend" if k.get("last_only") else "nextn_step"))
+            self._wrap(engine.draft, "logits", lambda hidden: "draft_lm_head")
+
+    def _wrap(self, obj, name, key) -> None:
+        inner = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            out = inner(*args, **kwargs)
+            k = key(*args, **kwargs)
+            self.seconds[k] = self.seconds.get(k, 0.0) + time.perf_counter() - started
+            self.calls[k] = self.calls.get(k, 0) + 1
+            return out
+
+        setattr(obj, name, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def per_unit(self, units: int, decode_seconds: float) -> dict:
+        """Mean microseconds per unit (a plain decode step or a speculative round), by part."""
+        out = {k: round(v / units * 1e6) for k, v in sorted(self.seconds.items()) if k != "prefill"}
+        out["engine_other"] = round((decode_seconds - sum(v for k, v in self.seconds.items() if k != "prefill")) / units * 1e6)
+        out["total"] = round(decode_seconds / units * 1e6)
+        return out
+
+
 def breakdown(engine, k: int, calls: int = 200) -> dict:
     """Best-of-5 mean time (us) of each piece of a decode step / speculative round."""
     import torch
@@ -112,6 +152,9 @@ def main(argv=None) -> int:
     for engine in engines.values():
         decode_run(engine, prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
 
+    timers = {name: CallTimes(engine) for name, engine in engines.items()} if args.breakdown else {}
+    for timer in timers.values():
+        timer.reset()
     results = {name: [] for name in engines}
     order = list(engines)
     for repeat in range(args.repeats):
@@ -146,6 +189,19 @@ def main(argv=None) -> int:
     }
     report["speedup"] = round(report["mtp"]["decode_tok_s"] / report["plain"]["decode_tok_s"], 3)
     if args.breakdown:
+        # in the decode loop: per plain step (after the first token) and per speculative round
+        plain_runs, mtp_runs = results["plain"], results["mtp"]
+        plain_steps = sum(r["decode_tokens"] for r in plain_runs)
+        rounds = sum(r["verify_steps"] for r in mtp_runs)
+        in_loop = {
+            "plain_step": timers["plain"].per_unit(plain_steps, sum(r["decode_s"] for r in plain_runs)),
+            "mtp_round": timers["mtp"].per_unit(rounds, sum(r["decode_s"] for r in mtp_runs)),
+        }
+        accept = report["mtp"]["accept_length"]
+        in_loop["round_over_plain_step"] = round(in_loop["mtp_round"]["total"] / in_loop["plain_step"]["total"], 2)
+        in_loop["predicted_ratio"] = round(accept / in_loop["round_over_plain_step"], 3)
+        in_loop["verify_over_decode_forward"] = round(in_loop["mtp_round"]["target_forward"] / in_loop["plain_step"]["target_forward"], 2)
+        report["in_loop_us"] = in_loop
         report["breakdown_us"] = breakdown(engines["mtp"], args.num_steps)
         b = report["breakdown_us"]
         b["breakeven_accept_length"] = round(b["round"] / b["plain_step"], 2)
@@ -162,7 +218,16 @@ def main(argv=None) -> int:
             print(f"  per call (us) : target 1 tok {b['target_1']}, target {args.num_steps + 1} tok {b['target_verify']}, "
                   f"NextN step {b['nextn_1']}, NextN extend {b['nextn_extend']}, lm_head {b['lm_head']}")
             print(f"  plain step {b['plain_step']} us, speculative round {b['round']} us: "
-                  f"break-even accept length {b['breakeven_accept_length']}")
+                  f"break-even accept length {b['breakeven_accept_length']}  (isolated calls, warm cache)")
+            loop = report["in_loop_us"]
+            ps, mr = loop["plain_step"], loop["mtp_round"]
+            print(f"  in the decode loop, per plain step (us): target forward {ps['target_forward']}, lm_head {ps['target_lm_head']}, "
+                  f"engine/other {ps['engine_other']} = {ps['total']}")
+            print(f"  in the decode loop, per MTP round (us): verify forward {mr['target_forward']}, its lm_head {mr['target_lm_head']}, "
+                  f"NextN extend {mr.get('nextn_extend', 0)}, NextN steps {mr.get('nextn_step', 0)}, draft lm_head {mr.get('draft_lm_head', 0)}, "
+                  f"engine/other {mr['engine_other']} = {mr['total']}")
+            print(f"  round / plain step = {loop['round_over_plain_step']} (verify forward / decode forward = {loop['verify_over_decode_forward']}); "
+                  f"accept length / that = predicted ratio {loop['predicted_ratio']:.2f}x")
     return 0
 
 
