@@ -115,7 +115,17 @@ def list_runs() -> list[RunDir]:
     if not root.is_dir():
         return []
     runs = [RunDir(p) for p in root.iterdir() if (p / "meta.json").exists()]
-    return sorted(runs, key=lambda r: r.meta_path.stat().st_mtime)
+    return sorted(runs, key=_start_order)
+
+
+def _start_order(run: RunDir) -> tuple[str, float]:
+    # By start time, not meta.json's mtime: stopping a run rewrites its meta, and the run
+    # stopped last must not become "the latest run".
+    try:
+        started = run.read_meta().started_at or ""
+    except Exception:  # a torn meta.json still lists, ordered by its file time
+        started = ""
+    return (started, run.meta_path.stat().st_mtime)
 
 
 def pid_alive(pid: int | None) -> bool:

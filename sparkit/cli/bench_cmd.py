@@ -165,10 +165,28 @@ def bench(
             run_bench(target.url, config, api_key=target.api_key, out_path=out_path, recipe=recipe, run_id=run_id, on_progress=on_progress)
         )
     err_console().print(f"saved {out_path}")
+    _raise_if_nothing_measured(doc, url=target.url)
     if as_json:
         print_json(doc)
     else:
         render_bench(doc)
+
+
+def _raise_if_nothing_measured(doc: dict[str, Any], url: str) -> None:
+    """A benchmark whose every request failed has no figures: exit 7 with the server's error,
+    not an empty table and exit 0."""
+    from sparkit.errors import EngineError
+
+    requests = [r for rep in doc.get("repeats", []) for r in rep.get("requests", [])]
+    errors = [r["error"] for r in requests if r.get("error")]
+    if requests and len(errors) == len(requests):
+        raise EngineError(
+            f"all {len(requests)} benchmark request(s) to {url} failed; the first: {errors[0]}",
+            hint="--input-len + --output-len must fit the model's context (tiny-ling: 2048 tokens), "
+            "e.g. --input-len 512 --output-len 256"
+            if "context length" in errors[0]
+            else "`sparkit logs` shows the server's side",
+        )
 
 
 @bench_app.command("compare")

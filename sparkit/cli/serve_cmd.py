@@ -228,13 +228,14 @@ def logs(
 ) -> None:
     """Print a server's log."""
     from sparkit.errors import UsageError
-    from sparkit.runs import find_run, follow_log, list_runs
+    from sparkit.runs import find_run, follow_log, is_live, list_runs
 
-    if run is None:
+    if run is None:  # the latest live run, else the latest run
         runs = list_runs()
         if not runs:
             raise UsageError("no runs yet", hint="start one with `sparkit up`")
-        found = runs[-1]
+        live = [r for r in runs if is_live(r)]
+        found = (live or runs)[-1]
     else:
         found = find_run(run)
     if not found.log_path.exists():
@@ -249,7 +250,8 @@ def logs(
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
         except KeyboardInterrupt:
-            return
+            # Ctrl-C is how a user ends `logs -f`; it still exits 130 like every command.
+            raise
 
 
 def down(
@@ -310,6 +312,7 @@ def check(
         run_path = None
     else:
         raise UsageError("--url needs --recipe RECIPE: the checks compare the server with what a recipe asks for")
+    _require_reachable(target.url, target.api_key)
     results = run_activation_checks(target.url, plan, run_path, api_key=target.api_key)
     if json_out:
         print_json({"url": target.url, "run": target.run.id if target.run else None, "checks": [r.to_dict() for r in results]})
@@ -317,6 +320,25 @@ def check(
         render_checks(results, title=f"checks of {target.url}")
     if worst(results) == Status.FAIL:
         raise CheckFailed("startup check(s) failed: " + ", ".join(r.title for r in results if r.status == Status.FAIL))
+
+
+def _require_reachable(url: str, api_key: str | None) -> None:
+    """An unreachable server is exit 7 with one message, not a table of failed checks."""
+    from sparkit.cli.common import run_async
+    from sparkit.client import EngineClient
+    from sparkit.errors import EngineError
+
+    async def probe() -> None:
+        async with EngineClient(url, api_key=api_key, timeout=10.0) as client:
+            await client.models()
+
+    try:
+        run_async(probe())
+    except EngineError as exc:
+        raise EngineError(
+            f"cannot check {url}: {exc.message}",
+            hint=exc.hint or "`sparkit status` lists the running servers; check the URL, port and API key",
+        ) from None
 
 
 def register(app: typer.Typer) -> None:

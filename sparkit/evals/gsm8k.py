@@ -541,7 +541,15 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
                     try:
                         generation = await _ask(client, request, question, prompt, model)
                     except EngineError as exc:
-                        raise EngineError(f"question {question.id}: {exc.message}", hint=exc.hint) from exc
+                        hint = exc.hint
+                        if "context length" in exc.message:
+                            # SGLang's wording for a prompt (+ max tokens) over the model's context.
+                            hint = (
+                                f"the {settings.shots}-shot prompt plus --max-tokens {settings.max_tokens} must fit the "
+                                "model's context: pass fewer --shots or a smaller --max-tokens (tiny-ling's "
+                                "2048-token context fits --shots 1 --max-tokens 256)"
+                            )
+                        raise EngineError(f"question {question.id}: {exc.message}", hint=hint) from exc
                     record = _result_record(
                         question, prompt, generation, session, request.concurrency, wall_start, time.time()
                     )
@@ -558,9 +566,10 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
             try:
                 await asyncio.gather(*workers)
             except EngineError as exc:
+                saved = f"finished questions are saved; continue with the same flags plus --resume --out {out}"
                 raise EngineError(
                     f"{exc.message} ({progress.done} of {progress.total} questions done)",
-                    hint=f"finished questions are saved; continue with the same flags plus --resume --out {out}",
+                    hint=(exc.hint if not progress.done else f"{exc.hint}; {saved}") if exc.hint else saved,
                 ) from exc
             finally:
                 for task in workers:

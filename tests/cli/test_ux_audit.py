@@ -1,0 +1,144 @@
+"""Regressions from a newcomer's audit of the CLI: exit codes, messages, Ctrl-C, help.
+
+Commands run as real `sparkit` processes (exit codes and stdout/stderr are what a user
+and a script see); the e2e ones talk to a real embedded server started by `sparkit up`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkit.runs import RunDir, RunMeta, list_runs
+
+
+def sparkit_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SPARKIT_DEBUG", None)  # users run without it: no traceback either way
+    env.update({"SPARKIT_HOME": str(home), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "160"})
+    return env
+
+
+def run_sparkit(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkit", *args], env=sparkit_env(home), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, code: int) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error:") or "\nerror:" in result.stderr, result.stderr
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- no server needed ------------------------------------------------------------------
+
+
+def test_check_of_an_unreachable_url_is_exit_7_with_one_message(sparkit_home):
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run_sparkit(sparkit_home, "check", "--url", url, "--recipe", "tiny", "--json")
+    assert_clean_error(result, 7)
+    assert f"cannot check {url}" in result.stderr
+    assert result.stdout == ""  # no half a report for scripts to misread
+    assert "startup check" not in result.stderr
+
+
+def _write_run(home: Path, run_id: str, started_at: str) -> RunDir:
+    run = RunDir(home / "runs" / run_id)
+    run.write_meta(RunMeta(id=run_id, recipe_name="tiny", recipe_path=None, engine="embedded",
+                           url="http://127.0.0.1:1", host="127.0.0.1", port=1, started_at=started_at))
+    return run
+
+
+def test_runs_are_ordered_by_start_even_after_an_old_one_is_stopped(sparkit_home):
+    old = _write_run(sparkit_home, "tiny-old", "2026-01-01T00:00:00+00:00")
+    new = _write_run(sparkit_home, "tiny-new", "2026-01-02T00:00:00+00:00")
+    time.sleep(0.01)
+    meta = old.read_meta()  # stopping rewrites meta.json: the old run's file is now the newest
+    meta.extra["state"] = "stopped"
+    old.write_meta(meta)
+    assert [r.id for r in list_runs()] == [old.id, new.id]
+
+
+def test_logs_without_a_run_shows_the_latest_started_one(sparkit_home):
+    old = _write_run(sparkit_home, "tiny-old", "2026-01-01T00:00:00+00:00")
+    new = _write_run(sparkit_home, "tiny-new", "2026-01-02T00:00:00+00:00")
+    new.log_path.write_text("new run's log\n")
+    old.log_path.write_text("old run's log\n")
+    old.write_meta(old.read_meta())
+    result = run_sparkit(sparkit_home, "logs")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "new run's log\n"
+
+
+# -- against a real server started by `sparkit up` -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_run(tiny_model_dir, tmp_path_factory):
+    home = tmp_path_factory.mktemp("ux-home")
+    up = run_sparkit(home, "up", "tiny", "--set", f"model.path={tiny_model_dir}", "--port", "auto", "--detach", "--json")
+    assert up.returncode == 0, up.stderr
+    doc = json.loads(up.stdout)
+    yield home, doc
+    run_sparkit(home, "down", "--all")
+
+
+@pytest.mark.e2e
+def test_ctrl_c_in_logs_follow_exits_130_without_a_traceback(live_run):
+    home, _ = live_run
+    proc = subprocess.Popen([sys.executable, "-m", "sparkit", "logs", "-f"], env=sparkit_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends to the foreground group
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Aborted" not in err
+    assert "ready" in out  # the log's tail was printed first
+
+
+@pytest.mark.e2e
+def test_eval_prompt_over_the_context_names_the_flags_that_fix_it(live_run, tmp_path):
+    from _shared import GSM8K_DIR
+
+    home, doc = live_run
+    result = run_sparkit(home, "eval", "gsm8k", "--data", str(GSM8K_DIR / "test.jsonl"), "--limit", "1",
+                         "--greedy", "--max-tokens", "32", "--out", str(tmp_path / "r.jsonl"))
+    assert_clean_error(result, 7)
+    assert "context length" in result.stderr
+    assert "--shots" in result.stderr and "--max-tokens" in result.stderr
+    # The README's tour command, which fits tiny-ling's context, works.
+    result = run_sparkit(home, "eval", "gsm8k", "--data", str(GSM8K_DIR / "test.jsonl"), "--limit", "1",
+                         "--greedy", "--shots", "1", "--max-tokens", "256", "--json", "--out", str(tmp_path / "ok.jsonl"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["n"] == 1
+
+
+@pytest.mark.e2e
+def test_bench_where_every_request_fails_is_exit_7_not_an_empty_table(live_run, tmp_path):
+    home, _ = live_run
+    result = run_sparkit(home, "bench", "--input-len", "4096", "--output-len", "8", "--num-prompts", "1",
+                         "--warmup", "0", "--json", "--out", str(tmp_path / "b.json"))
+    assert_clean_error(result, 7)
+    assert "failed" in result.stderr and "context length" in result.stderr
+    assert "--input-len" in result.stderr
+    assert result.stdout == ""
+    result = run_sparkit(home, "bench", "--input-len", "16", "--output-len", "8", "--num-prompts", "1",
+                         "--json", "--out", str(tmp_path / "ok.json"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["complete"] is True
