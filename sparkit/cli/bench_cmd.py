@@ -160,10 +160,17 @@ def bench(
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
     )
     out_path = out or _default_out(label)
-    with progress_reporter() as on_progress:
-        doc = run_async(
-            run_bench(target.url, config, api_key=target.api_key, out_path=out_path, recipe=recipe, run_id=run_id, on_progress=on_progress)
-        )
+    try:
+        with progress_reporter() as on_progress:
+            doc = run_async(
+                run_bench(target.url, config, api_key=target.api_key, out_path=out_path, recipe=recipe, run_id=run_id, on_progress=on_progress)
+            )
+    except KeyboardInterrupt:
+        if out_path.exists():
+            err_console().print(
+                f"interrupted; the requests measured so far are saved in {out_path}\n  resume with the same flags plus --out {out_path}"
+            )
+        raise
     err_console().print(f"saved {out_path}")
     _raise_if_nothing_measured(doc, url=target.url)
     if as_json:
@@ -264,9 +271,9 @@ def tune(
     output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
     dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | FILE."),
-    warmup: int = typer.Option(1, "--warmup"),
-    seed: int = typer.Option(0, "--seed"),
-    repeats: int = typer.Option(1, "--repeats"),
+    warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each point."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
+    repeats: int = typer.Option(1, "--repeats", help="Repeat the interleaved round to measure run-to-run noise."),
     sequential: bool = typer.Option(False, "--sequential", help="One server at a time instead of all up and interleaved (less memory, more drift)."),
     as_json: bool = typer.Option(False, "--json", help="Print the sweep document as JSON."),
 ) -> None:
@@ -304,7 +311,7 @@ def verify(
     against_set: list[str] = typer.Option([], "--against-set", help="Override for the baseline recipe."),
     rounding_changing: list[str] = typer.Option([], "--rounding-changing", help="Declare a rounding-changing optimisation not visible in the recipes (repeatable)."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Greedy tokens per prompt."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution."""

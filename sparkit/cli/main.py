@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI. Typer handles usage errors (exit 2) itself; sparkit's own errors
     are printed as one clear message with their documented exit code."""
     try:
-        app(args=argv, prog_name="sparkit")
+        import typer.main
+
+        command = typer.main.get_command(app)
+        tidy_help(command)
+        command.main(args=argv, prog_name="sparkit")
     except SparkitError as exc:
         from sparkit.cli.common import err_console
 
@@ -70,6 +74,66 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"internal error: {type(exc).__name__}: {exc}\n(set SPARKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(1)
+
+
+# What an option's value is, in --help, where the Python type alone says little.
+_METAVARS = {
+    "--set": "KEY=VALUE",
+    "--against-set": "KEY=VALUE",
+    "--param": "KEY=V1,V2,...",
+    "--url": "URL",
+    "--api-key": "KEY",
+    "--port": "PORT",
+    "--out": "FILE",
+    "--data": "PATH",
+    "--recipe": "RECIPE",
+    "--against": "RECIPE",
+    "--recipe-dir": "DIR",
+    "--model": "NAME",
+    "--system": "TEXT",
+    "--open": "ID",
+    "--format": "chat|completion",
+    "--metric": "flexible|strict",
+    "--dataset": "random|gsm8k|FILE",
+    "--rounding-changing": "KEY",
+    "--timeout": "SECONDS",
+    "--grace": "SECONDS",
+    "--train-seconds": "SECONDS",
+}
+_TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT"}
+
+
+def tidy_help(command) -> None:
+    """Consistent metavars in every --help: flags show none (typer would print `<bool>`),
+    options a word for their value (KEY=VALUE, URL, N) instead of `<list[str]>` or `<int>`."""
+    for param in command.params:
+        # typer ships its own click: recognise options by their kind, not by class.
+        kind_of_param = getattr(param, "param_type_name", "")
+        if kind_of_param == "argument" and param.metavar is None:
+            param.metavar = param.name.upper()  # usage reads `up [RECIPE]`, `eval compare {A} {B}`
+            param.display_type_rich = lambda ctx: None  # its help says what it is; `<str>` says nothing
+            continue
+        if kind_of_param != "option" or param.metavar is not None:
+            continue
+        if param.is_flag or param.count:
+            param.metavar = ""
+            continue
+        name = next((o for o in param.opts if o.startswith("--")), None)
+        kind = param.bare_type().removeprefix("list[").removesuffix("]")
+        param.metavar = _METAVARS.get(name) or _TYPE_METAVARS.get(kind, "VALUE")
+    if not getattr(command, "_sparkit_tidy_help", False):  # --help is made per call: tidy it there
+        make_help_option = command.get_help_option
+
+        def get_help_option(ctx, _make=make_help_option):
+            option = _make(ctx)
+            if option is not None:
+                option.metavar = ""
+            return option
+
+        command.get_help_option = get_help_option
+        command._sparkit_tidy_help = True
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub)
 
 
 def escape(text: str) -> str:

@@ -142,3 +142,48 @@ def test_bench_where_every_request_fails_is_exit_7_not_an_empty_table(live_run, 
                          "--json", "--out", str(tmp_path / "ok.json"))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["complete"] is True
+
+
+def _all_command_paths() -> list[list[str]]:
+    import typer.main
+
+    from sparkit.cli.main import app
+
+    paths: list[list[str]] = []
+
+    def walk(command, prefix: list[str]) -> None:
+        paths.append(prefix)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*prefix, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def test_every_help_names_option_values_and_shows_no_python_types(capsys, monkeypatch):
+    from sparkit.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    paths = _all_command_paths()
+    assert ["up"] in paths and ["bench", "compare"] in paths and ["eval", "gsm8k"] in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*path, "--help"])
+        assert exit_info.value.code in (0, None), path
+        text = capsys.readouterr().out
+        for python_type in ("<bool>", "<list[", "<int", "<float", "<path>"):
+            assert python_type not in text, (path, python_type, text)
+    with pytest.raises(SystemExit):
+        main(["up", "--help"])
+    text = capsys.readouterr().out
+    assert "KEY=VALUE" in text and "SECONDS" in text
+
+
+def test_eval_sampling_defaults_are_visible_in_help(capsys, monkeypatch):
+    from sparkit.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["eval", "gsm8k", "--help"])
+    text = capsys.readouterr().out
+    assert "default 0.6" in text and "default 0.95" in text and "default 29" in text
