@@ -357,7 +357,19 @@ class NextNLayer(nn.Module):
         False (module path kept) where it does not apply."""
         self._fast = FastDecoderLayer(self.decoder) if FastDecoderLayer.supports(self.decoder) else None
         self._eh_t = self.eh_proj.weight.detach().T.contiguous() if self._fast is not None else None
+        self._embed_table = None
         return self._fast is not None
+
+    def fast_forward_ids(self, hidden, next_ids, embed_weight, rope, cache, start: int, last_only: bool):
+        """The fast path fed token ids: enorm(embedding) @ W_e depends on the token only, so it is a
+        table [V, H] computed once; a step is then a lookup plus one addmm for the hidden half."""
+        H = hidden.shape[-1]
+        cached = self._embed_table
+        if cached is None or cached[0] is not embed_weight or cached[1] != embed_weight._version:
+            table = torch.mm(self.enorm(embed_weight.detach()), self._eh_t[:H])
+            cached = self._embed_table = (embed_weight, embed_weight._version, table)
+        x = torch.addmm(F.embedding(next_ids[0], cached[2]), self.hnorm(hidden[0]), self._eh_t[H:])
+        return self._fast(x, rope, cache, 0, start, last_only)[None]
 
 
 # ---------------------------------------------------------------- fast inference path
@@ -538,7 +550,10 @@ class TinyLingForCausalLMNextN:
         self.nextn, self.embed_tokens, self.lm_head, self.rope, self.config = nextn, embed_tokens, lm_head, rope, config
 
     def forward_hidden(self, hidden, next_ids, cache: KVCache | None = None, start: int = 0, last_only: bool = False):
-        return self.nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start, last_only)
+        nextn = self.nextn
+        if getattr(nextn, "_fast", None) is not None and cache is not None and not nextn.training and hidden.shape[0] == 1:
+            return nextn.fast_forward_ids(hidden, next_ids, self.embed_tokens.weight, self.rope, cache, start, last_only)
+        return nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start, last_only)
 
     def logits(self, mtp_hidden):
         return self.lm_head(self.nextn.shared_head_norm(mtp_hidden))
