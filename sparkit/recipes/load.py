@@ -72,9 +72,10 @@ def shipped_recipes() -> list[tuple[str, Path]]:
     when the file is named after its folder (recipes/tiny/tiny.yaml is `tiny`)."""
     root = repo_recipes_dir()
     out = []
-    for path in sorted(root.glob("**/*.yaml")):
+    for path in root.glob("**/*.yaml"):
         out.append((_shipped_name(path, root), path))
-    return out
+    # By name: the ladder reads in order (spark-humming before spark-humming-fp8head).
+    return sorted(out)
 
 
 def _shipped_name(path: Path, root: Path) -> str:
@@ -299,12 +300,11 @@ def _validate(data: dict[str, Any], origins: dict[KeyPath, Origin], fallback_fil
         return Recipe.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        # Report the first error precisely; mention how many more there are.
-        first = errors[0]
-        loc = tuple(str(p) for p in first["loc"])
-        error = _recipe_error(first, loc, origins, fallback_file)
-        if len(errors) > 1:
-            error.message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        # Every problem, each with its own file:line:col key, so that one edit fixes them all;
+        # the error's fields (file, line, key) are the first one's.
+        located = [_recipe_error(err, tuple(str(p) for p in err["loc"]), origins, fallback_file) for err in errors]
+        error = located[0]
+        error.message += "".join(f"\n  also {other.message}" for other in located[1:])
         raise error from None
 
 

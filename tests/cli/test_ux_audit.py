@@ -187,3 +187,60 @@ def test_eval_sampling_defaults_are_visible_in_help(capsys, monkeypatch):
         main(["eval", "gsm8k", "--help"])
     text = capsys.readouterr().out
     assert "default 0.6" in text and "default 0.95" in text and "default 29" in text
+
+
+def test_a_recipe_with_two_mistakes_reports_both_with_their_lines(sparkit_home, tmp_path):
+    recipe = tmp_path / "two-mistakes.yaml"
+    recipe.write_text('extends: tiny\nserver:\n  port: "x"\n  bogus: 1\n')
+    result = run_sparkit(sparkit_home, "plan", str(recipe))
+    assert_clean_error(result, 3)
+    assert f"{recipe}:3:9 server.port" in result.stderr
+    assert f"{recipe}:4:10 server.bogus: unknown key 'bogus'" in result.stderr
+
+
+def test_recipes_list_reads_the_spark_ladder_in_order(sparkit_home):
+    result = run_sparkit(sparkit_home, "recipes", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    names = [r["name"] for r in json.loads(result.stdout)]
+    ladder = [n for n in names if n.startswith("ling-3.0-flash/spark-")]
+    assert ladder == ["ling-3.0-flash/spark-baseline", "ling-3.0-flash/spark-humming",
+                      "ling-3.0-flash/spark-humming-fp8head", "ling-3.0-flash/spark-optimized"]
+
+
+def _readme_tour() -> list[str]:
+    from _shared import REPO_DIR
+
+    text = (REPO_DIR / "README.md").read_text()
+    tour = text.split("## A tour", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in tour.strip().splitlines()]
+
+
+def test_readme_tour_commands_that_need_no_server_work_as_written(sparkit_home):
+    import shlex
+
+    tour = _readme_tour()
+    offline = [c for c in tour if c.split()[1] in ("recipes", "plan", "doctor")]
+    assert len(offline) == 4, tour
+    for command in offline:
+        result = run_sparkit(sparkit_home, *shlex.split(command)[1:])
+        assert result.returncode == 0, (command, result.stderr)
+        if "--json" in command:
+            json.loads(result.stdout)
+
+
+def test_readme_tour_flags_exist(capsys, monkeypatch):
+    """Every --flag the tour shows is in that command's --help."""
+    import shlex
+
+    from sparkit.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    for command in _readme_tour():
+        words = shlex.split(command)[1:]
+        path = [w for w in words[:2] if not w.startswith("-") and w in ("eval", "gsm8k", "recipes", "list", "bench", "model")]
+        path = path or words[:1]
+        with pytest.raises(SystemExit):
+            main([*path, "--help"])
+        text = capsys.readouterr().out
+        for flag in (w.split("=", 1)[0] for w in words if w.startswith("--")):
+            assert flag in text, (command, flag)
