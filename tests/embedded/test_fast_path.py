@@ -85,8 +85,8 @@ def test_engine_uses_the_fast_path_only_where_experts_are_decoded_once(untrained
 
 
 def test_subnormal_activations_are_flushed_without_changing_the_result(untrained_model_dir):
-    """A gate far below zero gives silu() a float32 subnormal (slow in the CPU matmul); the fast
-    path zeroes such activations, which changes the output by far less than rounding."""
+    """A very negative gate and a small up give float32 subnormals (slow in the CPU matmul); the
+    dense path zeroes such activations, which changes the output by far less than rounding."""
     model = _model(untrained_model_dir, "fp32")
     with torch.inference_mode():
         layer = model.layers[0]
@@ -97,8 +97,8 @@ def test_subnormal_activations_are_flushed_without_changing_the_result(untrained
         model.prepare_inference()
         act = torch.nn.functional.silu(torch.tensor(-87.0)) * 1e-3
         assert 0 < abs(float(act)) < torch.finfo(torch.float32).tiny  # the precondition: subnormals
-        x = torch.full((1, 1, H), 0.02)
-        cache_a, cache_b = model.new_cache(8), model.new_cache(8)
+        x = torch.full((1, 12, H), 0.02)  # a prefill: the dense path, over every expert
+        cache_a, cache_b = model.new_cache(16), model.new_cache(16)
         fast = model._fast[0](x[0], model.rope, cache_a, 0, 0)
         reference = layer(x, model.rope, cache_b, 0, 0)[0]
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6)
