@@ -35,12 +35,37 @@ def _latest_results() -> Path:
     return files[-1]
 
 
+def _load_dataset(data: Optional[Path], need_train: bool) -> Any:
+    """The dataset, with a progress bar on stderr while a first run downloads it from the hub."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sparkit.cli.common import err_console
+    from sparkit.evals import gsm8k as core
+
+    bar: Optional[Progress] = None
+
+    def on_download(p: Any) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(TextColumn("[bold]GSM8K from the hub[/] {task.fields[split]}"), BarColumn(),
+                           MofNCompleteColumn(), TimeElapsedColumn(), console=err_console())
+            bar.start()
+            bar.add_task("download", total=p.total, split=p.split)
+        bar.update(bar.task_ids[0], completed=p.done, split=p.split)
+
+    try:
+        return core.load_dataset(data, need_train=need_train, on_download=on_download)
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
 @eval_app.command("gsm8k")
 def gsm8k(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer key for the server."),
-    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: download once."),
+    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: openai/gsm8k from the Hugging Face hub, downloaded once."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),
     shots: int = typer.Option(5, "--shots", min=0, help="Few-shot chain-of-thought exemplars, drawn from the train split."),
     fmt: str = typer.Option("chat", "--format", help="chat (chat template, /v1/chat/completions) or completion (base models, /generate)."),
@@ -72,7 +97,7 @@ def gsm8k(
         top_k = 29 if top_k is None else top_k
 
     target = resolve_server(run, url, api_key)
-    dataset = core.load_dataset(data, need_train=shots > 0)
+    dataset = _load_dataset(data, need_train=shots > 0)
     questions = dataset.test[:limit] if limit else dataset.test
     exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
     settings = core.EvalSettings(

@@ -33,15 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.errors import DataError, EngineError, UsageError
+from sparkit.evals.hub import SPLIT_SIZES, DownloadProgressFn
 from sparkit.evals.stats import proportion
 
-# The original release (MIT) of openai/grade-school-math; the hub's openai/gsm8k "main" config is
-# the same 7473 + 1319 questions, but only as parquet, which would need pyarrow.
-DOWNLOAD_URLS = {
-    "test": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/test.jsonl",
-    "train": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/train.jsonl",
-}
-EXPECTED_SIZES = {"test": 1319, "train": 7473}
+# The hub's openai/gsm8k "main" config, fetched as JSON through its dataset viewer (evals/hub.py).
+EXPECTED_SIZES = SPLIT_SIZES
 
 # Exemplars are a fixed draw from train so that every run (and every --seed) sees the same
 # prompt prefix: runs stay comparable and the server's prefix cache does its job.
@@ -109,11 +105,13 @@ def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_dataset(data: Path | None, *, need_train: bool = True, download: bool = True) -> Dataset:
+def load_dataset(
+    data: Path | None, *, need_train: bool = True, download: bool = True, on_download: DownloadProgressFn | None = None
+) -> Dataset:
     """--data PATH (a test.jsonl, or a directory holding test.jsonl) with train.jsonl beside it;
-    without PATH, the cached copy, downloaded on first use."""
+    without PATH, the cached copy, downloaded from the hub on first use."""
     if data is None:
-        test_path, train_path = ensure_downloaded() if download else _cached_paths()
+        test_path, train_path = ensure_downloaded(on_progress=on_download) if download else _cached_paths()
     else:
         data = Path(data).expanduser()
         test_path = data / "test.jsonl" if data.is_dir() else data
@@ -137,35 +135,15 @@ def _cached_paths() -> tuple[Path, Path]:
     return root / "test.jsonl", root / "train.jsonl"
 
 
-def ensure_downloaded(urls: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[Path, Path]:
-    """Download GSM8K once into the cache (plain HTTPS, no `datasets`); a clear DataError offline."""
-    import httpx
+def ensure_downloaded(
+    rows_url: str | None = None, timeout: float = 30.0, on_progress: DownloadProgressFn | None = None
+) -> tuple[Path, Path]:
+    """Download GSM8K once from the Hugging Face hub into the cache; a clear DataError offline."""
+    from sparkit.evals.hub import download_gsm8k
 
-    urls = urls or DOWNLOAD_URLS
     test_path, train_path = _cached_paths()
-    for split, path in (("test", test_path), ("train", train_path)):
-        if path.is_file():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            response = httpx.get(urls[split], timeout=timeout, follow_redirects=True)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise DataError(
-                f"cannot download the GSM8K {split} split from {urls[split]}: {exc}",
-                hint="offline? pass --data /path/to/gsm8k/test.jsonl (train.jsonl beside it)",
-            ) from exc
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_bytes(response.content)
-        try:
-            rows = load_split(tmp)
-        except DataError as exc:
-            tmp.unlink(missing_ok=True)
-            raise DataError(f"the downloaded GSM8K {split} split is not usable: {exc.message}") from exc
-        if len(rows) != EXPECTED_SIZES[split]:
-            tmp.unlink(missing_ok=True)
-            raise DataError(f"the downloaded GSM8K {split} split has {len(rows)} questions, expected {EXPECTED_SIZES[split]}")
-        os.replace(tmp, path)
+    download_gsm8k({"test": test_path, "train": train_path}, base_url=rows_url, timeout=timeout,
+                   on_progress=on_progress, check=load_split)
     return test_path, train_path
 
 

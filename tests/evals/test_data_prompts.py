@@ -96,9 +96,8 @@ def test_malformed_data_is_reported_with_file_and_line(tmp_path, content, messag
 
 def test_offline_download_is_a_clear_data_error(sparkit_home):
     # A port nothing listens on: the same failure as being offline.
-    urls = {"test": "http://127.0.0.1:9/test.jsonl", "train": "http://127.0.0.1:9/train.jsonl"}
     with pytest.raises(DataError) as info:
-        core.ensure_downloaded(urls, timeout=2)
+        core.ensure_downloaded("http://127.0.0.1:9/rows", timeout=2)
     assert "cannot download" in info.value.message and "--data" in info.value.hint
     assert not list((sparkit_home / "cache" / "gsm8k").glob("*.jsonl"))
 
