@@ -37,6 +37,7 @@ DEFAULT_ROWS_URL = "https://datasets-server.huggingface.co/rows"
 ROWS_URL_ENV = "SPARKIT_GSM8K_ROWS_URL"
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 PAGE_LENGTH = 100  # the viewer refuses more per request
+MAX_RETRY_AFTER_S = 10.0
 
 # Worth another try: the viewer answers these while it is busy or being redeployed.
 _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
@@ -74,6 +75,14 @@ def page_url(base_url: str, split: str, offset: int, length: int = PAGE_LENGTH) 
     return f"{base_url}{'&' if '?' in base_url else '?'}{query}"
 
 
+def _retry_after(response: Any) -> float | None:
+    """The server's Retry-After in seconds, capped: a rate-limited hub says how long to wait."""
+    try:
+        return min(max(float(response.headers.get("Retry-After", "")), 0.0), MAX_RETRY_AFTER_S)
+    except ValueError:
+        return None
+
+
 def _get_json(client: Any, url: str, *, retries: int, backoff_s: float) -> dict[str, Any]:
     """GET one page; transient failures (timeouts, 429/5xx) are retried with a doubling backoff.
     A refused connection or a DNS failure is not retried: that is being offline, and saying so
@@ -98,7 +107,9 @@ def _get_json(client: Any, url: str, *, retries: int, backoff_s: float) -> dict[
                 try:
                     body = response.json()
                 except ValueError as exc:
-                    raise DataError(f"cannot download GSM8K: {url} did not answer JSON", hint=_DATA_HINT) from exc
+                    raise DataError(
+                        f"cannot download GSM8K: {url} did not answer JSON (a captive portal or proxy page?)", hint=_DATA_HINT
+                    ) from exc
                 if not isinstance(body, dict):
                     raise DataError(f"cannot download GSM8K: {url} answered {type(body).__name__}, expected an object")
                 return body
@@ -110,6 +121,8 @@ def _get_json(client: Any, url: str, *, retries: int, backoff_s: float) -> dict[
                     + (f": {detail}" if detail else ""),
                     hint=_DATA_HINT,
                 )
+            time.sleep(_retry_after(response) or backoff_s * (2**attempt))
+            continue
         time.sleep(backoff_s * (2**attempt))
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -29,6 +29,9 @@ class Viewer:
     def __init__(self) -> None:
         self.requests: list[dict[str, str]] = []
         self.fail_next: list[int] = []  # HTTP statuses answered before serving normally
+        self.retry_after: str | None = None  # sent with those statuses
+        self.drop_next = 0  # connections closed without an answer before serving normally
+        self.html = False  # a captive portal: 200 with a web page
         self.total_override: int | None = None
         self.max_length = 100
         handler = self._handler()
@@ -47,8 +50,22 @@ class Viewer:
                 parts = urlsplit(self.path)
                 query = {k: v[0] for k, v in parse_qs(parts.query).items()}
                 viewer.requests.append(query)
+                if viewer.drop_next:
+                    viewer.drop_next -= 1
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if viewer.fail_next:
-                    self._send(viewer.fail_next.pop(0), {"error": "The server is busy."})
+                    headers = {"Retry-After": viewer.retry_after} if viewer.retry_after else {}
+                    self._send(viewer.fail_next.pop(0), {"error": "The server is busy."}, headers)
+                    return
+                if viewer.html:
+                    payload = b"<html><body>Please log in to the hotel wifi</body></html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
                     return
                 if parts.path != "/rows" or query.get("dataset") != "openai/gsm8k" or query.get("config") != "main" \
                         or query.get("split") not in SPLITS:
@@ -69,9 +86,11 @@ class Viewer:
                     "partial": False,
                 })
 
-            def _send(self, status: int, body: dict) -> None:
+            def _send(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
                 payload = json.dumps(body).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -147,6 +166,28 @@ def test_a_transient_503_is_retried(sparkit_home, viewer):
     test_path, _ = hub_download(sparkit_home)
     assert len(test_path.read_text().splitlines()) == 1319
     assert viewer.requests[0]["offset"] == viewer.requests[1]["offset"] == viewer.requests[2]["offset"] == "0"
+
+
+def test_a_dropped_connection_is_retried(sparkit_home, viewer):
+    viewer.drop_next = 1
+    test_path, _ = hub_download(sparkit_home)
+    assert test_path.read_bytes() == (GSM8K_DIR / "test.jsonl").read_bytes()
+    assert viewer.pages("test")[:2] == [0, 0]
+
+
+def test_a_rate_limit_waits_as_long_as_the_hub_asks(sparkit_home, viewer, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(hub.time, "sleep", waits.append)  # record the wait instead of sleeping it
+    viewer.fail_next, viewer.retry_after = [429], "3"
+    hub_download(sparkit_home)
+    assert waits == [3.0]
+
+
+def test_a_web_page_instead_of_json_is_a_data_error(sparkit_home, viewer):
+    viewer.html = True
+    with pytest.raises(DataError, match="did not answer JSON"):
+        hub_download(sparkit_home)
+    assert not list(cache(sparkit_home).glob("*"))
 
 
 def test_a_503_that_persists_is_a_data_error_after_the_retries(sparkit_home, viewer):
