@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
 
         if run and url:
             raise UsageError("give a RUN or --url, not both", hint="`sparkit chat --url http://127.0.0.1:30000`")
+        if open_id is not None:
+            _require_saved_chat(open_id)
         target = resolve_server(run, url, api_key)
         from sparkit.tui.app import create_app
 
@@ -38,3 +40,22 @@ def register(app: typer.Typer) -> None:
             run=target.run,
             open_conversation=open_id,
         ).run()
+
+
+def _require_saved_chat(conversation_id: int) -> None:
+    """`--open N` of a chat that does not exist is a usage error, not a silent new chat."""
+    from sparkit.errors import UsageError
+    from sparkit.tui.history import ChatStore
+
+    store = ChatStore()
+    try:
+        found = store.load(conversation_id)
+        recent = [c.id for c in store.list_conversations(limit=5)]
+    finally:
+        store.close()
+    if found is None:
+        raise UsageError(
+            f"--open {conversation_id}: no saved chat with that id",
+            hint=f"recent chats: {', '.join(map(str, recent))} (Ctrl+O in `sparkit chat` lists them)" if recent
+            else "no chats saved yet: `sparkit chat` starts one",
+        )

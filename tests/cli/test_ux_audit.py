@@ -244,3 +244,18 @@ def test_readme_tour_flags_exist(capsys, monkeypatch):
         text = capsys.readouterr().out
         for flag in (w.split("=", 1)[0] for w in words if w.startswith("--")):
             assert flag in text, (command, flag)
+
+
+def test_chat_open_of_a_missing_chat_is_a_usage_error_listing_saved_ones(sparkit_home):
+    result = run_sparkit(sparkit_home, "chat", "--open", "99")
+    assert_clean_error(result, 2)
+    assert "--open 99: no saved chat" in result.stderr and "no chats saved yet" in result.stderr
+
+    from sparkit.tui.history import ChatStore
+
+    store = ChatStore()  # SPARKIT_HOME is the test's: the same store `sparkit chat` reads
+    saved = store.new_conversation("hello", model="tiny-ling", server_url="http://127.0.0.1:1", system_prompt=None)
+    store.close()
+    result = run_sparkit(sparkit_home, "chat", "--open", "99")
+    assert_clean_error(result, 2)
+    assert f"recent chats: {saved}" in result.stderr
