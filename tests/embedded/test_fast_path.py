@@ -21,9 +21,36 @@ def _model(untrained_model_dir, experts: str):
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def narrow_experts_model_dir(tmp_path_factory):
+    """Routed experts narrower than the shared expert (each width a config key of its own)."""
+    import json
+
+    from sparkit.engines.embedded.builder import MARKER, save_checkpoint
+    from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
+    from sparkit.engines.embedded.tokenizer import save_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny-narrow")
+    torch.manual_seed(99)
+    save_checkpoint(TinyLingForCausalLM(TinyLingConfig(max_position_embeddings=512, moe_intermediate_size=64,
+                                                       shared_expert_intermediate_size=160)), directory)
+    save_tokenizer(directory)
+    (directory / MARKER).write_text(json.dumps({"seed": 99}))
+    return directory
+
+
 @pytest.mark.parametrize("experts", ["fp32", "fp8", "mxfp4"])
 def test_fast_path_matches_the_modules_for_prefill_decode_and_verify(untrained_model_dir, experts):
-    model = _model(untrained_model_dir, experts)
+    _check_fast_path_matches(_model(untrained_model_dir, experts))
+
+
+def test_fast_path_matches_with_a_shared_expert_wider_than_the_routed_ones(narrow_experts_model_dir):
+    model = _model(narrow_experts_model_dir, "fp8")
+    assert model.layers[0].mlp.shared_expert.down_proj.weight.shape[1] == 160 and model.layers[0].mlp.experts_inter_size() == 64
+    _check_fast_path_matches(model)
+
+
+def _check_fast_path_matches(model):
     torch.manual_seed(0)
     prompt = torch.randint(0, 256, (1, 20))
     steps = [torch.randint(0, 256, (1, t)) for t in (1, 4, 1, 3, 2)]
@@ -91,8 +118,9 @@ def test_subnormal_activations_are_flushed_without_changing_the_result(untrained
     with torch.inference_mode():
         layer = model.layers[0]
         H = model.config.hidden_size
-        layer.mlp.shared_expert.gate_up_proj.weight[:192] = -87.0 / H  # shared gates -87 on a flat input
-        layer.mlp.shared_expert.gate_up_proj.weight[192:] = 1e-3 / H  # shared ups 1e-3
+        shared_inter = model.config.shared_expert_intermediate_size
+        layer.mlp.shared_expert.gate_up_proj.weight[:shared_inter] = -87.0 / H  # shared gates -87 on a flat input
+        layer.mlp.shared_expert.gate_up_proj.weight[shared_inter:] = 1e-3 / H  # shared ups 1e-3
         layer.post_attention_layernorm.weight.fill_(1.0)
         model.prepare_inference()
         act = torch.nn.functional.silu(torch.tensor(-87.0)) * 1e-3

@@ -425,21 +425,22 @@ class FastDecoderLayer:
         E, two_i, H = gate_up.shape
         self.num_experts, self.top_k, self.inter = E, moe.top_k, two_i // 2
         shared = moe.shared_expert
-        gu_all = torch.cat((gate_up.detach(), shared.gate_up_proj.weight.detach()[None].to(gate_up.dtype)))  # [E+1, 2I, H]
-        self.moe_t = torch.cat((moe.gate.weight.detach(), gu_all.reshape(-1, H))).T.contiguous()  # [H, E + (E+1)*2I]
-        down_all = torch.cat((down.detach(), shared.down_proj.weight.detach()[None].to(down.dtype)))  # [E+1, H, I]
-        self.down_t = down_all.transpose(1, 2).reshape(-1, H).contiguous()  # [(E+1)*I, H]
-        # A few tokens: each expert touched (and the shared one) read as views [H, 2I] / [I, H].
+        # the shared expert may be wider or narrower than the routed ones (config key of its own)
+        shared_gu = shared.gate_up_proj.weight.detach().to(gate_up.dtype)  # [2Is, H]
+        shared_down = shared.down_proj.weight.detach().to(down.dtype)  # [H, Is]
+        self.shared_inter = shared_down.shape[1]
+        self.moe_t = torch.cat((moe.gate.weight.detach(), gate_up.detach().reshape(-1, H), shared_gu)).T.contiguous()  # [H, E + E*2I + 2Is]
+        self.down_t = torch.cat((down.detach().transpose(1, 2).reshape(-1, H), shared_down.T)).contiguous()  # [E*I + Is, H]
+        # A few tokens: each expert touched (and the shared one, last) read as views [H, 2I] / [I, H].
         self.router_t = moe.gate.weight.detach().T.contiguous()
-        self.gate_up_t = [w.T.contiguous() for w in gu_all]
-        self.down_t_each = [w.T.contiguous() for w in down_all]
+        self.gate_up_t = [w.T.contiguous() for w in gate_up.detach()] + [shared_gu.T.contiguous()]
+        self.down_t_each = [w.T.contiguous() for w in down.detach()] + [shared_down.T.contiguous()]
 
     @staticmethod
     def supports(layer: "DecoderLayer") -> bool:
         moe = layer.mlp
         return (
             moe._all_experts() is not None
-            and moe.shared_expert.down_proj.weight.shape[1] == moe.experts_inter_size()
             and layer.self_attn.head_dim % 2 == 0
             and layer.self_attn.qkv_proj.weight.dtype == torch.float32
         )
@@ -486,16 +487,22 @@ class FastDecoderLayer:
                 columns = [route[e, :, None] for e in picked]
             for e, w in zip(picked + [E], columns + [None]):
                 gate_up = torch.mm(h, self.gate_up_t[e])
-                act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+                width = gate_up.shape[1] // 2
+                act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])
                 x = torch.addmm(x, act if w is None else act.mul_(w), self.down_t_each[e])
             return x
         y = torch.mm(h, self.moe_t)
         top_logits, topi = y[:, :E].topk(self.top_k, dim=-1)
         route = torch.zeros(n, E, 1, dtype=x.dtype, device=x.device).scatter_(1, topi.unsqueeze(-1), top_logits.softmax(dim=-1).unsqueeze(-1))
-        gate_up = y[:, E:].view(n, E + 1, 2, inter)
-        act = F.hardshrink(F.silu(gate_up[:, :, 0]).mul_(gate_up[:, :, 1]), _SUBNORMAL_GUARD)  # [n, E+1, I]
-        act[:, :E] *= route  # routed experts by their weight (0 if not picked); shared expert by 1
-        return torch.addmm(x, act.view(n, -1), self.down_t)
+        if self.shared_inter == inter:
+            gate_up = y[:, E:].view(n, E + 1, 2, inter)
+            act = F.hardshrink(F.silu(gate_up[:, :, 0]).mul_(gate_up[:, :, 1]), _SUBNORMAL_GUARD)  # [n, E+1, I]
+            act[:, :E] *= route  # routed experts by their weight (0 if not picked); shared expert by 1
+            return torch.addmm(x, act.view(n, -1), self.down_t)
+        routed = y[:, E : E + 2 * E * inter].view(n, E, 2, inter)
+        shared = y[:, E + 2 * E * inter :].view(n, 2, self.shared_inter)
+        act = torch.cat(((F.silu(routed[:, :, 0]) * routed[:, :, 1] * route).view(n, -1), F.silu(shared[:, 0]) * shared[:, 1]), dim=1)
+        return torch.addmm(x, F.hardshrink(act, _SUBNORMAL_GUARD), self.down_t)
 
 
 class TinyLingForCausalLM(nn.Module):
