@@ -134,7 +134,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     out: Optional[Path] = typer.Option(None, "--out", help="Result JSON (written as it goes; rerun to resume). Default: under the data dir."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the whole benchmark to measure run-to-run noise."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result document as JSON on stdout."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Benchmark a live server: greedy, ignore_eos, concurrency 1 by default."""
     if ctx.invoked_subcommand is not None:
@@ -200,7 +200,7 @@ def _raise_if_nothing_measured(doc: dict[str, Any], url: str) -> None:
 def compare(
     a: Path = typer.Argument(..., help="Baseline result JSON (A)."),
     b: Path = typer.Argument(..., help="Candidate result JSON (B)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Side by side with ratios (B/A) and whether each difference exceeds run-to-run noise."""
     from rich.table import Table
@@ -275,7 +275,7 @@ def tune(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the interleaved round to measure run-to-run noise."),
     sequential: bool = typer.Option(False, "--sequential", help="One server at a time instead of all up and interleaved (less memory, more drift)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the sweep document as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Sweep recipe values (one server each), rank by TPOT and step-time estimate, write the best recipe to a new file."""
     from sparkit.bench.runner import BenchConfig
@@ -312,7 +312,7 @@ def verify(
     rounding_changing: list[str] = typer.Option([], "--rounding-changing", help="Declare a rounding-changing optimisation not visible in the recipes (repeatable)."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution."""
     from rich.table import Table

@@ -78,7 +78,7 @@ def gsm8k(
     seed: int = typer.Option(0, "--seed", help="Base of the per-question sampling seeds."),
     out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (default: under sparkit's data dir)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted results file (same settings required)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Measure GSM8K accuracy (5-shot CoT, train-split exemplars) on a live server."""
     from sparkit.cli.common import err_console, print_json, run_async
@@ -206,7 +206,7 @@ def compare(
     b: Path = typer.Argument(..., help="Results of the run under test (B)."),
     metric: str = typer.Option("flexible", "--metric", help="Extraction the verdict uses: flexible or strict."),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0, max=1.0, help="Significance level of the verdict."),
-    as_json: bool = typer.Option(False, "--json", help="Print the comparison as one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Paired McNemar comparison of two GSM8K runs on the questions both answered."""
     from sparkit.cli.common import print_json

@@ -20,7 +20,7 @@ def make_tiny(
     directory: Optional[Path] = typer.Argument(None, help="Where to build it (default: sparkit's cache, models/tiny-ling-s{SEED})."),
     seed: int = typer.Option(0, "--seed", help="Initialisation and corpus seed (a different seed gives a different model)."),
     train_seconds: Optional[float] = typer.Option(None, "--train-seconds", min=1.0, help="Training time budget in seconds (default 90)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Train tiny-ling (a miniature Ling MoE with an MTP layer) on CPU and save it; reuses a complete build."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

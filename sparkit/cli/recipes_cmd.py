@@ -17,7 +17,7 @@ def plan_cmd(
     recipe: str = typer.Argument(..., help="Recipe file or shipped name (see `sparkit recipes list`)."),
     set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
     port: int | None = typer.Option(None, "--port", help="Port to plan for (default: the recipe's).", min=1, max=65535),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Show the exact engine launch a recipe compiles to (no GPU needed)."""
     from sparkit.recipes.compile import compile_plan
@@ -64,7 +64,7 @@ def render_plan(plan) -> None:
 
 
 @recipes_app.command("list")
-def list_cmd(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+def list_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr).")) -> None:
     """The shipped recipes, one line each."""
     rows = []
     for name, path in _shipped():
@@ -102,7 +102,7 @@ def _description(path: Path) -> str | None:
 def show_cmd(
     recipe: str = typer.Argument(..., help="Recipe file or shipped name."),
     set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """A recipe fully resolved (after extends, overrides and defaults)."""
     from sparkit.recipes.load import display_path, load_recipe
@@ -123,7 +123,7 @@ def show_cmd(
 @recipes_app.command("validate")
 def validate_cmd(
     files: list[str] = typer.Argument(..., help="Recipe files (or shipped names)."),
-    as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Load, check the rules and compile each recipe; exit 3 if any is invalid."""
     from sparkit.errors import RecipeError, SparkitError
@@ -153,7 +153,7 @@ def validate_cmd(
         raise typer.Exit(RecipeError.exit_code)
 
 
-def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr).")) -> None:
     """Host and engine report, and which shipped recipe targets this host can run."""
     from sparkit.engines.base import get_adapter
     from sparkit.host import detect_host, target_fit

@@ -85,7 +85,7 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the checks ran, leaving the server running."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server to become healthy."),
     keep_on_fail: bool = typer.Option(False, "--keep-on-fail", help="Keep the server running when a startup check fails."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress on stderr)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach)."""
     from sparkit.checks.results import Status, worst
@@ -176,7 +176,7 @@ def _stream_until_interrupt(run: Any, out: Any) -> None:
 
 
 def status(
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
     all_: bool = typer.Option(False, "--all", "-a", help="Also list stopped and failed runs."),
     prune: bool = typer.Option(False, "--prune", help="Delete the directories of runs that are not running."),
 ) -> None:
@@ -258,7 +258,7 @@ def down(
     run: str = typer.Argument(None, help="Run id, id prefix or recipe name (default: the latest live run)."),
     all_: bool = typer.Option(False, "--all", help="Stop every running server."),
     grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
     from sparkit.errors import UsageError
@@ -286,7 +286,7 @@ def check(
     recipe: str = typer.Option(None, "--recipe", help="With --url: the recipe whose expectations to check."),
     set_: list[str] = typer.Option([], "--set", help="With --recipe: override a recipe value (repeatable)."),
     api_key: str = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Run the activation checks again against a live server."""
     from sparkit.checks.results import Status, worst

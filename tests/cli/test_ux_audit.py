@@ -259,3 +259,18 @@ def test_chat_open_of_a_missing_chat_is_a_usage_error_listing_saved_ones(sparkit
     result = run_sparkit(sparkit_home, "chat", "--open", "99")
     assert_clean_error(result, 2)
     assert f"recent chats: {saved}" in result.stderr
+
+
+def test_every_json_flag_promises_the_same_thing(capsys, monkeypatch):
+    from sparkit.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "250")
+    with_json = 0
+    for path in _all_command_paths():
+        with pytest.raises(SystemExit):
+            main([*path, "--help"])
+        lines = [line for line in capsys.readouterr().out.splitlines() if "--json" in line]
+        for line in lines:
+            with_json += 1
+            assert "One JSON document on stdout (progress and messages on stderr)." in line, (path, line)
+    assert with_json >= 14
