@@ -295,8 +295,12 @@ def test_cli_with_no_runs(sparkit_home):
 
     status = cli("status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["runs"] == []
-    down = cli("down")
-    assert down.returncode == 2 and "no running server found" in down.stderr and "Traceback" not in down.stderr
+    down = cli("down")  # nothing to stop is not a mistake: cleanup scripts call `sparkit down`
+    assert down.returncode == 0 and "no servers running" in down.stderr and "Traceback" not in down.stderr
+    down_json = cli("down", "--json")
+    assert down_json.returncode == 0 and json.loads(down_json.stdout)["stopped"] == []
+    down_named = cli("down", "nosuchrun")  # a RUN that does not exist still is
+    assert down_named.returncode == 2 and "no run matches 'nosuchrun'" in down_named.stderr
     check = cli("check", "--url", "http://127.0.0.1:9")
     assert check.returncode == 2 and "--recipe" in check.stderr
     bad_port = cli("up", "--port", "http")

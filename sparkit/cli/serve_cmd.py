@@ -261,12 +261,13 @@ def down(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
-    from sparkit.errors import UsageError
     from sparkit.runs import find_run, live_runs, mark_stale, stop
 
     stale = mark_stale()
-    if all_:
-        targets = live_runs()
+    if all_ or run is None:
+        # Without a RUN, the latest live one; with none running there is nothing to do, which is
+        # not a mistake (scripts call `sparkit down` to clean up).
+        targets = live_runs()[-1:] if not all_ else live_runs()
     else:
         targets = [find_run(run)]
     for target in targets:
@@ -274,8 +275,6 @@ def down(
         err_console().print(f"stopped {target.id}")
     if json_out:
         print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
-    elif not targets and not all_:
-        raise UsageError("nothing to stop")
     elif not targets:
         err_console().print("no servers running")
 
