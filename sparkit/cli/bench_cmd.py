@@ -148,7 +148,14 @@ def bench(
             raise UsageError(f"{name} must be at least 1 (got {value})")
     if warmup < 0:
         raise UsageError(f"--warmup must be 0 or more (got {warmup})")
-    target = resolve_server(run, url, api_key)
+    try:
+        target = resolve_server(run, url, api_key)
+    except UsageError as exc:
+        import difflib
+
+        if run and difflib.get_close_matches(run, list(ctx.command.commands), n=1):  # `bench comapre a b`
+            raise UsageError(exc.message, hint=f"did you mean `sparkit bench compare`? ({exc.hint})") from None
+        raise
     recipe, run_id, label = None, None, "url"
     if target.run is not None:
         run_id = target.run.id

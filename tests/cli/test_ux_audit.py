@@ -274,3 +274,9 @@ def test_every_json_flag_promises_the_same_thing(capsys, monkeypatch):
             with_json += 1
             assert "One JSON document on stdout (progress and messages on stderr)." in line, (path, line)
     assert with_json >= 14
+
+
+def test_a_mistyped_bench_compare_suggests_the_subcommand(sparkit_home):
+    result = run_sparkit(sparkit_home, "bench", "comapre")
+    assert_clean_error(result, 2)
+    assert "did you mean `sparkit bench compare`" in result.stderr
