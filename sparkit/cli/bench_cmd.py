@@ -14,7 +14,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from sparkit.cli.common import console, err_console, print_json, run_async
+from sparkit.cli.common import console, err_console, print_json, run_async, writable_dir, writable_file
 
 
 class _BenchGroup(TyperGroup):
@@ -166,7 +166,7 @@ def bench(
         input_len=input_len, output_len=output_len, num_prompts=num_prompts, concurrency=concurrency,
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
     )
-    out_path = out or _default_out(label)
+    out_path = writable_file(out, "--out") or _default_out(label)
     try:
         with progress_reporter() as on_progress:
             doc = run_async(
@@ -291,7 +291,8 @@ def tune(
     parse_params(param)  # usage errors before anything starts
     config = BenchConfig(input_len=input_len, output_len=output_len, num_prompts=num_prompts, dataset=dataset,
                          warmup=warmup, seed=seed, repeats=repeats)
-    out_path = out or _default_out(f"tune-{Path(recipe).stem}")
+    out_path = writable_file(out, "--out") or _default_out(f"tune-{Path(recipe).stem}")
+    write_recipe_dir = writable_dir(write_recipe_dir, "--recipe-dir")
 
     def said(point: Any, index: int, total: int) -> None:
         f = point.figures or {}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -42,3 +44,37 @@ def print_json(data: Any) -> None:
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
+
+
+def writable_file(path: Path | None, flag: str) -> Path | None:
+    """Check an output file flag before any work starts: a directory or an uncreatable parent
+    is a usage error naming the flag, not an OSError minutes later."""
+    from sparkit.errors import UsageError
+
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory", hint=f"give a file name, e.g. {flag} {path / 'results.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create {path.parent} ({exc.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: {path.parent} is not writable")
+    return path
+
+
+def writable_dir(path: Path | None, flag: str) -> Path | None:
+    from sparkit.errors import UsageError
+
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create it ({exc.strerror})") from None
+    return path

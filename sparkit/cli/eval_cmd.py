@@ -111,6 +111,9 @@ def gsm8k(
         seed=seed,
         exemplar_ids=[e.id for e in exemplars],
     )
+    from sparkit.cli.common import writable_file
+
+    out = writable_file(out, "--out")
     if out is None:
         out = _latest_results() if resume else _default_out()
     recipe = None

@@ -69,6 +69,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except OSError as exc:  # a path the user gave that cannot be read or written: name it, no trace
+        if os.environ.get("SPARKIT_DEBUG") or not exc.filename:
+            if os.environ.get("SPARKIT_DEBUG"):
+                raise
+            print(f"internal error: {type(exc).__name__}: {exc}\n(set SPARKIT_DEBUG=1 for the traceback)", file=sys.stderr)
+            sys.exit(1)
+        from sparkit.cli.common import err_console
+
+        err_console().print(f"[bold red]error:[/] {escape(str(exc.filename))}: {escape(exc.strerror or str(exc))}",
+                            highlight=False, soft_wrap=True)
+        err_console().print("[yellow]hint:[/] check the path given to --out, --data or the command's file arguments",
+                            highlight=False, soft_wrap=True)
+        sys.exit(1)
     except Exception as exc:  # a bug in sparkit: say so briefly, the full trace only on request
         if os.environ.get("SPARKIT_DEBUG"):
             raise

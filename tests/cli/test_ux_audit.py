@@ -280,3 +280,26 @@ def test_a_mistyped_bench_compare_suggests_the_subcommand(sparkit_home):
     result = run_sparkit(sparkit_home, "bench", "comapre")
     assert_clean_error(result, 2)
     assert "did you mean `sparkit bench compare`" in result.stderr
+
+
+def test_output_paths_are_checked_before_any_work(sparkit_home, tmp_path):
+    from _shared import GSM8K_DIR
+
+    url = f"http://127.0.0.1:{free_port()}"  # never contacted: the path is refused first
+    result = run_sparkit(sparkit_home, "eval", "gsm8k", "--url", url, "--data", str(GSM8K_DIR / "test.jsonl"),
+                         "--limit", "1", "--out", str(tmp_path))
+    assert_clean_error(result, 2)
+    assert f"--out {tmp_path}: is a directory" in result.stderr
+    result = run_sparkit(sparkit_home, "bench", "--url", url, "--out", "/proc/no-such-dir/b.json")
+    assert_clean_error(result, 2)
+    assert "--out /proc/no-such-dir/b.json: cannot create /proc/no-such-dir" in result.stderr
+    (tmp_path / "f").write_text("")
+    result = run_sparkit(sparkit_home, "tune", "tiny", "--param", "speculative.num_steps=1", "--recipe-dir", str(tmp_path / "f"))
+    assert_clean_error(result, 2)
+    assert "not a directory" in result.stderr
+
+
+def test_an_unreadable_input_path_is_named_without_a_traceback(sparkit_home, tmp_path):
+    result = run_sparkit(sparkit_home, "bench", "compare", str(tmp_path), str(tmp_path))
+    assert_clean_error(result, 1)
+    assert f"{tmp_path}: Is a directory" in result.stderr
