@@ -23,7 +23,7 @@ def _model(untrained_model_dir, experts: str):
 
 @pytest.fixture(scope="module")
 def narrow_experts_model_dir(tmp_path_factory):
-    """Routed experts narrower than the shared expert (each width a config key of its own)."""
+    """Routed experts narrower than the shared expert (each width a config key of its own), top-1."""
     import json
 
     from sparkit.engines.embedded.builder import MARKER, save_checkpoint
@@ -33,7 +33,8 @@ def narrow_experts_model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-narrow")
     torch.manual_seed(99)
     save_checkpoint(TinyLingForCausalLM(TinyLingConfig(max_position_embeddings=512, moe_intermediate_size=64,
-                                                       shared_expert_intermediate_size=160)), directory)
+                                                       shared_expert_intermediate_size=160, num_experts=4,
+                                                       num_experts_per_tok=1)), directory)
     save_tokenizer(directory)
     (directory / MARKER).write_text(json.dumps({"seed": 99}))
     return directory
@@ -44,7 +45,7 @@ def test_fast_path_matches_the_modules_for_prefill_decode_and_verify(untrained_m
     _check_fast_path_matches(_model(untrained_model_dir, experts))
 
 
-def test_fast_path_matches_with_a_shared_expert_wider_than_the_routed_ones(narrow_experts_model_dir):
+def test_fast_path_matches_with_top1_routing_and_a_shared_expert_wider_than_the_routed_ones(narrow_experts_model_dir):
     model = _model(narrow_experts_model_dir, "fp8")
     assert model.layers[0].mlp.shared_expert.down_proj.weight.shape[1] == 160 and model.layers[0].mlp.experts_inter_size() == 64
     _check_fast_path_matches(model)

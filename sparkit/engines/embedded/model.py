@@ -489,7 +489,8 @@ class FastDecoderLayer:
                 gate_up = torch.mm(h, self.gate_up_t[e])
                 width = gate_up.shape[1] // 2
                 act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])
-                x = torch.addmm(x, act if w is None else act.mul_(w), self.down_t_each[e])
+                # w is None for the shared expert, 1.0 for top-1 routing of one token (softmax of one logit)
+                x = torch.addmm(x, act if w is None or (type(w) is float and w == 1.0) else act.mul_(w), self.down_t_each[e])
             return x
         y = torch.mm(h, self.moe_t)
         top_logits, topi = y[:, :E].topk(self.top_k, dim=-1)
