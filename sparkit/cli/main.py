@@ -52,41 +52,51 @@ _register_all()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI. Typer handles usage errors (exit 2) itself; sparkit's own errors
-    are printed as one clear message with their documented exit code."""
+    """Run the CLI. Every error reads the same: `error: ...` (and `hint: ...`) on stderr with
+    its documented exit code: sparkit's own errors, usage mistakes (2), unusable paths (1).
+    Ctrl-C exits 130. Anything else is a bug: one line, the traceback with SPARKIT_DEBUG=1."""
     try:
         import typer.main
 
         command = typer.main.get_command(app)
         tidy_help(command)
-        command.main(args=argv, prog_name="sparkit")
+        # Not standalone: usage mistakes come back here and read like every other sparkit error.
+        outcome = command.main(args=argv, prog_name="sparkit", standalone_mode=False)
+        sys.exit(outcome if isinstance(outcome, int) else 0)
     except SparkitError as exc:
-        from sparkit.cli.common import err_console
-
-        err_console().print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
-        if exc.hint:
-            err_console().print(f"[yellow]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
+        _print_error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
-    except OSError as exc:  # a path the user gave that cannot be read or written: name it, no trace
-        if os.environ.get("SPARKIT_DEBUG") or not exc.filename:
-            if os.environ.get("SPARKIT_DEBUG"):
-                raise
-            print(f"internal error: {type(exc).__name__}: {exc}\n(set SPARKIT_DEBUG=1 for the traceback)", file=sys.stderr)
-            sys.exit(1)
-        from sparkit.cli.common import err_console
-
-        err_console().print(f"[bold red]error:[/] {escape(str(exc.filename))}: {escape(exc.strerror or str(exc))}",
-                            highlight=False, soft_wrap=True)
-        err_console().print("[yellow]hint:[/] check the path given to --out, --data or the command's file arguments",
-                            highlight=False, soft_wrap=True)
+    except typer.Abort:  # end of input at a prompt
         sys.exit(1)
-    except Exception as exc:  # a bug in sparkit: say so briefly, the full trace only on request
+    except Exception as exc:
+        if _is_click_error(exc):
+            ctx = getattr(exc, "ctx", None)
+            if not exc.format_message().strip():  # a bare group (`sparkit eval`): its help was shown
+                sys.exit(exc.exit_code)
+            _print_error(exc.format_message(), f"`{ctx.command_path} --help` lists its arguments and options" if ctx else None)
+            sys.exit(exc.exit_code)
         if os.environ.get("SPARKIT_DEBUG"):
             raise
+        if isinstance(exc, OSError) and exc.filename:  # a path the user gave cannot be read or written
+            _print_error(f"{exc.filename}: {exc.strerror or exc}", "check the path given to --out, --data or the command's file arguments")
+            sys.exit(1)
         print(f"internal error: {type(exc).__name__}: {exc}\n(set SPARKIT_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(1)
+
+
+def _print_error(message: str, hint: str | None) -> None:
+    from sparkit.cli.common import err_console
+
+    err_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if hint:
+        err_console().print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
+
+
+def _is_click_error(exc: BaseException) -> bool:
+    # typer vendors click: its exceptions are recognised by what they carry, not their module.
+    return hasattr(exc, "format_message") and hasattr(exc, "exit_code")
 
 
 # What an option's value is, in --help, where the Python type alone says little.

@@ -303,3 +303,15 @@ def test_an_unreadable_input_path_is_named_without_a_traceback(sparkit_home, tmp
     result = run_sparkit(sparkit_home, "bench", "compare", str(tmp_path), str(tmp_path))
     assert_clean_error(result, 1)
     assert f"{tmp_path}: Is a directory" in result.stderr
+
+
+def test_usage_mistakes_read_like_every_other_error(sparkit_home):
+    result = run_sparkit(sparkit_home, "status", "--bogus")
+    assert_clean_error(result, 2)
+    assert result.stderr.startswith("error: No such option: --bogus")
+    assert "`sparkit status --help`" in result.stderr
+    result = run_sparkit(sparkit_home, "up", "--timeout", "soon")
+    assert_clean_error(result, 2)
+    assert "'--timeout'" in result.stderr and "╭" not in result.stderr  # one line, not a box
+    result = run_sparkit(sparkit_home, "eval")  # a bare group shows its help, no empty error line
+    assert "gsm8k" in result.stdout and "error" not in result.stderr
