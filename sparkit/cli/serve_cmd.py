@@ -196,13 +196,15 @@ def status(
         return
     from rich.table import Table
 
-    table = Table(title="servers", title_justify="left")
+    # No borders and the URL without its scheme keep a row on one line in 120 columns:
+    # run ids and URLs are copied into the next command and must not be split.
+    table = Table(title="servers", title_justify="left", box=None, padding=(0, 2, 0, 0), pad_edge=False, header_style="bold")
     for col in ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("run", "url", "pid", "state", "uptime"))
     for r in rows:
         health = "-" if r.healthy is None else ("[green]ok[/]" if r.healthy else "[red]down[/]")
         table.add_row(
-            r.id, r.recipe, r.engine, r.url, str(r.pid or "-"),
+            r.id, r.recipe, r.engine, r.url.removeprefix("http://"), str(r.pid or "-"),
             r.state if r.state == "running" else f"[yellow]{r.state}[/]",
             _duration(r.uptime_s), health,
             f"{r.decode_tok_s:.1f}" if r.decode_tok_s else "-",

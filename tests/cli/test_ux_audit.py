@@ -315,3 +315,14 @@ def test_usage_mistakes_read_like_every_other_error(sparkit_home):
     assert "'--timeout'" in result.stderr and "╭" not in result.stderr  # one line, not a box
     result = run_sparkit(sparkit_home, "eval")  # a bare group shows its help, no empty error line
     assert "gsm8k" in result.stdout and "error" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_status_keeps_each_live_run_on_one_line_in_120_columns(live_run):
+    home, doc = live_run
+    env = {**sparkit_env(home), "COLUMNS": "120"}
+    result = subprocess.run([sys.executable, "-m", "sparkit", "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    row = [line for line in result.stdout.splitlines() if doc["run"] in line]
+    assert len(row) == 1, result.stdout
+    assert doc["url"].removeprefix("http://") in row[0] and "running" in row[0]
