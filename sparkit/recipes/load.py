@@ -190,6 +190,9 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[KeyP
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", file=file) from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"not a text (UTF-8) file: undecodable byte at offset {exc.start}", file=file,
+                          hint="a recipe is a YAML file; did you pass the wrong path?") from None
     data, origins = parse_yaml(text, file)
     if not isinstance(data, dict):
         raise RecipeError("a recipe must be a mapping of keys (engine, model, stack, ...)", file=file, line=1, column=1)

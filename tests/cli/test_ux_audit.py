@@ -326,3 +326,11 @@ def test_status_keeps_each_live_run_on_one_line_in_120_columns(live_run):
     row = [line for line in result.stdout.splitlines() if doc["run"] in line]
     assert len(row) == 1, result.stdout
     assert doc["url"].removeprefix("http://") in row[0] and "running" in row[0]
+
+
+def test_a_binary_file_given_as_recipe_is_a_recipe_error(sparkit_home, tmp_path):
+    recipe = tmp_path / "model.safetensors.yaml"
+    recipe.write_bytes(b"\xef\x00\xff\xfe" * 16)
+    result = run_sparkit(sparkit_home, "plan", str(recipe))
+    assert_clean_error(result, 3)
+    assert f"{recipe}: not a text (UTF-8) file" in result.stderr
