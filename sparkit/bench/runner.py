@@ -204,6 +204,9 @@ def load_result(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: no such bench result") from exc
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not a JSON bench result ({exc.msg} at line {exc.lineno})") from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not a JSON bench result (not UTF-8 text)",
+                        hint="produce one with `sparkit bench --out FILE`") from exc
     if not isinstance(doc, dict) or doc.get("kind") != BENCH_KIND:
         raise DataError(f"{path}: not a sparkit bench result (no kind={BENCH_KIND!r})", hint="produce one with `sparkit bench --out FILE`")
     return doc

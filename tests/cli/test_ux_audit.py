@@ -334,3 +334,11 @@ def test_a_binary_file_given_as_recipe_is_a_recipe_error(sparkit_home, tmp_path)
     result = run_sparkit(sparkit_home, "plan", str(recipe))
     assert_clean_error(result, 3)
     assert f"{recipe}: not a text (UTF-8) file" in result.stderr
+
+
+def test_a_binary_file_given_as_bench_result_is_a_data_error(sparkit_home, tmp_path):
+    result_file = tmp_path / "a.json"
+    result_file.write_bytes(b"\xef\x00\xff\xfe" * 16)
+    result = run_sparkit(sparkit_home, "bench", "compare", str(result_file), str(result_file))
+    assert_clean_error(result, 8)
+    assert f"{result_file}: not a JSON bench result" in result.stderr
