@@ -22,7 +22,8 @@ from pathlib import Path
 
 from sparkit.errors import LaunchError, UsageError
 
-BUILDER_VERSION = 2  # 2: 8 layers, 4 experts top-1 of width 64 (MTP pays on CPU)
+# 1 again: the 8-layer shape briefly built as version 2 was not kept (v2 builds rebuild; v1 builds are this shape)
+BUILDER_VERSION = 1
 MARKER = ".sparkit-build.json"
 WEIGHTS = "model.safetensors"
 BUILTIN_MODELS = ("tiny-ling",)

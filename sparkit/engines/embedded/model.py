@@ -27,17 +27,16 @@ DRAFT_CLASS = "TinyLingForCausalLMNextN"
 class TinyLingConfig:
     vocab_size: int = 264
     hidden_size: int = 128
-    # The shape is chosen for NEXTN MTP to pay on CPU (benchmarks/embedded_mtp_decode.py): a step
-    # costs about the weight bytes it reads, and a verify step of 4 tokens reads every expert any of
-    # them picked, so routed experts are narrow and top-1 (verify / decode forward ~1.6, was ~1.9
-    # with 8 experts top-2 of width 192), and 8 layers make the one NextN layer relatively cheap.
-    num_hidden_layers: int = 8
+    # Shape: see benchmarks/embedded_mtp_decode.py's docstring for the shapes measured for NEXTN
+    # MTP on CPU (deeper models with narrow top-1 experts raise the MTP/plain ratio, but only by
+    # slowing plain decoding down more than MTP gains).
+    num_hidden_layers: int = 4
     num_attention_heads: int = 4
     head_dim: int = 32
-    num_experts: int = 4
-    num_experts_per_tok: int = 1
-    moe_intermediate_size: int = 64
-    shared_expert_intermediate_size: int = 64
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 192
+    shared_expert_intermediate_size: int = 192
     num_nextn_predict_layers: int = 1
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
@@ -378,7 +377,7 @@ class NextNLayer(nn.Module):
 
 # ---------------------------------------------------------------- fast inference path
 #
-# At this size (width 128, 8 layers) a decode step is bound by the number of torch ops, not by
+# At this size (width 128, 4 layers) a decode step is bound by the number of torch ops, not by
 # arithmetic (each op costs microseconds whatever its size) and by the bytes of weights read (the
 # model does not fit in L2). The fast path computes the same function as the modules with few ops
 # per layer and reads only the weights it needs:
