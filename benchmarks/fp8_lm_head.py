@@ -4,7 +4,9 @@ Run on a CUDA GPU:
     python benchmarks/fp8_lm_head.py [--sweep] [--json out.json]
 
 Prints one table: M, bf16 us, scaled_mm us, humming us ("n/a" when not installed), sparkit us,
-achieved GB/s, ratio to bf16, top-1 agreement with the bf16 logits, relative error.
+achieved GB/s, ratio to bf16, top-1 agreement with the bf16 logits, relative error; under each M,
+an "exact top-k" line per --exact-top-k value: the shipped path re-scoring each row's top-k FP8
+candidates exactly from the bf16 weight (what recipes do by default), timed in the same rounds.
 
 Method (docs/protocols.md): every timed call reads a different one of --copies weight copies
 (several GB in all), so the 60 MB L2 never holds the weights; times are CUDA events around
@@ -163,6 +165,12 @@ def main(argv=None):
     ap.add_argument("--margins-from", default=None,
                     help="a fp8_head_real_states.py JSON: reweight per-band agreement by its margins")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # smoke runs of the script
+    ap.add_argument("--exact-top-k", default="8",
+                    help="comma-separated k values: also time the shipped path with exact top-k "
+                         "re-scoring from the bf16 weight (0 or empty: none)")
+    ap.add_argument("--exact-per-tile", default="",
+                    help="comma-separated candidates-per-tile values to time for the largest --exact-top-k "
+                         "(default: only the shipped choice)")
     ap.add_argument("--eager", action="store_true",
                     help="time plain launches instead of CUDA-graph replays (includes host overhead)")
     args = ap.parse_args(argv)
@@ -224,6 +232,13 @@ def main(argv=None):
     packed_cache = {}
     variants = [parse_label(v) for v in args.variants.split(",") if v.strip()]
     real_margins = json.load(open(args.margins_from)) if args.margins_from else None
+
+    def exact_weights(top_k):
+        """The shipped packed copies (same FP8 bytes) re-scoring their top_k from their bf16 copy."""
+        import dataclasses
+
+        shipped, _ = weights_for(None)
+        return [dataclasses.replace(p, exact=wb, exact_top_k=top_k) for p, wb in zip(shipped, w_copies)]
 
     def weights_for(cfg):
         """Per-copy weights in the layout cfg's kernel reads (packed copies are built once)."""
@@ -294,6 +309,15 @@ def main(argv=None):
             vw, vs = weights_for(vcfg)
             methods["v " + vcfg.label()] = (
                 lambda c, vw, vs: lambda i: fk.fp8_linear(x, vw[i], vs[i], out_dtype, config=c))(vcfg, vw, vs)
+        exact_ks = [int(v) for v in args.exact_top_k.split(",") if v.strip() and int(v) > 0]
+        for ek in exact_ks:
+            ew = exact_weights(ek)
+            methods[f"exact{ek}"] = (lambda ew: lambda i: api.fp8_linear(x, ew[i], None, out_dtype))(ew)
+        per_tiles = [int(v) for v in args.exact_per_tile.split(",") if v.strip()] if exact_ks else []
+        for c in per_tiles:
+            ew = exact_weights(max(exact_ks))
+            methods[f"exact{max(exact_ks)}c{c}"] = (lambda ew, c: lambda i: fk.fp8_linear_packed_default(
+                x, ew[i], out_dtype, per_tile=c))(ew, c)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
         med = {name: statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(b / s for b, s in zip(times["bf16"], times["sparkit"]))
@@ -370,6 +394,40 @@ def main(argv=None):
               f"{ratio:.2f}x | {top1 * 100:.2f}% | {rel:.2e} (kernel {kern_err:.1e}) | {label} | "
               f"top1 where margin>=0.25: {agree_clear / max(1, n_clear) * 100:.2f}%",
               flush=True)
+        row["exact"] = {}
+        for ek in exact_ks:
+            ew = exact_weights(ek)
+            name = f"exact{ek}"
+            e_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
+            e_vs_fp8 = statistics.median(t / sp for t, sp in zip(times[name], times["sparkit"]))
+            e_hits, e_num, e_den = [], 0.0, 0.0
+            for st in range(0, args.samples - m + 1, m):
+                ye = api.fp8_linear(hidden[st:st + m], ew[0], None, out_dtype).float()
+                ref = ref_logits[st:st + m]
+                e_hits.append(ye.argmax(1) == ref_top1[st:st + m])
+                e_num += float((ye - ref).pow(2).sum())
+                e_den += float(ref.pow(2).sum())
+            e_hit = torch.cat(e_hits)
+            marg = margins[: e_hit.numel()]
+            low = marg < 0.1
+            row["exact"][ek] = {"us": med[name], "ratio": e_ratio, "time_vs_fp8_only": e_vs_fp8,
+                                "top1": float(e_hit.float().mean()), "rel_err_vs_bf16": (e_num / e_den) ** 0.5,
+                                "top1_where_bf16_margin_lt_0.1": float(e_hit[low].float().mean()) if int(low.sum()) else None,
+                                "misses": int((~e_hit).sum()), "samples": int(e_hit.numel())}
+            print(f"  exact top-{ek} | {med[name]:.1f} us | {e_ratio:.2f}x bf16 | time/fp8-only {e_vs_fp8:.3f} | "
+                  f"top1 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
+                  f"margin<0.1: {row['exact'][ek]['top1_where_bf16_margin_lt_0.1'] or float('nan'):.3f}) | "
+                  f"rel err {(e_num / e_den) ** 0.5:.2e}", flush=True)
+        for c in per_tiles:
+            name = f"exact{max(exact_ks)}c{c}"
+            ew = exact_weights(max(exact_ks))
+            c_hits = torch.cat([
+                fk.fp8_linear_packed_default(hidden[st:st + m], ew[0], out_dtype, per_tile=c).float().argmax(1)
+                == ref_top1[st:st + m] for st in range(0, args.samples - m + 1, m)])
+            c_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
+            row["exact"][name] = {"us": med[name], "ratio": c_ratio, "top1": float(c_hits.float().mean())}
+            print(f"  {name} (candidates per tile {c}) | {med[name]:.1f} us | {c_ratio:.2f}x bf16 | "
+                  f"top1 {float(c_hits.float().mean()) * 100:.2f}%", flush=True)
         row["variants"] = {}
         if variants:
             exact_m = hidden[:m].double() @ (w_fp8.double() * scale.double()[:, None]).T

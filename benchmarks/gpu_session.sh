@@ -18,12 +18,15 @@
 #   2. The embedded engine on CUDA with the FP8 head: sparkit up (tiny recipe, target auto),
 #      the startup checks' JSON, sparkit status --json, the activation report, sparkit down --all.
 #   3. The GPU kernel tests.
-# Files in $OUT: bench.log, bench.json, up.json, engine.log, pytest.log, summary.txt.
+# Files in $OUT: bench.log, bench.json, real_states.{log,json}, up.json, engine.log, pytest.log, summary.txt.
 set +e
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-VARIANTS=${VARIANTS:-pk16t:n256k128w8s3,pk16p:n128k256w8s3,pk16p:n128k128w8s4,pk16t:n128k256w4s3}  # third run
+VARIANTS=${VARIANTS:-}  # fourth run (exact re-scoring): none; EXACT and EXACT_PER_TILE below
+# third run: VARIANTS=pk16t:n256k128w8s3,pk16p:n128k256w8s3,pk16p:n128k128w8s4,pk16t:n128k256w4s3
+EXACT=${EXACT:-4,8,16}
+EXACT_PER_TILE=${EXACT_PER_TILE:-2}
 # second run: VARIANTS=pk16t:n256k128w8s3,pk16p:n128k128w8s4,pk16t:n128k256w8s3,pk16p:n128k256w8s4,pk16p:n128k256w4s3
 # first run: VARIANTS=pk16t:n256k128w8s3,pk16p:n256k128w8s3,pk16p:n256k128w8s4,pk16p:n128k128w8s4,pk16p:n128k256w8s3,pk16x:n256k128w8s3
 t0=$(date +%s)
@@ -37,14 +40,22 @@ export PYTHONPATH=$PWD:/tmp/site
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
 
-STEPS=${STEPS:-bench,engine,tests}  # e.g. STEPS=engine to repeat one step
+STEPS=${STEPS:-bench,real,engine,tests}  # e.g. STEPS=engine to repeat one step
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 if has bench; then
 stamp "step 1: benchmark"
-timeout 170 python3 benchmarks/fp8_lm_head.py --rounds ${ROUNDS:-15} --variants "$VARIANTS" \
+timeout 300 python3 benchmarks/fp8_lm_head.py --rounds ${ROUNDS:-15} --variants "$VARIANTS" \
+  --exact-top-k "$EXACT" --exact-per-tile "$EXACT_PER_TILE" \
   --margins-from benchmarks/data/tiny_ling_margins.json --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 stamp "benchmark rc=$?"
+fi
+
+if has real; then
+stamp "step 1b: tiny-ling's real hidden states through the CUDA kernels"
+timeout 120 python3 benchmarks/fp8_head_real_states.py --model "$PWD/.device/tiny-ling-s0" --device cuda \
+  --json "$OUT/real_states.json" > "$OUT/real_states.log" 2>&1
+stamp "real states rc=$?"
 fi
 
 if has engine; then
@@ -71,8 +82,9 @@ stamp "pytest rc=$?"
 fi
 
 {
-  echo "== benchmark table"; touch "$OUT/bench.log" "$OUT/pytest.log"; grep -E '^(M \||[0-9]+ \||  v |expected top-1)|agreement by' "$OUT/bench.log"
+  echo "== benchmark table"; touch "$OUT/bench.log" "$OUT/pytest.log" "$OUT/real_states.log"; grep -E '^(M \||[0-9]+ \||  v |  exact|expected top-1)|agreement by' "$OUT/bench.log"
   tail -3 "$OUT/bench.log" | grep -iE 'error|Traceback' && tail -15 "$OUT/bench.log"
+  echo "== tiny-ling real states on CUDA"; head -4 "$OUT/real_states.log"
   echo "== startup checks on CUDA"
   python3 - "$OUT/up.json" <<'EOF'
 import json, sys

@@ -285,8 +285,9 @@ def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.conste
 @triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
+    cand_val_ptr, cand_idx_ptr, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
+    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr, CAND: tl.constexpr,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
@@ -331,6 +332,55 @@ def _fp8_packed_kernel(
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+    if CAND > 0:
+        # This tile's CAND best tokens for every activation row: the candidates from which
+        # _rescore_top_k_kernel picks the row's top k. One per tile on a large vocabulary (the few
+        # tokens that matter rarely share a BLOCK_N-token tile, and each extra costs a reduction
+        # per tile); k per tile on a small one, which makes the candidates the exact top k.
+        vals = tl.where((offs_n < N)[:, None], acc, float("-inf"))
+        rows = tl.arange(0, BLOCK_N)
+        cand = offs_m.to(tl.int64) * (n_tiles * CAND) + pid_n * CAND
+        for c in tl.static_range(CAND):
+            best = tl.argmax(vals, axis=0)
+            tl.store(cand_val_ptr + cand + c, tl.max(vals, axis=0), mask=offs_m < M)
+            tl.store(cand_idx_ptr + cand + c, pid_n * BLOCK_N + best.to(tl.int32), mask=offs_m < M)
+            if c + 1 < CAND:
+                vals = tl.where(rows[:, None] == best[None, :], float("-inf"), vals)
+
+
+@triton.jit
+def _rescore_top_k_kernel(
+    x_ptr, stride_xm, w_ptr, stride_wn, cand_val_ptr, cand_idx_ptr, out_ptr, stride_om, n_cand, K,
+    NC_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (m, t): find row m's t-th best candidate and overwrite its logit with the exact
+    product of the activation row and the token's unquantised weight row (fp32 accumulation).
+
+    The FP8 logits decide which few tokens can be the argmax; the retained bf16 weight decides
+    which of them is. Each program repeats the small selection (n_cand values) rather than
+    synchronising with the others; the programs of a row write different tokens."""
+    m = tl.program_id(0)
+    t = tl.program_id(1)
+    offs = tl.arange(0, NC_PAD)
+    row = m.to(tl.int64) * n_cand
+    vals = tl.load(cand_val_ptr + row + offs, mask=offs < n_cand, other=float("-inf"))
+    for _ in range(t):
+        vals = tl.where(offs == tl.argmax(vals, axis=0), float("-inf"), vals)
+    pick = tl.argmax(vals, axis=0)
+    valid = tl.max(vals, axis=0) > float("-inf")  # padding rows of the last tile never qualify
+    k_end = tl.where(valid, K, 0)
+    tok = tl.load(cand_idx_ptr + row + pick)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_row = w_ptr + tok.to(tl.int64) * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = (k0 + offs_k) < k_end
+        w = tl.load(w_row + k0 + offs_k, mask=k_mask, other=0.0)
+        xv = tl.load(x_row + k0 + offs_k, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
+             mask=valid)
 
 
 @dataclass
@@ -343,6 +393,10 @@ class PackedFp8Weight:
     k: int
     block_n: int
     block_k: int
+    # Exact top-k re-scoring (see sparkit.kernels.fp8_linear): the unquantised [N, K] weight
+    # (row-major, bf16 as loaded) and how many FP8 top candidates per row it re-scores (0: off).
+    exact: torch.Tensor | None = None
+    exact_top_k: int = 0
 
     @property
     def shape(self):
@@ -350,7 +404,7 @@ class PackedFp8Weight:
 
 
 def pack_fp8_weight(weight_fp8, scale, block_n: int = PACK_BLOCK_N,
-                    block_k: int = PACK_BLOCK_K) -> PackedFp8Weight:
+                    block_k: int = PACK_BLOCK_K, exact=None, exact_top_k: int = 0) -> PackedFp8Weight:
     n, k = weight_fp8.shape
     n_pad = triton.cdiv(n, block_n) * block_n
     k_pad = triton.cdiv(k, block_k) * block_k
@@ -363,7 +417,28 @@ def pack_fp8_weight(weight_fp8, scale, block_n: int = PACK_BLOCK_N,
              .view(-1, block_k))
     s = torch.ones(n_pad, dtype=torch.float32, device=scale.device)
     s[:n] = scale.reshape(-1).float()
-    return PackedFp8Weight(tiles, s, n, k, block_n, block_k)
+    if exact is not None:
+        _check_exact(exact, n, k)
+    return PackedFp8Weight(tiles, s, n, k, block_n, block_k, exact if exact_top_k > 0 else None,
+                           exact_top_k if exact is not None else 0)
+
+
+# Candidates each weight tile emits per activation row on a large vocabulary (set from the H200
+# measurements in benchmarks/fp8_lm_head.py); a vocabulary of fewer than 8 * k tiles gets k per
+# tile, so that the candidates hold the row's exact FP8 top k.
+CANDIDATES_PER_TILE = 1
+
+
+def candidates_per_tile(top_k: int, n_tiles: int) -> int:
+    if top_k <= 0:
+        return 0
+    return top_k if n_tiles < 8 * top_k else min(top_k, CANDIDATES_PER_TILE)
+
+
+def _check_exact(exact, n, k):
+    if exact.dim() != 2 or exact.shape[0] < n or exact.shape[1] != k or exact.stride(1) != 1:
+        raise ValueError(f"the exact weight must be a row-major [>= {n}, {k}] tensor "
+                         f"(got shape {tuple(exact.shape)}, strides {tuple(exact.stride())})")
 
 
 def unpack_fp8_weight(packed: PackedFp8Weight):
@@ -376,8 +451,15 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 
 
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
-                      num_stages: int = 4, mode: int = 2):
+                      num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
+                      per_tile: int | None = None):
+    """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off);
+    per_tile overrides candidates_per_tile() (benchmarks)."""
     out_dtype = out_dtype or x.dtype
+    if exact is None:
+        exact = packed.exact
+    if exact_top_k is None:
+        exact_top_k = packed.exact_top_k if exact is not None else 0
     n, k = packed.n, packed.k
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -412,12 +494,27 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
         _row_exponent_kernel[(triton.cdiv(m, block_m),)](
             x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
+    n_tiles = grid[0]
+    top_k = min(exact_top_k, n) if exact is not None else 0
+    per_tile = candidates_per_tile(top_k, n_tiles) if per_tile is None or not top_k else min(per_tile, top_k)
+    if top_k:
+        cand_val = torch.empty((m, n_tiles * per_tile), dtype=torch.float32, device=x2.device)
+        cand_idx = torch.empty((m, n_tiles * per_tile), dtype=torch.int32, device=x2.device)
+    else:
+        cand_val = cand_idx = out  # unused
     _fp8_packed_kernel[grid](
         x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
+        cand_val, cand_idx, n_tiles,
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        MODE=mode, num_warps=num_warps,
+        MODE=mode, CAND=per_tile, num_warps=num_warps,
     )
+    if top_k:
+        n_cand = n_tiles * per_tile
+        _rescore_top_k_kernel[(m, min(top_k, n_cand))](
+            x2, x2.stride(0), exact, exact.stride(0), cand_val, cand_idx, out, out.stride(0),
+            n_cand, k, NC_PAD=triton.next_power_of_2(n_cand), BLOCK_K=512, num_warps=4,
+        )
     return out.reshape(*lead, n)
 
 
@@ -480,8 +577,18 @@ def choose_config(m: int, x_dtype) -> KernelConfig:
     return UNPACKED_DEFAULT
 
 
+def fp8_linear_packed_default(x, packed: PackedFp8Weight, out_dtype=None, exact=None,
+                              exact_top_k: int | None = None, per_tile: int | None = None):
+    """The shipped path for a packed weight (PACKED_DEFAULT), with its exact re-scoring."""
+    cfg = PACKED_DEFAULT
+    return fp8_linear_packed(x, packed, out_dtype, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                             mode=PACKED_MODES[cfg.kind], exact=exact, exact_top_k=exact_top_k,
+                             per_tile=per_tile)
+
+
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
-    """y[..., N] = x[..., K] @ (weight_fp8 * scale[:, None]).T with fp32 accumulation."""
+    """y[..., N] = x[..., K] @ (weight_fp8 * scale[:, None]).T with fp32 accumulation.
+    A packed weight with an exact weight also gets its exact top-k re-scoring."""
     if isinstance(weight_fp8, PackedFp8Weight):
         cfg = config or PACKED_DEFAULT
         return fp8_linear_packed(x, weight_fp8, out_dtype, num_warps=cfg.num_warps,

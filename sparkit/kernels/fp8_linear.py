@@ -10,9 +10,23 @@ On CPU (and where Triton is missing) the reference path dequantises in row
 chunks so that memory stays bounded; on CUDA a Triton kernel is used when present.
 For the full speed on CUDA, pack the weight once with prepare_fp8_weight (a tile-major
 re-layout, same bytes) and pass the packed weight as weight_fp8 (scale=None).
+
+Exact top-k re-scoring (exact_weight=, exact_top_k=): per-row e4m3 keeps 4 significant bits, so
+where the two best tokens are within a few hundredths of a logit the FP8 argmax can differ from
+the bf16 one (a near-tie flip; tiny-ling agrees on 98.6% of positions without re-scoring). With
+the unquantised weight kept, the k best FP8 logits of every row are recomputed exactly from it
+(fp32 product of the activation and the bf16 row): the FP8 logits pick the few tokens that can
+win, the bf16 weight decides between them, and the argmax is the bf16 head's unless the true best
+token is not among the FP8 top k. On CUDA the kernel's epilogue emits each 128-token tile's best
+token and a second small kernel re-scores the k best tiles' tokens (k * K * 2 extra bytes read per
+row: 40 KB for k = 8 on Ling's head); the other logits stay FP8. It costs keeping the bf16
+weight next to the FP8 copy (memory, not bandwidth).
 """
 
 from __future__ import annotations
+
+# Candidates re-scored per row unless a recipe says otherwise (lm_head_exact_top_k).
+DEFAULT_EXACT_TOP_K = 8
 
 FP8_E4M3_MAX = 448.0
 
@@ -55,8 +69,35 @@ def _cached_dequantised_t(weight_fp8, scale):
     return w_t
 
 
-def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192):
-    """y = x @ (weight_fp8 * scale[:, None]).T, fp32 accumulation, chunked over output rows."""
+def rescore_top_k(x, logits, exact_weight, top_k: int):
+    """In place: the top_k largest logits of each row recomputed as x . exact_weight[token]
+    (fp32 accumulation), rounded to the logits' dtype. Returns logits. Torch path (any device)."""
+    import torch
+
+    n = logits.shape[-1]
+    top_k = min(int(top_k), n)
+    if top_k <= 0 or logits.numel() == 0:
+        return logits
+    x2 = x.reshape(-1, x.shape[-1])
+    y2 = logits.view(-1, n)
+    idx = y2.float().topk(top_k, dim=-1).indices  # [M, k]
+    rows = exact_weight[idx].to(torch.float32)  # [M, k, K]
+    exact = torch.einsum("mk,mjk->mj", x2.to(torch.float32), rows)
+    y2.scatter_(1, idx, exact.to(y2.dtype))
+    return logits
+
+
+def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192,
+                         exact_weight=None, exact_top_k: int = 0):
+    """y = x @ (weight_fp8 * scale[:, None]).T, fp32 accumulation, chunked over output rows;
+    with exact_weight, the top exact_top_k logits of each row re-scored exactly (rescore_top_k)."""
+    y = _fp8_linear_reference(x, weight_fp8, scale, out_dtype, chunk_rows)
+    if exact_weight is not None and exact_top_k > 0:
+        rescore_top_k(x, y, exact_weight, exact_top_k)
+    return y
+
+
+def _fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192):
     import torch
 
     out_dtype = out_dtype or x.dtype
@@ -74,50 +115,72 @@ def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int =
     return out.reshape(*lead, n)
 
 
-def prepare_fp8_weight(weight_fp8, scale):
+def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 0):
     """The weight re-laid for the CUDA kernel (sparkit.kernels.fp8_gemv_triton.PackedFp8Weight),
-    or None where that kernel cannot run (CPU tensors, no Triton): then keep using the tensors."""
+    or None where that kernel cannot run (CPU tensors, no Triton): then keep using the tensors.
+    With exact_weight (the unquantised [N, K] weight, kept by reference) and exact_top_k > 0 the
+    packed weight re-scores each row's top exact_top_k logits exactly (see the module docstring)."""
     if not weight_fp8.is_cuda:
         return None
     try:
         from sparkit.kernels import fp8_gemv_triton
     except ImportError:
         return None
-    return fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale)
+    if exact_weight is not None and not exact_weight.is_contiguous():
+        exact_weight = exact_weight.contiguous()
+    return fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale, exact=exact_weight,
+                                           exact_top_k=exact_top_k)
 
 
-def kernel_description(weight_fp8) -> str:
+def exact_description(exact_top_k: int) -> str:
+    return (f"top-{exact_top_k} re-scored exactly from the bf16 weight" if exact_top_k > 0
+            else "no exact re-scoring")
+
+
+def kernel_description(weight_fp8, exact_top_k: int | None = None) -> str:
     """Which path fp8_linear(x, weight_fp8, ...) takes for x on weight_fp8's device, in words
-    (for the engine's log and activation report: proof that the Triton kernel serves the head)."""
+    (for the engine's log and activation report: proof that the Triton kernel serves the head).
+    exact_top_k: the re-scoring a plain-tensor caller passes (a packed weight carries its own)."""
     if not hasattr(weight_fp8, "dtype"):
         from sparkit.kernels import fp8_gemv_triton
 
         return (f"Triton W8A16 kernel {fp8_gemv_triton.PACKED_DEFAULT.label()} "
-                f"(tile-packed e4m3 weight {weight_fp8.block_n}x{weight_fp8.block_k})")
+                f"(tile-packed e4m3 weight {weight_fp8.block_n}x{weight_fp8.block_k}; "
+                f"{exact_description(weight_fp8.exact_top_k)})")
+    suffix = f"; {exact_description(exact_top_k)}" if exact_top_k is not None else ""
     if weight_fp8.is_cuda:
         try:
             from sparkit.kernels import fp8_gemv_triton
         except ImportError:
             pass
         else:
-            return f"Triton W8A16 kernel {fp8_gemv_triton.UNPACKED_DEFAULT.label()} (row-major e4m3 weight)"
-    return "torch reference (e4m3 weight dequantised with its row scales, fp32 matmul)"
+            return (f"Triton W8A16 kernel {fp8_gemv_triton.UNPACKED_DEFAULT.label()} "
+                    f"(row-major e4m3 weight{suffix})")
+    return f"torch reference (e4m3 weight dequantised with its row scales, fp32 matmul{suffix})"
 
 
-def fp8_linear(x, weight_fp8, scale, out_dtype=None):
+def fp8_linear(x, weight_fp8, scale, out_dtype=None, exact_weight=None, exact_top_k: int | None = None):
     """Dispatch: the Triton kernel on CUDA when available, else the reference path.
 
-    weight_fp8 is an [N, K] e4m3 tensor (with scale [N]) or a prepare_fp8_weight() result.
+    weight_fp8 is an [N, K] e4m3 tensor (with scale [N]) or a prepare_fp8_weight() result (which
+    carries its own exact weight and top-k; exact_top_k=0 turns its re-scoring off for this call).
+    exact_weight + exact_top_k: re-score each row's top-k logits exactly (module docstring).
     """
     if not hasattr(weight_fp8, "dtype"):  # a packed weight: only the CUDA kernel reads it
         from sparkit.kernels import fp8_gemv_triton
 
-        return fp8_gemv_triton.fp8_linear(x, weight_fp8, None, out_dtype=out_dtype)
+        return fp8_gemv_triton.fp8_linear_packed_default(
+            x, weight_fp8, out_dtype=out_dtype, exact=exact_weight, exact_top_k=exact_top_k)
+    top_k = exact_top_k or 0
     if x.is_cuda:
         try:
             from sparkit.kernels import fp8_gemv_triton  # noqa: F401  (added by the kernel work)
         except ImportError:
             pass
         else:
-            return fp8_gemv_triton.fp8_linear(x, weight_fp8, scale, out_dtype=out_dtype)
-    return fp8_linear_reference(x, weight_fp8, scale, out_dtype=out_dtype)
+            y = fp8_gemv_triton.fp8_linear(x, weight_fp8, scale, out_dtype=out_dtype)
+            if exact_weight is not None and top_k > 0:
+                rescore_top_k(x, y, exact_weight, top_k)
+            return y
+    return fp8_linear_reference(x, weight_fp8, scale, out_dtype=out_dtype,
+                                exact_weight=exact_weight, exact_top_k=top_k)

@@ -58,6 +58,33 @@ def test_dispatch_on_cpu_uses_the_reference_and_prepare_declines():
     assert prepare_fp8_weight(q, s) is None  # packing is for the CUDA kernel only
 
 
+def test_exact_rescoring_gives_the_bf16_argmax_where_fp8_alone_flips_it():
+    """Near-ties (two tokens a few hundredths of a logit apart) flip under per-row e4m3; re-scoring
+    the FP8 top 8 exactly from the bf16 weight gives back the bf16 head's choice at every one."""
+    from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
+
+    torch.manual_seed(3)
+    n, k = 6000, 256
+    w = (torch.randn(n, k) * 0.06 * torch.exp(0.35 * torch.randn(n, 1))).to(torch.bfloat16)
+    a, b = torch.randint(0, n, (256,)), torch.randint(0, n, (256,))
+    wa, wb = w[a].float(), w[b].float()
+    x = 20.0 * (wa / wa.pow(2).sum(1, keepdim=True) + wb / wb.pow(2).sum(1, keepdim=True))
+    x = (x + torch.randn(256, k) * 0.005).to(torch.bfloat16)
+    ref = x.float() @ w.float().T
+    q, s = quantize_fp8_per_row(w)
+    fp8_only = fp8_linear(x, q, s, out_dtype=torch.float32)
+    flips = int((fp8_only.argmax(1) != ref.argmax(1)).sum())
+    assert flips >= 5  # the states really are near-ties for this head
+    y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=8)
+    assert torch.equal(y.argmax(1), ref.argmax(1))
+    top8 = fp8_only.topk(8, dim=1).indices
+    torch.testing.assert_close(y.gather(1, top8), ref.gather(1, top8), rtol=1e-5, atol=1e-4)
+    others = torch.ones_like(y, dtype=torch.bool).scatter_(1, top8, False)
+    assert torch.equal(y[others], fp8_only[others])
+    # Off by default for a plain call, and k = 0 is off.
+    assert torch.equal(fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=0), fp8_only)
+
+
 def test_fp8_head_keeps_top1_of_a_peaked_bf16_head():
     from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
 
@@ -105,6 +132,27 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
     y = fk.fp8_linear_packed(x, fk.pack_fp8_weight(q, bad, 64, 128), torch.float32, mode=1)
     assert torch.allclose(y[:, 5].double(), 2 * exact(x)[:, 5], rtol=1e-4, atol=1e-6)
     assert torch.allclose(y[:, 6].double(), exact(x)[:, 6], rtol=1e-4, atol=1e-6)
+    # Exact top-k re-scoring: the epilogue's per-tile candidates and the re-scoring kernel.
+    import torch.nn.functional as F
+    w = (torch.randn(1100, K) * 0.05).to(torch.bfloat16)
+    qw, sw = quantize_fp8_per_row(w)
+    x = torch.randn(5, K).to(torch.bfloat16)
+    ref = x.float() @ w.float().T
+    for top_k, per_tile in ((2, 1), (4, 4)):  # 18 tiles of 64: >= 8k tiles -> 1 per tile, else k
+        assert fk.candidates_per_tile(top_k, 18) == per_tile
+        packed = fk.pack_fp8_weight(qw, sw, 64, 128, exact=w, exact_top_k=top_k)
+        y0 = fk.fp8_linear_packed(x, packed, torch.float32, mode=4, exact_top_k=0)
+        y = fk.fp8_linear_packed(x, packed, torch.float32, mode=4)
+        changed = y != y0
+        assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
+        assert torch.equal(y[~changed], y0[~changed])
+        tiles = F.pad(y0, (0, 18 * 64 - 1100), value=-float("inf")).view(5, 18, 64)
+        vals, idx = tiles.topk(per_tile, dim=2)  # each tile's per_tile best
+        toks = (torch.arange(18)[None, :, None] * 64 + idx).reshape(5, -1)
+        best = vals.reshape(5, -1).topk(top_k, dim=1).indices
+        want = toks.gather(1, best)
+        for r in range(5):
+            assert set(changed[r].nonzero().flatten().tolist()) == set(want[r].tolist()), (top_k, r)
     print("INTERPRETER-OK")
 """)
 
@@ -128,4 +176,7 @@ def test_kernel_description_names_the_path_the_head_takes():
     packed = fk.pack_fp8_weight(q, s)  # what prepare_fp8_weight returns on CUDA
     desc = kernel_description(packed)
     assert desc.startswith("Triton") and fk.PACKED_DEFAULT.label() in desc
-    assert f"{fk.PACK_BLOCK_N}x{fk.PACK_BLOCK_K}" in desc
+    assert f"{fk.PACK_BLOCK_N}x{fk.PACK_BLOCK_K}" in desc and "no exact re-scoring" in desc
+    exact = fk.pack_fp8_weight(q, s, exact=torch.randn(300, 256).to(torch.bfloat16), exact_top_k=8)
+    assert "top-8 re-scored exactly" in kernel_description(exact)
+    assert "top-4 re-scored exactly" in kernel_description(q, exact_top_k=4)
