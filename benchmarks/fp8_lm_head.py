@@ -171,6 +171,9 @@ def main(argv=None):
     ap.add_argument("--exact-per-tile", default="",
                     help="comma-separated candidates-per-tile values to time for the largest --exact-top-k "
                          "(default: only the shipped choice)")
+    ap.add_argument("--exact-breakdown", action="store_true",
+                    help="also time the candidates' epilogue without the re-scoring kernel, and both "
+                         "paths without programmatic dependent launch")
     ap.add_argument("--eager", action="store_true",
                     help="time plain launches instead of CUDA-graph replays (includes host overhead)")
     args = ap.parse_args(argv)
@@ -195,6 +198,12 @@ def main(argv=None):
     top2 = ref_logits.topk(2, dim=1).values
     margins = (top2[:, 0] - top2[:, 1])
     ref_top1 = ref_logits.argmax(dim=1)
+    # The bf16 head's own logits, as an engine produces them at batch 1 (F.linear's bf16 output:
+    # logits above 16 are rounded to 1/8 and near-equal ones tie, the first index winning), the
+    # "bf16 logits" the agreement target names; ref_top1 is the tie-free fp32 product.
+    bf16_top1 = torch.cat([F.linear(hidden[i:i + 1], w_bf16).argmax(dim=1) for i in range(args.samples)])
+    log(f"bf16 F.linear top-1 vs the exact fp32 product of the bf16 tensors: "
+        f"{(bf16_top1 == ref_top1).float().mean() * 100:.2f}%")
     log(f"logit std {ref_logits.std(dim=1).mean():.2f}; top1-top2 margin median "
         f"{margins.median():.3f}, <0.1: {(margins < 0.1).float().mean() * 100:.1f}% of states")
 
@@ -318,6 +327,17 @@ def main(argv=None):
             ew = exact_weights(max(exact_ks))
             methods[f"exact{max(exact_ks)}c{c}"] = (lambda ew, c: lambda i: fk.fp8_linear_packed_default(
                 x, ew[i], out_dtype, per_tile=c))(ew, c)
+        if exact_ks and args.exact_breakdown:
+            ek = max(exact_ks)
+            ew = exact_weights(ek)
+            # The candidates' epilogue alone (no re-scoring kernel): what the epilogue costs.
+            methods[f"exact{ek} epilogue only"] = (lambda ew: lambda i: fk.fp8_linear_packed_default(
+                x, ew[i], out_dtype, rescore=False))(ew)
+            methods[f"exact{ek} no PDL"] = (lambda ew: lambda i: fk.fp8_linear_packed_default(
+                x, ew[i], out_dtype, pdl=False))(ew)
+            shipped, _ = weights_for(None)
+            methods["fp8-only no PDL"] = (lambda sh: lambda i: fk.fp8_linear_packed_default(
+                x, sh[i], out_dtype, pdl=False))(shipped)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
         med = {name: statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(b / s for b, s in zip(times["bf16"], times["sparkit"]))
@@ -327,6 +347,7 @@ def main(argv=None):
 
         # Accuracy over all sample states, M at a time, against the bf16 logits.
         agree = 0
+        agree16 = 0
         hits = []
         agree_clear = n_clear = 0
         err_num = 0.0
@@ -338,6 +359,7 @@ def main(argv=None):
             ref = ref_logits[start:start + m]
             hit = y.argmax(dim=1) == ref_top1[start:start + m]
             hits.append(hit)
+            agree16 += int((y.argmax(dim=1) == bf16_top1[start:start + m]).sum())
             agree += int(hit.sum())
             clear = margins[start:start + m] >= 0.25
             agree_clear += int((hit & clear).sum())
@@ -353,7 +375,7 @@ def main(argv=None):
         label = cfg.label() if cfg else "shipped:" + fk.PACKED_DEFAULT.label()
         row = {"m": m, "bf16_us": med["bf16"], "scaled_mm_us": med.get("scaled_mm"),
                "humming_us": None, "sparkit_us": med["sparkit"], "gbs": gbs, "ratio": ratio,
-               "top1": top1, "rel_err_vs_bf16": rel, "kernel_rel_err_vs_exact_dequant": kern_err,
+               "top1": top1, "top1_vs_bf16_logits": agree16 / ((args.samples // m) * m), "rel_err_vs_bf16": rel, "kernel_rel_err_vs_exact_dequant": kern_err,
                "config": label, "samples": counted,
                "top1_where_bf16_margin_ge_0.25": agree_clear / max(1, n_clear)}
         if m == ms[0]:
@@ -392,7 +414,8 @@ def main(argv=None):
         sm = f"{med['scaled_mm']:.1f}" if "scaled_mm" in med else "n/a"
         print(f"{m} | {med['bf16']:.1f} | {sm} | n/a | {med['sparkit']:.1f} | {gbs:.0f} | "
               f"{ratio:.2f}x | {top1 * 100:.2f}% | {rel:.2e} (kernel {kern_err:.1e}) | {label} | "
-              f"top1 where margin>=0.25: {agree_clear / max(1, n_clear) * 100:.2f}%",
+              f"top1 where margin>=0.25: {agree_clear / max(1, n_clear) * 100:.2f}% | "
+              f"top1 vs bf16 logits {row['top1_vs_bf16_logits'] * 100:.2f}%",
               flush=True)
         row["exact"] = {}
         for ek in exact_ks:
@@ -400,24 +423,33 @@ def main(argv=None):
             name = f"exact{ek}"
             e_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
             e_vs_fp8 = statistics.median(t / sp for t, sp in zip(times[name], times["sparkit"]))
-            e_hits, e_num, e_den = [], 0.0, 0.0
+            e_hits, e_hits16, e_num, e_den = [], [], 0.0, 0.0
             for st in range(0, args.samples - m + 1, m):
                 ye = api.fp8_linear(hidden[st:st + m], ew[0], None, out_dtype).float()
                 ref = ref_logits[st:st + m]
                 e_hits.append(ye.argmax(1) == ref_top1[st:st + m])
+                e_hits16.append(ye.argmax(1) == bf16_top1[st:st + m])
                 e_num += float((ye - ref).pow(2).sum())
                 e_den += float(ref.pow(2).sum())
             e_hit = torch.cat(e_hits)
+            e_hit16 = torch.cat(e_hits16)
             marg = margins[: e_hit.numel()]
             low = marg < 0.1
             row["exact"][ek] = {"us": med[name], "ratio": e_ratio, "time_vs_fp8_only": e_vs_fp8,
                                 "top1": float(e_hit.float().mean()), "rel_err_vs_bf16": (e_num / e_den) ** 0.5,
                                 "top1_where_bf16_margin_lt_0.1": float(e_hit[low].float().mean()) if int(low.sum()) else None,
-                                "misses": int((~e_hit).sum()), "samples": int(e_hit.numel())}
+                                "misses": int((~e_hit).sum()), "samples": int(e_hit.numel()),
+                                "top1_vs_bf16_logits": float(e_hit16.float().mean()),
+                                "misses_vs_bf16_logits": int((~e_hit16).sum())}
             print(f"  exact top-{ek} | {med[name]:.1f} us | {e_ratio:.2f}x bf16 | time/fp8-only {e_vs_fp8:.3f} | "
-                  f"top1 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
+                  f"top1 vs bf16 logits {float(e_hit16.float().mean()) * 100:.2f}% ({int((~e_hit16).sum())} differ) | "
+                  f"vs exact fp32 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
                   f"margin<0.1: {row['exact'][ek]['top1_where_bf16_margin_lt_0.1'] or float('nan'):.3f}) | "
                   f"rel err {(e_num / e_den) ** 0.5:.2e}", flush=True)
+        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL"))]:
+            b_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
+            row["exact"][name] = {"us": med[name], "ratio": b_ratio}
+            print(f"  {name} | {med[name]:.1f} us | {b_ratio:.2f}x bf16", flush=True)
         for c in per_tiles:
             name = f"exact{max(exact_ks)}c{c}"
             ew = exact_weights(max(exact_ks))

@@ -262,10 +262,12 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.constexpr):
+def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """One activation row per program: xs = fp16(x * 2^-e) with e >= 0 the power of two that brings
     max|x| to <= 4 (the bound _dot_fp16_rescaled explains), and e itself, undone after the MMAs.
     Two passes over the row (the second from L1/L2); a power of two keeps the scaling exact."""
+    if PDL:  # the main kernel may launch now; it waits for this one before reading xs
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     src = x_ptr + row.to(tl.int64) * stride_xm
@@ -288,6 +290,7 @@ def _fp8_packed_kernel(
     cand_val_ptr, cand_idx_ptr, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr, CAND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
@@ -298,6 +301,11 @@ def _fp8_packed_kernel(
     # once per call by _row_exponent_kernel instead of by every program. MODE 4: x_desc describes
     # activations already scaled and rounded to fp16 by _prescale_rows_kernel (exponents in e_ptr):
     # nothing but the chained MMA in the loop.
+    if PDL:
+        # Launched early (programmatic dependent launch): let the re-scoring kernel launch in turn,
+        # then wait until the pre-scaling kernel's output is complete and visible.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -351,36 +359,36 @@ def _fp8_packed_kernel(
 @triton.jit
 def _rescore_top_k_kernel(
     x_ptr, stride_xm, w_ptr, stride_wn, cand_val_ptr, cand_idx_ptr, out_ptr, stride_om, n_cand, K,
-    NC_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+    NC_PAD: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (m, t): find row m's t-th best candidate and overwrite its logit with the exact
     product of the activation row and the token's unquantised weight row (fp32 accumulation).
 
     The FP8 logits decide which few tokens can be the argmax; the retained bf16 weight decides
     which of them is. Each program repeats the small selection (n_cand values) rather than
-    synchronising with the others; the programs of a row write different tokens."""
+    synchronising with the others; the programs of a row write different tokens. Latency is all
+    that matters here: the activation row and the candidates' token ids are loaded up front, next
+    to the values, and the weight row in one piece, so the chain of dependent loads is
+    values -> selection -> weight row."""
+    if PDL:  # launched while the main kernel finishes: wait for all its logits and candidates
+        tl.extra.cuda.gdc_wait()
     m = tl.program_id(0)
     t = tl.program_id(1)
     offs = tl.arange(0, NC_PAD)
+    offs_k = tl.arange(0, K_PAD)
     row = m.to(tl.int64) * n_cand
     vals = tl.load(cand_val_ptr + row + offs, mask=offs < n_cand, other=float("-inf"))
+    toks = tl.load(cand_idx_ptr + row + offs, mask=offs < n_cand, other=0)
+    xv = tl.load(x_ptr + m.to(tl.int64) * stride_xm + offs_k, mask=offs_k < K, other=0.0)
     for _ in range(t):
         vals = tl.where(offs == tl.argmax(vals, axis=0), float("-inf"), vals)
     pick = tl.argmax(vals, axis=0)
     valid = tl.max(vals, axis=0) > float("-inf")  # padding rows of the last tile never qualify
+    tok = tl.sum(tl.where(offs == pick, toks, 0), axis=0)
     k_end = tl.where(valid, K, 0)
-    tok = tl.load(cand_idx_ptr + row + pick)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_row = w_ptr + tok.to(tl.int64) * stride_wn
-    x_row = x_ptr + m.to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = (k0 + offs_k) < k_end
-        w = tl.load(w_row + k0 + offs_k, mask=k_mask, other=0.0)
-        xv = tl.load(x_row + k0 + offs_k, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * xv.to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
-             mask=valid)
+    w = tl.load(w_ptr + tok.to(tl.int64) * stride_wn + offs_k, mask=offs_k < k_end, other=0.0)
+    exact = tl.sum(w.to(tl.float32) * xv.to(tl.float32), axis=0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, exact.to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @dataclass
@@ -423,10 +431,32 @@ def pack_fp8_weight(weight_fp8, scale, block_n: int = PACK_BLOCK_N,
                            exact_top_k if exact is not None else 0)
 
 
+_PDL_CACHE: dict = {}
+
+
+def pdl_available(device) -> bool:
+    """Programmatic dependent launch: Hopper (sm_90) and later, with Triton's griddepcontrol ops;
+    not under the CPU interpreter. SPARKIT_FP8_PDL=0 turns it off."""
+    if _INTERPRETED or os.environ.get("SPARKIT_FP8_PDL", "1") == "0":
+        return False
+    key = str(device)
+    if key not in _PDL_CACHE:
+        ok = False
+        try:
+            from triton.language.extra.cuda import gdc_wait  # noqa: F401
+
+            ok = torch.cuda.get_device_capability(device)[0] >= 9
+        except Exception:
+            ok = False
+        _PDL_CACHE[key] = ok
+    return _PDL_CACHE[key]
+
+
 # Candidates each weight tile emits per activation row on a large vocabulary (set from the H200
 # measurements in benchmarks/fp8_lm_head.py); a vocabulary of fewer than 8 * k tiles gets k per
 # tile, so that the candidates hold the row's exact FP8 top k.
 CANDIDATES_PER_TILE = 1
+RESCORE_WARPS = 4
 
 
 def candidates_per_tile(top_k: int, n_tiles: int) -> int:
@@ -452,9 +482,10 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
-                      per_tile: int | None = None):
+                      per_tile: int | None = None, rescore: bool = True, pdl: bool | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off);
-    per_tile overrides candidates_per_tile() (benchmarks)."""
+    per_tile overrides candidates_per_tile(); rescore=False stops after the candidates (both only
+    for benchmarks/fp8_lm_head.py, which times the parts)."""
     out_dtype = out_dtype or x.dtype
     if exact is None:
         exact = packed.exact
@@ -481,10 +512,15 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         mode = 1  # the fp16 copy's rows would not be 16-byte aligned for TMA
     block_m = 16
     exps = x2  # unused unless mode 3 or 4
+    # Programmatic dependent launch chains the 2-3 kernels of a call without a launch gap
+    # between them (each waits on the previous one's results inside the kernel).
+    pdl = pdl_available(x2.device) if pdl is None else pdl
+    launch = {"launch_pdl": True} if pdl else {}
     if mode == 4:
         xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), BLOCK_K=512, num_warps=4)
+        # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), BLOCK_K=512, num_warps=4, PDL=pdl)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
     else:
         x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
@@ -507,13 +543,14 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         cand_val, cand_idx, n_tiles,
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        MODE=mode, CAND=per_tile, num_warps=num_warps,
+        MODE=mode, CAND=per_tile, num_warps=num_warps, PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
     )
-    if top_k:
+    if top_k and rescore:
         n_cand = n_tiles * per_tile
         _rescore_top_k_kernel[(m, min(top_k, n_cand))](
             x2, x2.stride(0), exact, exact.stride(0), cand_val, cand_idx, out, out.stride(0),
-            n_cand, k, NC_PAD=triton.next_power_of_2(n_cand), BLOCK_K=512, num_warps=4,
+            n_cand, k, NC_PAD=triton.next_power_of_2(n_cand), K_PAD=triton.next_power_of_2(k),
+            num_warps=RESCORE_WARPS, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
 
@@ -578,12 +615,13 @@ def choose_config(m: int, x_dtype) -> KernelConfig:
 
 
 def fp8_linear_packed_default(x, packed: PackedFp8Weight, out_dtype=None, exact=None,
-                              exact_top_k: int | None = None, per_tile: int | None = None):
+                              exact_top_k: int | None = None, per_tile: int | None = None,
+                              rescore: bool = True, pdl: bool | None = None):
     """The shipped path for a packed weight (PACKED_DEFAULT), with its exact re-scoring."""
     cfg = PACKED_DEFAULT
     return fp8_linear_packed(x, packed, out_dtype, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                              mode=PACKED_MODES[cfg.kind], exact=exact, exact_top_k=exact_top_k,
-                             per_tile=per_tile)
+                             per_tile=per_tile, rescore=rescore, pdl=pdl)
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
