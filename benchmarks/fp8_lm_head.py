@@ -335,9 +335,13 @@ def main(argv=None):
                 x, ew[i], out_dtype, rescore=False))(ew)
             methods[f"exact{ek} no PDL"] = (lambda ew: lambda i: fk.fp8_linear_packed_default(
                 x, ew[i], out_dtype, pdl=False))(ew)
-            shipped, _ = weights_for(None)
-            methods["fp8-only no PDL"] = (lambda sh: lambda i: fk.fp8_linear_packed_default(
-                x, sh[i], out_dtype, pdl=False))(shipped)
+            # Candidate formats and re-scoring kernel shapes (the shipped one: keyed slots,
+            # fk.RESCORE_SLOTS per row, fk.RESCORE_WARPS warps).
+            for label, kw in (("pairs per tile", {"key_slots": 0}), ("128 slots", {"key_slots": 128}),
+                              ("512 slots", {"key_slots": 512}), ("2 warps", {"rescore_warps": 2}),
+                              ("4 warps", {"rescore_warps": 4})):
+                methods[f"exact{ek} {label}"] = (lambda ew, kw: lambda i: fk.fp8_linear_packed_default(
+                    x, ew[i], out_dtype, **kw))(ew, kw)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
         med = {name: statistics.median(v) for name, v in times.items()}
         ratio = statistics.median(b / s for b, s in zip(times["bf16"], times["sparkit"]))
@@ -446,7 +450,7 @@ def main(argv=None):
                   f"vs exact fp32 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
                   f"margin<0.1: {row['exact'][ek]['top1_where_bf16_margin_lt_0.1'] or float('nan'):.3f}) | "
                   f"rel err {(e_num / e_den) ** 0.5:.2e}", flush=True)
-        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL"))]:
+        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL", "per tile", "slots", "warps"))]:
             b_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
             row["exact"][name] = {"us": med[name], "ratio": b_ratio}
             print(f"  {name} | {med[name]:.1f} us | {b_ratio:.2f}x bf16", flush=True)

@@ -262,7 +262,8 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0):
     """One activation row per program: xs = fp16(x * 2^-e) with e >= 0 the power of two that brings
     max|x| to <= 4 (the bound _dot_fp16_rescaled explains), and e itself, undone after the MMAs.
     Two passes over the row (the second from L1/L2); a power of two keeps the scaling exact."""
@@ -282,6 +283,10 @@ def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, BLOCK_K: tl.conste
         v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
         tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
     tl.store(e_ptr + row, e)
+    if NS_PAD > 0:  # the row's candidate slots, emptied for the main kernel's atomic maxima
+        slots = tl.arange(0, NS_PAD)
+        tl.store(key_ptr + row.to(tl.int64) * n_slots + slots, tl.full((NS_PAD,), EMPTY_KEY, tl.int64),
+                 mask=slots < n_slots)
 
 
 @triton.jit
@@ -290,7 +295,7 @@ def _fp8_packed_kernel(
     cand_val_ptr, cand_idx_ptr, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr, CAND: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
@@ -340,6 +345,20 @@ def _fp8_packed_kernel(
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+    if KEY_GROUP > 0:
+        # Large vocabulary: this tile's best token per activation row, folded by an atomic max
+        # into one of <= 256 slots per row (KEY_GROUP neighbouring tiles share a slot) as a 64-bit
+        # key (order-preserving bits of the logit, token id): _rescore_keys_kernel then selects
+        # from 256 keys instead of ~1200 (value, index) pairs. Two tokens that matter rarely share
+        # a KEY_GROUP * BLOCK_N-token stretch of the vocabulary (640 of Ling's 157k).
+        # cand_val_ptr holds the int64 keys, n_tiles the slots per row.
+        vals = tl.where((offs_n < N)[:, None], acc, float("-inf"))
+        best = tl.argmax(vals, axis=0)
+        bits = tl.max(vals, axis=0).to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        key = (ordered.to(tl.int64) << 32) | (pid_n * BLOCK_N + best).to(tl.int64)
+        tl.atomic_max(cand_val_ptr + offs_m.to(tl.int64) * n_tiles + pid_n // KEY_GROUP, key,
+                      mask=offs_m < M, sem="relaxed")
     if CAND > 0:
         # This tile's CAND best tokens for every activation row: the candidates from which
         # _rescore_top_k_kernel picks the row's top k. One per tile on a large vocabulary (the few
@@ -389,6 +408,42 @@ def _rescore_top_k_kernel(
     w = tl.load(w_ptr + tok.to(tl.int64) * stride_wn + offs_k, mask=offs_k < k_end, other=0.0)
     exact = tl.sum(w.to(tl.float32) * xv.to(tl.float32), axis=0)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, exact.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+EMPTY_KEY = tl.constexpr(-(2 ** 63))
+
+
+@triton.jit
+def _rescore_keys_kernel(
+    x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, K,
+    NS_PAD: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """As _rescore_top_k_kernel, from the 64-bit keys of the KEY_GROUP epilogue: each selection
+    step is one max over <= 256 integers (the token id rides in the key), and the weight row is
+    read in K_BLOCKS unrolled pieces whose loads are all in flight at once."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    m = tl.program_id(0)
+    t = tl.program_id(1)
+    offs = tl.arange(0, NS_PAD)
+    row = m.to(tl.int64) * n_slots
+    keys = tl.load(key_ptr + row + offs, mask=offs < n_slots, other=EMPTY_KEY)
+    for _ in range(t):
+        keys = tl.where(keys == tl.max(keys, axis=0), EMPTY_KEY, keys)
+    best = tl.max(keys, axis=0)
+    valid = best != EMPTY_KEY
+    tok = (best & 0xFFFFFFFF).to(tl.int32)
+    k_end = tl.where(valid, K, 0)
+    w_row = w_ptr + tok.to(tl.int64) * stride_wn
+    x_row = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for kb in tl.static_range(K_BLOCKS):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
+        xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
+             mask=valid)
 
 
 @dataclass
@@ -456,7 +511,10 @@ def pdl_available(device) -> bool:
 # measurements in benchmarks/fp8_lm_head.py); a vocabulary of fewer than 8 * k tiles gets k per
 # tile, so that the candidates hold the row's exact FP8 top k.
 CANDIDATES_PER_TILE = 1
-RESCORE_WARPS = 4
+# Large vocabularies: candidate slots per activation row (a slot keeps the best of its tiles),
+# and the re-scoring kernel's warps; 0 slots = one (value, index) pair per tile instead.
+RESCORE_SLOTS = 256
+RESCORE_WARPS = 1
 
 
 def candidates_per_tile(top_k: int, n_tiles: int) -> int:
@@ -482,7 +540,8 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
-                      per_tile: int | None = None, rescore: bool = True, pdl: bool | None = None):
+                      per_tile: int | None = None, rescore: bool = True, pdl: bool | None = None,
+                      key_slots: int | None = None, rescore_warps: int | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off);
     per_tile overrides candidates_per_tile(); rescore=False stops after the candidates (both only
     for benchmarks/fp8_lm_head.py, which times the parts)."""
@@ -516,41 +575,61 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     # between them (each waits on the previous one's results inside the kernel).
     pdl = pdl_available(x2.device) if pdl is None else pdl
     launch = {"launch_pdl": True} if pdl else {}
-    if mode == 4:
-        xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
-        # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), BLOCK_K=512, num_warps=4, PDL=pdl)
-        x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
-    else:
-        x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
-    w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
-    if mode == 3:
-        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
-        _row_exponent_kernel[(triton.cdiv(m, block_m),)](
-            x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
     n_tiles = grid[0]
     top_k = min(exact_top_k, n) if exact is not None else 0
     per_tile = candidates_per_tile(top_k, n_tiles) if per_tile is None or not top_k else min(per_tile, top_k)
-    if top_k:
+    # One candidate per tile: the keyed slots (key_group tiles per slot); k per tile: plain arrays.
+    slots = RESCORE_SLOTS if key_slots is None else key_slots
+    key_group = triton.cdiv(n_tiles, slots) if per_tile == 1 and slots > 0 else 0
+    n_slots = triton.cdiv(n_tiles, key_group) if key_group else 0
+    if key_group:
+        cand_val = torch.empty((m, n_slots), dtype=torch.int64, device=x2.device)
+        if mode != 4:  # mode 4's pre-scaling kernel empties the slots itself
+            cand_val.fill_(-(2 ** 63))
+        cand_idx = cand_val
+    elif top_k:
         cand_val = torch.empty((m, n_tiles * per_tile), dtype=torch.float32, device=x2.device)
         cand_idx = torch.empty((m, n_tiles * per_tile), dtype=torch.int32, device=x2.device)
     else:
         cand_val = cand_idx = out  # unused
+    if mode == 4:
+        xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+        # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), cand_val, n_slots, BLOCK_K=512,
+                                    num_warps=4, PDL=pdl,
+                                    NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
+        x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
+    else:
+        x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
+    w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
+    if mode == 3:
+        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+        _row_exponent_kernel[(triton.cdiv(m, block_m),)](
+            x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
     _fp8_packed_kernel[grid](
         x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-        cand_val, cand_idx, n_tiles,
+        cand_val, cand_idx, n_slots if key_group else n_tiles,
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        MODE=mode, CAND=per_tile, num_warps=num_warps, PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
+        MODE=mode, CAND=0 if key_group else per_tile, KEY_GROUP=key_group, num_warps=num_warps,
+        PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
     )
-    if top_k and rescore:
+    if top_k and rescore and key_group:
+        warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
+        block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
+        _rescore_keys_kernel[(m, min(top_k, n_slots))](
+            x2, x2.stride(0), exact, exact.stride(0), cand_val, out, out.stride(0), n_slots, k,
+            NS_PAD=triton.next_power_of_2(n_slots), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
+            num_warps=warps, PDL=pdl, **launch,
+        )
+    elif top_k and rescore:
         n_cand = n_tiles * per_tile
         _rescore_top_k_kernel[(m, min(top_k, n_cand))](
             x2, x2.stride(0), exact, exact.stride(0), cand_val, cand_idx, out, out.stride(0),
             n_cand, k, NC_PAD=triton.next_power_of_2(n_cand), K_PAD=triton.next_power_of_2(k),
-            num_warps=RESCORE_WARPS, PDL=pdl, **launch,
+            num_warps=4, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
 
@@ -616,12 +695,14 @@ def choose_config(m: int, x_dtype) -> KernelConfig:
 
 def fp8_linear_packed_default(x, packed: PackedFp8Weight, out_dtype=None, exact=None,
                               exact_top_k: int | None = None, per_tile: int | None = None,
-                              rescore: bool = True, pdl: bool | None = None):
+                              rescore: bool = True, pdl: bool | None = None,
+                              key_slots: int | None = None, rescore_warps: int | None = None):
     """The shipped path for a packed weight (PACKED_DEFAULT), with its exact re-scoring."""
     cfg = PACKED_DEFAULT
     return fp8_linear_packed(x, packed, out_dtype, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                              mode=PACKED_MODES[cfg.kind], exact=exact, exact_top_k=exact_top_k,
-                             per_tile=per_tile, rescore=rescore, pdl=pdl)
+                             per_tile=per_tile, rescore=rescore, pdl=pdl, key_slots=key_slots,
+                             rescore_warps=rescore_warps)
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
