@@ -168,9 +168,6 @@ def main(argv=None):
     ap.add_argument("--exact-top-k", default="8",
                     help="comma-separated k values: also time the shipped path with exact top-k "
                          "re-scoring from the bf16 weight (0 or empty: none)")
-    ap.add_argument("--exact-per-tile", default="",
-                    help="comma-separated candidates-per-tile values to time for the largest --exact-top-k "
-                         "(default: only the shipped choice)")
     ap.add_argument("--exact-breakdown", action="store_true",
                     help="also time the candidates' epilogue without the re-scoring kernel, and both "
                          "paths without programmatic dependent launch")
@@ -322,11 +319,6 @@ def main(argv=None):
         for ek in exact_ks:
             ew = exact_weights(ek)
             methods[f"exact{ek}"] = (lambda ew: lambda i: api.fp8_linear(x, ew[i], None, out_dtype))(ew)
-        per_tiles = [int(v) for v in args.exact_per_tile.split(",") if v.strip()] if exact_ks else []
-        for c in per_tiles:
-            ew = exact_weights(max(exact_ks))
-            methods[f"exact{max(exact_ks)}c{c}"] = (lambda ew, c: lambda i: fk.fp8_linear_packed_default(
-                x, ew[i], out_dtype, per_tile=c))(ew, c)
         if exact_ks and args.exact_breakdown:
             ek = max(exact_ks)
             ew = exact_weights(ek)
@@ -337,9 +329,9 @@ def main(argv=None):
                 x, ew[i], out_dtype, pdl=False))(ew)
             # Candidate formats and re-scoring kernel shapes (the shipped one: keyed slots,
             # fk.RESCORE_SLOTS per row, fk.RESCORE_WARPS warps).
-            for label, kw in (("pairs per tile", {"key_slots": 0}), ("128 slots", {"key_slots": 128}),
-                              ("512 slots", {"key_slots": 512}), ("2 warps", {"rescore_warps": 2}),
-                              ("4 warps", {"rescore_warps": 4})):
+            for label, kw in (("1 token per slot", {"per_slot": 1}), ("4 tokens per slot", {"per_slot": 4}),
+                              ("128 slots", {"key_slots": 128}), ("512 slots", {"key_slots": 512}),
+                              ("2 warps", {"rescore_warps": 2})):
                 methods[f"exact{ek} {label}"] = (lambda ew, kw: lambda i: fk.fp8_linear_packed_default(
                     x, ew[i], out_dtype, **kw))(ew, kw)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
@@ -445,25 +437,15 @@ def main(argv=None):
                                 "misses": int((~e_hit).sum()), "samples": int(e_hit.numel()),
                                 "top1_vs_bf16_logits": float(e_hit16.float().mean()),
                                 "misses_vs_bf16_logits": int((~e_hit16).sum())}
-            print(f"  exact top-{ek} | {med[name]:.1f} us | {e_ratio:.2f}x bf16 | time/fp8-only {e_vs_fp8:.3f} | "
+            print(f"  exact top-{ek} ({ek} x {fk.RESCORE_PER_SLOT} tokens) | {med[name]:.1f} us | {e_ratio:.2f}x bf16 | time/fp8-only {e_vs_fp8:.3f} | "
                   f"top1 vs bf16 logits {float(e_hit16.float().mean()) * 100:.2f}% ({int((~e_hit16).sum())} differ) | "
                   f"vs exact fp32 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
                   f"margin<0.1: {row['exact'][ek]['top1_where_bf16_margin_lt_0.1'] or float('nan'):.3f}) | "
                   f"rel err {(e_num / e_den) ** 0.5:.2e}", flush=True)
-        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL", "per tile", "slots", "warps"))]:
+        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL", "per slot", "slots", "warps"))]:
             b_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
             row["exact"][name] = {"us": med[name], "ratio": b_ratio}
             print(f"  {name} | {med[name]:.1f} us | {b_ratio:.2f}x bf16", flush=True)
-        for c in per_tiles:
-            name = f"exact{max(exact_ks)}c{c}"
-            ew = exact_weights(max(exact_ks))
-            c_hits = torch.cat([
-                fk.fp8_linear_packed_default(hidden[st:st + m], ew[0], out_dtype, per_tile=c).float().argmax(1)
-                == ref_top1[st:st + m] for st in range(0, args.samples - m + 1, m)])
-            c_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
-            row["exact"][name] = {"us": med[name], "ratio": c_ratio, "top1": float(c_hits.float().mean())}
-            print(f"  {name} (candidates per tile {c}) | {med[name]:.1f} us | {c_ratio:.2f}x bf16 | "
-                  f"top1 {float(c_hits.float().mean()) * 100:.2f}%", flush=True)
         row["variants"] = {}
         if variants:
             exact_m = hidden[:m].double() @ (w_fp8.double() * scale.double()[:, None]).T

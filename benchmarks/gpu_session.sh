@@ -23,10 +23,9 @@ set +e
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-VARIANTS=${VARIANTS:-}  # fourth run (exact re-scoring): none; EXACT and EXACT_PER_TILE below
+VARIANTS=${VARIANTS:-}  # fourth run (exact re-scoring): none; EXACT below
 # third run: VARIANTS=pk16t:n256k128w8s3,pk16p:n128k256w8s3,pk16p:n128k128w8s4,pk16t:n128k256w4s3
-EXACT=${EXACT:-4,8,16}
-EXACT_PER_TILE=${EXACT_PER_TILE:-2}
+EXACT=${EXACT:-2,4,8}
 # second run: VARIANTS=pk16t:n256k128w8s3,pk16p:n128k128w8s4,pk16t:n128k256w8s3,pk16p:n128k256w8s4,pk16p:n128k256w4s3
 # first run: VARIANTS=pk16t:n256k128w8s3,pk16p:n256k128w8s3,pk16p:n256k128w8s4,pk16p:n128k128w8s4,pk16p:n128k256w8s3,pk16x:n256k128w8s3
 t0=$(date +%s)
@@ -46,7 +45,7 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 if has bench; then
 stamp "step 1: benchmark"
 timeout 300 python3 benchmarks/fp8_lm_head.py --rounds ${ROUNDS:-15} --variants "$VARIANTS" \
-  --exact-top-k "$EXACT" --exact-per-tile "$EXACT_PER_TILE" \
+  --exact-top-k "$EXACT" --exact-breakdown \
   --margins-from benchmarks/data/tiny_ling_margins.json --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 stamp "benchmark rc=$?"
 fi

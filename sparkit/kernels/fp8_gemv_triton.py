@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkit.kernels.fp8_linear import TOKENS_PER_STRETCH
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -104,6 +106,9 @@ PACKED_DEFAULT = KernelConfig("pk16p", PACK_BLOCK_N, PACK_BLOCK_K, 4, 3)
 UNPACKED_DEFAULT = KernelConfig("tma16", 128, 128, 8, 4)
 FP32_DEFAULT = KernelConfig("cc", 16, 128, 4, 3)
 
+
+# An empty candidate slot: below every key the epilogue writes (logit bits, token id).
+EMPTY_KEY = tl.constexpr(-(2 ** 63))
 
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) gets bf16 tl.dot wrong;
 # an fp32 dot there is exact (the products of bf16 and e4m3 values fit in fp32).
@@ -292,9 +297,9 @@ def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, 
 @triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
-    cand_val_ptr, cand_idx_ptr, n_tiles,
+    key_ptr, n_slots,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr, CAND: tl.constexpr,
+    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
     PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
@@ -346,104 +351,68 @@ def _fp8_packed_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
     if KEY_GROUP > 0:
-        # Large vocabulary: this tile's best token per activation row, folded by an atomic max
-        # into one of <= 256 slots per row (KEY_GROUP neighbouring tiles share a slot) as a 64-bit
-        # key (order-preserving bits of the logit, token id): _rescore_keys_kernel then selects
-        # from 256 keys instead of ~1200 (value, index) pairs. Two tokens that matter rarely share
-        # a KEY_GROUP * BLOCK_N-token stretch of the vocabulary (640 of Ling's 157k).
-        # cand_val_ptr holds the int64 keys, n_tiles the slots per row.
+        # Exact re-scoring's candidates: this tile's best token per activation row, folded by an
+        # atomic max into the row's slot for KEY_GROUP neighbouring tiles (<= 256 slots per row)
+        # as a 64-bit key: order-preserving bits of the logit, then the token id.
         vals = tl.where((offs_n < N)[:, None], acc, float("-inf"))
         best = tl.argmax(vals, axis=0)
         bits = tl.max(vals, axis=0).to(tl.int32, bitcast=True)
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
         key = (ordered.to(tl.int64) << 32) | (pid_n * BLOCK_N + best).to(tl.int64)
-        tl.atomic_max(cand_val_ptr + offs_m.to(tl.int64) * n_tiles + pid_n // KEY_GROUP, key,
+        tl.atomic_max(key_ptr + offs_m.to(tl.int64) * n_slots + pid_n // KEY_GROUP, key,
                       mask=offs_m < M, sem="relaxed")
-    if CAND > 0:
-        # This tile's CAND best tokens for every activation row: the candidates from which
-        # _rescore_top_k_kernel picks the row's top k. One per tile on a large vocabulary (the few
-        # tokens that matter rarely share a BLOCK_N-token tile, and each extra costs a reduction
-        # per tile); k per tile on a small one, which makes the candidates the exact top k.
-        vals = tl.where((offs_n < N)[:, None], acc, float("-inf"))
-        rows = tl.arange(0, BLOCK_N)
-        cand = offs_m.to(tl.int64) * (n_tiles * CAND) + pid_n * CAND
-        for c in tl.static_range(CAND):
-            best = tl.argmax(vals, axis=0)
-            tl.store(cand_val_ptr + cand + c, tl.max(vals, axis=0), mask=offs_m < M)
-            tl.store(cand_idx_ptr + cand + c, pid_n * BLOCK_N + best.to(tl.int32), mask=offs_m < M)
-            if c + 1 < CAND:
-                vals = tl.where(rows[:, None] == best[None, :], float("-inf"), vals)
 
 
 @triton.jit
-def _rescore_top_k_kernel(
-    x_ptr, stride_xm, w_ptr, stride_wn, cand_val_ptr, cand_idx_ptr, out_ptr, stride_om, n_cand, K,
-    NC_PAD: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
+def _rescore_kernel(
+    x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, N, K,
+    NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr, PER_SLOT: tl.constexpr,
+    BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (m, t): find row m's t-th best candidate and overwrite its logit with the exact
-    product of the activation row and the token's unquantised weight row (fp32 accumulation).
+    """Program (m, t): row m's t-th best slot; its PER_SLOT best tokens get their exact logits.
 
     The FP8 logits decide which few tokens can be the argmax; the retained bf16 weight decides
-    which of them is. Each program repeats the small selection (n_cand values) rather than
-    synchronising with the others; the programs of a row write different tokens. Latency is all
-    that matters here: the activation row and the candidates' token ids are loaded up front, next
-    to the values, and the weight row in one piece, so the chain of dependent loads is
-    values -> selection -> weight row."""
-    if PDL:  # launched while the main kernel finishes: wait for all its logits and candidates
-        tl.extra.cuda.gdc_wait()
-    m = tl.program_id(0)
-    t = tl.program_id(1)
-    offs = tl.arange(0, NC_PAD)
-    offs_k = tl.arange(0, K_PAD)
-    row = m.to(tl.int64) * n_cand
-    vals = tl.load(cand_val_ptr + row + offs, mask=offs < n_cand, other=float("-inf"))
-    toks = tl.load(cand_idx_ptr + row + offs, mask=offs < n_cand, other=0)
-    xv = tl.load(x_ptr + m.to(tl.int64) * stride_xm + offs_k, mask=offs_k < K, other=0.0)
-    for _ in range(t):
-        vals = tl.where(offs == tl.argmax(vals, axis=0), float("-inf"), vals)
-    pick = tl.argmax(vals, axis=0)
-    valid = tl.max(vals, axis=0) > float("-inf")  # padding rows of the last tile never qualify
-    tok = tl.sum(tl.where(offs == pick, toks, 0), axis=0)
-    k_end = tl.where(valid, K, 0)
-    w = tl.load(w_ptr + tok.to(tl.int64) * stride_wn + offs_k, mask=offs_k < k_end, other=0.0)
-    exact = tl.sum(w.to(tl.float32) * xv.to(tl.float32), axis=0)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, exact.to(out_ptr.dtype.element_ty), mask=valid)
-
-
-EMPTY_KEY = tl.constexpr(-(2 ** 63))
-
-
-@triton.jit
-def _rescore_keys_kernel(
-    x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, K,
-    NS_PAD: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
-):
-    """As _rescore_top_k_kernel, from the 64-bit keys of the KEY_GROUP epilogue: each selection
-    step is one max over <= 256 integers (the token id rides in the key), and the weight row is
-    read in K_BLOCKS unrolled pieces whose loads are all in flight at once."""
-    if PDL:
+    which of them is. Selection: t rounds of a max over the row's <= 256 keys (logit bits and token
+    id in one int64, so the id needs no second lookup). The slot's own FP8 logits (SLOT_TOKENS
+    values, from L2) then give its runner-up tokens: a near-tie between neighbouring ids (the
+    digits "3" and "4") shares a slot, so the slot's best alone would miss it. Each program owns
+    its slot: it reads the slot's logits before writing any of them and no other program touches
+    them. Every load of the dot products is unrolled so all are in flight at once."""
+    if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
         tl.extra.cuda.gdc_wait()
     m = tl.program_id(0)
     t = tl.program_id(1)
     offs = tl.arange(0, NS_PAD)
-    row = m.to(tl.int64) * n_slots
-    keys = tl.load(key_ptr + row + offs, mask=offs < n_slots, other=EMPTY_KEY)
+    keys = tl.load(key_ptr + m.to(tl.int64) * n_slots + offs, mask=offs < n_slots, other=EMPTY_KEY)
     for _ in range(t):
         keys = tl.where(keys == tl.max(keys, axis=0), EMPTY_KEY, keys)
     best = tl.max(keys, axis=0)
     valid = best != EMPTY_KEY
     tok = (best & 0xFFFFFFFF).to(tl.int32)
-    k_end = tl.where(valid, K, 0)
-    w_row = w_ptr + tok.to(tl.int64) * stride_wn
+    start = (tok // SLOT_TOKENS) * SLOT_TOKENS
+    out_row = out_ptr + m.to(tl.int64) * stride_om
     x_row = x_ptr + m.to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for kb in tl.static_range(K_BLOCKS):
-        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
-        xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
-        acc += w.to(tl.float32) * xv.to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
-             mask=valid)
+    offs_s = tl.arange(0, ST_PAD)
+    in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
+    slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf")).to(tl.float32)
+    slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
+    for c in tl.static_range(PER_SLOT):
+        if c > 0:  # the slot's next best token by FP8 logit
+            local = tl.argmax(slot_logits, axis=0)
+            ok = valid & (tl.max(slot_logits, axis=0) > float("-inf"))
+            slot_logits = tl.where(offs_s == local, float("-inf"), slot_logits)
+            tok = start + local.to(tl.int32)
+        else:
+            ok = valid
+        k_end = tl.where(ok, K, 0)
+        w_row = w_ptr + tok.to(tl.int64) * stride_wn
+        acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for kb in tl.static_range(K_BLOCKS):
+            offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
+            xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
+            acc += w.to(tl.float32) * xv.to(tl.float32)
+        tl.store(out_row + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @dataclass
@@ -498,7 +467,7 @@ def pdl_available(device) -> bool:
     if key not in _PDL_CACHE:
         ok = False
         try:
-            from triton.language.extra.cuda import gdc_wait  # noqa: F401
+            from triton.language.extra.cuda import gdc_wait  # noqa: F401  (present: PDL usable)
 
             ok = torch.cuda.get_device_capability(device)[0] >= 9
         except Exception:
@@ -507,20 +476,13 @@ def pdl_available(device) -> bool:
     return _PDL_CACHE[key]
 
 
-# Candidates each weight tile emits per activation row on a large vocabulary (set from the H200
-# measurements in benchmarks/fp8_lm_head.py); a vocabulary of fewer than 8 * k tiles gets k per
-# tile, so that the candidates hold the row's exact FP8 top k.
-CANDIDATES_PER_TILE = 1
-# Large vocabularies: candidate slots per activation row (a slot keeps the best of its tiles),
-# and the re-scoring kernel's warps; 0 slots = one (value, index) pair per tile instead.
+# Exact re-scoring on CUDA: each row's tiles are folded into at most RESCORE_SLOTS slots (a slot
+# keeps the best FP8 logit of its tiles); the k best slots each re-score their RESCORE_PER_SLOT
+# best tokens, so k slots re-score up to k * RESCORE_PER_SLOT tokens. RESCORE_WARPS: the
+# re-scoring kernel's warps (latency-bound; measured on an H200 in benchmarks/fp8_lm_head.py).
 RESCORE_SLOTS = 256
+RESCORE_PER_SLOT = TOKENS_PER_STRETCH
 RESCORE_WARPS = 1
-
-
-def candidates_per_tile(top_k: int, n_tiles: int) -> int:
-    if top_k <= 0:
-        return 0
-    return top_k if n_tiles < 8 * top_k else min(top_k, CANDIDATES_PER_TILE)
 
 
 def _check_exact(exact, n, k):
@@ -540,11 +502,11 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
-                      per_tile: int | None = None, rescore: bool = True, pdl: bool | None = None,
-                      key_slots: int | None = None, rescore_warps: int | None = None):
-    """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off);
-    per_tile overrides candidates_per_tile(); rescore=False stops after the candidates (both only
-    for benchmarks/fp8_lm_head.py, which times the parts)."""
+                      rescore: bool = True, pdl: bool | None = None, key_slots: int | None = None,
+                      rescore_warps: int | None = None, per_slot: int | None = None):
+    """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off).
+    The other keywords override module settings for benchmarks/fp8_lm_head.py, which times the
+    parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot."""
     out_dtype = out_dtype or x.dtype
     if exact is None:
         exact = packed.exact
@@ -578,26 +540,20 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
     n_tiles = grid[0]
     top_k = min(exact_top_k, n) if exact is not None else 0
-    per_tile = candidates_per_tile(top_k, n_tiles) if per_tile is None or not top_k else min(per_tile, top_k)
-    # One candidate per tile: the keyed slots (key_group tiles per slot); k per tile: plain arrays.
     slots = RESCORE_SLOTS if key_slots is None else key_slots
-    key_group = triton.cdiv(n_tiles, slots) if per_tile == 1 and slots > 0 else 0
+    key_group = triton.cdiv(n_tiles, slots) if top_k else 0
     n_slots = triton.cdiv(n_tiles, key_group) if key_group else 0
     if key_group:
-        cand_val = torch.empty((m, n_slots), dtype=torch.int64, device=x2.device)
+        keys = torch.empty((m, n_slots), dtype=torch.int64, device=x2.device)
         if mode != 4:  # mode 4's pre-scaling kernel empties the slots itself
-            cand_val.fill_(-(2 ** 63))
-        cand_idx = cand_val
-    elif top_k:
-        cand_val = torch.empty((m, n_tiles * per_tile), dtype=torch.float32, device=x2.device)
-        cand_idx = torch.empty((m, n_tiles * per_tile), dtype=torch.int32, device=x2.device)
+            keys.fill_(-(2 ** 63))
     else:
-        cand_val = cand_idx = out  # unused
+        keys = out  # unused
     if mode == 4:
         xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
         # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), cand_val, n_slots, BLOCK_K=512,
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots, BLOCK_K=512,
                                     num_warps=4, PDL=pdl,
                                     NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
@@ -610,26 +566,21 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
             x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
     _fp8_packed_kernel[grid](
         x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-        cand_val, cand_idx, n_slots if key_group else n_tiles,
+        keys, n_slots,
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        MODE=mode, CAND=0 if key_group else per_tile, KEY_GROUP=key_group, num_warps=num_warps,
+        MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
         PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
     )
-    if top_k and rescore and key_group:
+    if key_group and rescore:
         warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
         block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
-        _rescore_keys_kernel[(m, min(top_k, n_slots))](
-            x2, x2.stride(0), exact, exact.stride(0), cand_val, out, out.stride(0), n_slots, k,
-            NS_PAD=triton.next_power_of_2(n_slots), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-            num_warps=warps, PDL=pdl, **launch,
-        )
-    elif top_k and rescore:
-        n_cand = n_tiles * per_tile
-        _rescore_top_k_kernel[(m, min(top_k, n_cand))](
-            x2, x2.stride(0), exact, exact.stride(0), cand_val, cand_idx, out, out.stride(0),
-            n_cand, k, NC_PAD=triton.next_power_of_2(n_cand), K_PAD=triton.next_power_of_2(k),
-            num_warps=4, PDL=pdl, **launch,
+        slot_tokens = key_group * packed.block_n
+        _rescore_kernel[(m, min(top_k, n_slots))](
+            x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
+            NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
+            ST_PAD=triton.next_power_of_2(slot_tokens), PER_SLOT=RESCORE_PER_SLOT if per_slot is None else per_slot,
+            BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k), num_warps=warps, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
 
@@ -694,15 +645,12 @@ def choose_config(m: int, x_dtype) -> KernelConfig:
 
 
 def fp8_linear_packed_default(x, packed: PackedFp8Weight, out_dtype=None, exact=None,
-                              exact_top_k: int | None = None, per_tile: int | None = None,
-                              rescore: bool = True, pdl: bool | None = None,
-                              key_slots: int | None = None, rescore_warps: int | None = None):
+                              exact_top_k: int | None = None, **overrides):
     """The shipped path for a packed weight (PACKED_DEFAULT), with its exact re-scoring."""
     cfg = PACKED_DEFAULT
     return fp8_linear_packed(x, packed, out_dtype, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                              mode=PACKED_MODES[cfg.kind], exact=exact, exact_top_k=exact_top_k,
-                             per_tile=per_tile, rescore=rescore, pdl=pdl, key_slots=key_slots,
-                             rescore_warps=rescore_warps)
+                             **overrides)
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):

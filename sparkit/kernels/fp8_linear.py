@@ -13,20 +13,25 @@ re-layout, same bytes) and pass the packed weight as weight_fp8 (scale=None).
 
 Exact top-k re-scoring (exact_weight=, exact_top_k=): per-row e4m3 keeps 4 significant bits, so
 where the two best tokens are within a few hundredths of a logit the FP8 argmax can differ from
-the bf16 one (a near-tie flip; tiny-ling agrees on 98.6% of positions without re-scoring). With
-the unquantised weight kept, the k best FP8 logits of every row are recomputed exactly from it
-(fp32 product of the activation and the bf16 row): the FP8 logits pick the few tokens that can
-win, the bf16 weight decides between them, and the argmax is the bf16 head's unless the true best
-token is not among the FP8 top k. On CUDA the kernel's epilogue emits each 128-token tile's best
-token and a second small kernel re-scores the k best tiles' tokens (k * K * 2 extra bytes read per
-row: 40 KB for k = 8 on Ling's head); the other logits stay FP8. It costs keeping the bf16
-weight next to the FP8 copy (memory, not bandwidth).
+the bf16 one (a near-tie flip: 5% of positions on a synthetic Ling-shaped head, 1% on tiny-ling).
+With the unquantised weight kept, the best FP8 candidates of every row are recomputed exactly
+from it (fp32 product of the activation and the bf16 row): the FP8 logits pick the few tokens
+that can win, the bf16 weight decides between them, and the argmax is the bf16 head's unless the
+true best token is not among the candidates. Candidates: on CUDA, the vocabulary is cut into at
+most 256 stretches of whole 128-token tiles; the kernel's epilogue keeps each stretch's best
+FP8 logit, and a small second kernel re-scores the best TOKENS_PER_STRETCH tokens of each of the
+exact_top_k best stretches (the runner-up matters: near-ties between neighbouring ids such as the
+digits share a stretch). The torch path re-scores the exact_top_k * TOKENS_PER_STRETCH best
+tokens of the row. The other logits stay FP8. It costs keeping the bf16 weight next to the FP8
+copy (memory, not bandwidth: 2 * k * K * 2 bytes more read per row, 80 KB for k = 8 on Ling).
 """
 
 from __future__ import annotations
 
-# Candidates re-scored per row unless a recipe says otherwise (lm_head_exact_top_k).
-DEFAULT_EXACT_TOP_K = 8
+# Stretches (CUDA) re-scored per row unless a recipe says otherwise (lm_head_exact_top_k), and
+# tokens re-scored in each.
+DEFAULT_EXACT_TOP_K = 4
+TOKENS_PER_STRETCH = 2
 
 FP8_E4M3_MAX = 448.0
 
@@ -70,12 +75,13 @@ def _cached_dequantised_t(weight_fp8, scale):
 
 
 def rescore_top_k(x, logits, exact_weight, top_k: int):
-    """In place: the top_k largest logits of each row recomputed as x . exact_weight[token]
-    (fp32 accumulation), rounded to the logits' dtype. Returns logits. Torch path (any device)."""
+    """In place: the top_k * TOKENS_PER_STRETCH largest logits of each row recomputed as
+    x . exact_weight[token] (fp32 accumulation), rounded to the logits' dtype. Returns logits.
+    The torch path (any device)."""
     import torch
 
     n = logits.shape[-1]
-    top_k = min(int(top_k), n)
+    top_k = min(int(top_k) * TOKENS_PER_STRETCH, n)
     if top_k <= 0 or logits.numel() == 0:
         return logits
     x2 = x.reshape(-1, x.shape[-1])
@@ -133,7 +139,7 @@ def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 
 
 
 def exact_description(exact_top_k: int) -> str:
-    return (f"top-{exact_top_k} re-scored exactly from the bf16 weight" if exact_top_k > 0
+    return (f"top-{exact_top_k} candidates re-scored exactly from the bf16 weight" if exact_top_k > 0
             else "no exact re-scoring")
 
 

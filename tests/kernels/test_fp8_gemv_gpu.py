@@ -189,14 +189,14 @@ def test_exact_rescoring_restores_the_bf16_argmax_on_near_ties(head_bf16, m):
     xs = _near_tie_states(w, 64 * m, seed=m)
     ref = xs.float() @ w.float().T
     plain = prepare_fp8_weight(q, s)
-    exact = prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=8)
+    exact = prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=4)
     y_fp8 = torch.cat([fp8_linear(xs[i:i + m], plain, None, out_dtype=torch.float32) for i in range(0, len(xs), m)])
     y = torch.cat([fp8_linear(xs[i:i + m], exact, None, out_dtype=torch.float32) for i in range(0, len(xs), m)])
     # The states are near-ties: the FP8 head alone must get some wrong, or this test proves nothing.
     assert (y_fp8.argmax(1) != ref.argmax(1)).any()
     assert torch.equal(y.argmax(1), ref.argmax(1))
     changed = y != y_fp8
-    assert (changed.sum(1) <= 8).all() and (changed.sum(1) >= 1).all()
+    assert (changed.sum(1) <= 8).all() and (changed.sum(1) >= 2).all()  # 4 stretches x 2 tokens
     # What changed is the exact product of the bf16 tensors (fp32 accumulation order aside)...
     torch.testing.assert_close(y[changed], ref[changed], rtol=1e-5, atol=1e-4)
     # ...and everything else is the FP8 head's own output, untouched.

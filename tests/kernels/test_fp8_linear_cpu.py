@@ -60,7 +60,7 @@ def test_dispatch_on_cpu_uses_the_reference_and_prepare_declines():
 
 def test_exact_rescoring_gives_the_bf16_argmax_where_fp8_alone_flips_it():
     """Near-ties (two tokens a few hundredths of a logit apart) flip under per-row e4m3; re-scoring
-    the FP8 top 8 exactly from the bf16 weight gives back the bf16 head's choice at every one."""
+    the FP8 top candidates exactly from the bf16 weight gives back the bf16 head's choice at every one."""
     from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
 
     torch.manual_seed(3)
@@ -75,9 +75,9 @@ def test_exact_rescoring_gives_the_bf16_argmax_where_fp8_alone_flips_it():
     fp8_only = fp8_linear(x, q, s, out_dtype=torch.float32)
     flips = int((fp8_only.argmax(1) != ref.argmax(1)).sum())
     assert flips >= 5  # the states really are near-ties for this head
-    y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=8)
+    y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=4)
     assert torch.equal(y.argmax(1), ref.argmax(1))
-    top8 = fp8_only.topk(8, dim=1).indices
+    top8 = fp8_only.topk(8, dim=1).indices  # 4 candidates x TOKENS_PER_STRETCH on the torch path
     torch.testing.assert_close(y.gather(1, top8), ref.gather(1, top8), rtol=1e-5, atol=1e-4)
     others = torch.ones_like(y, dtype=torch.bool).scatter_(1, top8, False)
     assert torch.equal(y[others], fp8_only[others])
@@ -132,27 +132,37 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
     y = fk.fp8_linear_packed(x, fk.pack_fp8_weight(q, bad, 64, 128), torch.float32, mode=1)
     assert torch.allclose(y[:, 5].double(), 2 * exact(x)[:, 5], rtol=1e-4, atol=1e-6)
     assert torch.allclose(y[:, 6].double(), exact(x)[:, 6], rtol=1e-4, atol=1e-6)
-    # Exact top-k re-scoring: the epilogue's per-tile candidates and the re-scoring kernel.
+    # Exact top-k re-scoring: the epilogue's keyed slots and the re-scoring kernel. 3000 tokens =
+    # 47 tiles of 64; 16 slots -> 3 tiles per slot; 256 slots -> 1. Logits of both signs, and a
+    # row whose logits are all negative (the key's order-preserving bits must hold there too).
     import torch.nn.functional as F
-    w = (torch.randn(1100, K) * 0.05).to(torch.bfloat16)
+    w = (torch.randn(3000, K) * 0.05).to(torch.bfloat16)
     qw, sw = quantize_fp8_per_row(w)
     x = torch.randn(5, K).to(torch.bfloat16)
     ref = x.float() @ w.float().T
-    for top_k, per_tile in ((2, 1), (4, 4)):  # 18 tiles of 64: >= 8k tiles -> 1 per tile, else k
-        assert fk.candidates_per_tile(top_k, 18) == per_tile
-        packed = fk.pack_fp8_weight(qw, sw, 64, 128, exact=w, exact_top_k=top_k)
-        y0 = fk.fp8_linear_packed(x, packed, torch.float32, mode=4, exact_top_k=0)
-        y = fk.fp8_linear_packed(x, packed, torch.float32, mode=4)
-        changed = y != y0
-        assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
-        assert torch.equal(y[~changed], y0[~changed])
-        tiles = F.pad(y0, (0, 18 * 64 - 1100), value=-float("inf")).view(5, 18, 64)
-        vals, idx = tiles.topk(per_tile, dim=2)  # each tile's per_tile best
-        toks = (torch.arange(18)[None, :, None] * 64 + idx).reshape(5, -1)
-        best = vals.reshape(5, -1).topk(top_k, dim=1).indices
-        want = toks.gather(1, best)
-        for r in range(5):
-            assert set(changed[r].nonzero().flatten().tolist()) == set(want[r].tolist()), (top_k, r)
+    x[4] = -x[4].abs()
+    wpos = w.abs()
+    qp, sp = quantize_fp8_per_row(wpos)
+    for weight, qq, ss in ((w, qw, sw), (wpos, qp, sp)):
+        ref = x.float() @ weight.float().T
+        packed = fk.pack_fp8_weight(qq, ss, 64, 128, exact=weight, exact_top_k=4)
+        for mode in (4, 2):
+            for slots in (16, 256):
+                y0 = fk.fp8_linear_packed(x, packed, torch.float32, mode=mode, exact_top_k=0)
+                y = fk.fp8_linear_packed(x, packed, torch.float32, mode=mode, key_slots=slots)
+                changed = y != y0
+                assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
+                assert torch.equal(y[~changed], y0[~changed])
+                group = -(-47 // slots)
+                n_slots = -(-47 // group)
+                span = group * 64
+                stretches = F.pad(y0, (0, n_slots * span - 3000), value=-float("inf")).view(5, n_slots, span)
+                best_slots = stretches.max(2).values.topk(4, dim=1).indices
+                for r in range(5):
+                    want = set()
+                    for sl in best_slots[r].tolist():
+                        want |= {sl * span + i for i in stretches[r, sl].topk(2).indices.tolist()}
+                    assert set(changed[r].nonzero().flatten().tolist()) == want, (mode, slots, r)
     print("INTERPRETER-OK")
 """)
 
@@ -178,5 +188,5 @@ def test_kernel_description_names_the_path_the_head_takes():
     assert desc.startswith("Triton") and fk.PACKED_DEFAULT.label() in desc
     assert f"{fk.PACK_BLOCK_N}x{fk.PACK_BLOCK_K}" in desc and "no exact re-scoring" in desc
     exact = fk.pack_fp8_weight(q, s, exact=torch.randn(300, 256).to(torch.bfloat16), exact_top_k=8)
-    assert "top-8 re-scored exactly" in kernel_description(exact)
-    assert "top-4 re-scored exactly" in kernel_description(q, exact_top_k=4)
+    assert "top-8 candidates re-scored exactly" in kernel_description(exact)
+    assert "top-4 candidates re-scored exactly" in kernel_description(q, exact_top_k=4)
