@@ -354,12 +354,12 @@ def _fp8_packed_kernel(
         # Exact re-scoring's candidates: this tile's best token per activation row, folded by an
         # atomic max into the row's slot for KEY_GROUP neighbouring tiles (<= 256 slots per row)
         # as a 64-bit key: order-preserving bits of the logit, then the token id.
-        vals = tl.where((offs_n < N)[:, None], acc, float("-inf"))
-        best = tl.argmax(vals, axis=0)
-        bits = tl.max(vals, axis=0).to(tl.int32, bitcast=True)
+        # One int64 max over the tile finds the best logit and its token together.
+        bits = acc.to(tl.int32, bitcast=True)
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        key = (ordered.to(tl.int64) << 32) | (pid_n * BLOCK_N + best).to(tl.int64)
-        tl.atomic_max(key_ptr + offs_m.to(tl.int64) * n_slots + pid_n // KEY_GROUP, key,
+        keys = (ordered.to(tl.int64) << 32) | offs_n.to(tl.int64)[:, None]
+        keys = tl.where((offs_n < N)[:, None], keys, EMPTY_KEY)
+        tl.atomic_max(key_ptr + offs_m.to(tl.int64) * n_slots + pid_n // KEY_GROUP, tl.max(keys, axis=0),
                       mask=offs_m < M, sem="relaxed")
 
 
