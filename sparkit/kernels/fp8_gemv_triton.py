@@ -377,7 +377,8 @@ def _rescore_kernel(
     values, from L2) then give its runner-up tokens: a near-tie between neighbouring ids (the
     digits "3" and "4") shares a slot, so the slot's best alone would miss it. Each program owns
     its slot: it reads the slot's logits before writing any of them and no other program touches
-    them. Every load of the dot products is unrolled so all are in flight at once."""
+    them. The dot products are [PER_SLOT, K] at once, their loads unrolled: all in flight together.
+    PER_SLOT is a power of two."""
     if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
         tl.extra.cuda.gdc_wait()
     m = tl.program_id(0)
@@ -396,23 +397,24 @@ def _rescore_kernel(
     in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
     slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf")).to(tl.float32)
     slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
-    for c in tl.static_range(PER_SLOT):
-        if c > 0:  # the slot's next best token by FP8 logit
-            local = tl.argmax(slot_logits, axis=0)
-            ok = valid & (tl.max(slot_logits, axis=0) > float("-inf"))
-            slot_logits = tl.where(offs_s == local, float("-inf"), slot_logits)
-            tok = start + local.to(tl.int32)
-        else:
-            ok = valid
-        k_end = tl.where(ok, K, 0)
-        w_row = w_ptr + tok.to(tl.int64) * stride_wn
-        acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for kb in tl.static_range(K_BLOCKS):
-            offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
-            xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
-            acc += w.to(tl.float32) * xv.to(tl.float32)
-        tl.store(out_row + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=ok)
+    # All the slot's tokens first (selection from L2), then every weight row at once (HBM).
+    lanes = tl.arange(0, PER_SLOT)
+    toks = tl.where(lanes == 0, tok, 0)
+    k_end = tl.where(lanes == 0, tl.where(valid, K, 0), 0)  # 0: nothing to re-score in this lane
+    for c in tl.static_range(1, PER_SLOT):
+        local = tl.argmax(slot_logits, axis=0)
+        lane_k = tl.where(tl.max(slot_logits, axis=0) > float("-inf"), tl.where(valid, K, 0), 0)
+        slot_logits = tl.where(offs_s == local, float("-inf"), slot_logits)
+        toks = tl.where(lanes == c, start + local.to(tl.int32), toks)
+        k_end = tl.where(lanes == c, lane_k, k_end)
+    w_rows = w_ptr + toks.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((PER_SLOT, BLOCK_K), dtype=tl.float32)
+    for kb in tl.static_range(K_BLOCKS):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < k_end[:, None], other=0.0)
+        xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+    tl.store(out_row + toks, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=k_end > 0)
 
 
 @dataclass
@@ -574,12 +576,13 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     )
     if key_group and rescore:
         warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
-        block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
+        tokens = RESCORE_PER_SLOT if per_slot is None else per_slot
+        block_k = min(triton.next_power_of_2(k), max(32, 32 * warps * 8 // tokens))
         slot_tokens = key_group * packed.block_n
         _rescore_kernel[(m, min(top_k, n_slots))](
             x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
             NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
-            ST_PAD=triton.next_power_of_2(slot_tokens), PER_SLOT=RESCORE_PER_SLOT if per_slot is None else per_slot,
+            ST_PAD=triton.next_power_of_2(slot_tokens), PER_SLOT=tokens,
             BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k), num_warps=warps, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
