@@ -369,6 +369,28 @@ def check_lm_head_dtype(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
             name, title, Status.FAIL, f"requested {want}, the lm_head runs in {actual}",
             evidence=evidence, data=data, fix=fix, cause=cause,
         )
+    want_k = plan.expectations.lm_head_exact_top_k
+    have_k = rep.target.lm_head.exact_top_k if rep and rep.target else None
+    if want == "fp8" and want_k is not None:
+        data["exact_top_k"] = {"requested": want_k, "in_use": have_k}
+        if have_k is not None:
+            evidence.append(f"activation report: exact re-scoring of the top {have_k} candidates"
+                            if have_k else "activation report: no exact re-scoring")
+        if have_k is not None and have_k != want_k:
+            cause = ("without exact re-scoring the FP8 head picks a different token than the bf16 head at "
+                     "near-ties (about 5% of positions on a Ling-shaped head)" if not have_k else
+                     "the engine re-scores a different number of candidates than the recipe asks")
+            return _result(
+                name, title, Status.FAIL,
+                f"lm_head runs in fp8, but its exact re-scoring is top-{have_k}, the recipe asks for top-{want_k}",
+                evidence=evidence, data=data, cause=cause,
+                fix="launch through sparkit (it passes stack.lm_head_exact_top_k to the engine), or set "
+                    "stack.lm_head_exact_top_k to what the engine runs",
+            )
+        if want_k and have_k:
+            return _result(name, title, Status.PASS,
+                           f"lm_head runs in fp8, its top {have_k} candidates re-scored exactly from bf16",
+                           evidence=evidence, data=data)
     return _result(name, title, Status.PASS, f"lm_head runs in {actual}", evidence=evidence, data=data)
 
 

@@ -31,7 +31,9 @@ Schema "sparkit.activation/1":
         "quant_method": "Fp8LmHeadMethod" | "UnquantizedLinearMethod" | ...,
         "module_id": 140234,          # id() of the lm_head module object
         "storage_ptr": 9876543,       # data_ptr() of its weight storage
-        "shared_with_target": true    # draft only: same module object as the target's
+        "shared_with_target": true,   # draft only: same module object as the target's
+        "exact_top_k": 4              # FP8 heads: candidates re-scored exactly from the bf16
+                                      # weight per row (0: none); null where not applicable
       },
       "moe": {"expert_weight_format": "bf16" | "fp8" | "mxfp4",
               "quant_method": "Mxfp4HummingMoEMethod" | "EmbeddedFp8Experts" | ...,
@@ -59,6 +61,7 @@ class LmHeadReport:
     module_id: int
     storage_ptr: int
     shared_with_target: bool | None = None  # only meaningful for the draft
+    exact_top_k: int | None = None  # FP8 heads: exact re-scoring candidates per row (0 = none)
 
 
 @dataclass

@@ -37,6 +37,7 @@ def base_expectations(recipe: Any) -> Expectations:
         weights=stack.weights,
         moe_backend=stack.moe_backend,
         lm_head=stack.lm_head,
+        lm_head_exact_top_k=stack.lm_head_exact_top_k if stack.lm_head == "fp8" else None,
         speculative=spec.method if spec.enabled else None,
         num_steps=spec.num_steps,
         eagle_topk=spec.eagle_topk,

@@ -32,6 +32,8 @@ class Expectations:
     weights: str | None = None  # bf16 | fp8 | mxfp4
     moe_backend: str | None = None  # as requested (may be "auto")
     lm_head: str | None = None  # bf16 | fp32 | fp8
+    # fp8 heads: exact re-scoring candidates per row the activation report must show (None: not asserted)
+    lm_head_exact_top_k: int | None = None
     speculative: str | None = None  # None | "nextn" | "dspark"
     # What /server_info must report: NEXTN is reported as EAGLE by SGLang.
     speculative_algorithm_reported: str | None = None

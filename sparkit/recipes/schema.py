@@ -117,6 +117,13 @@ class Stack(_Strict):
     """Output layer precision: bf16 (the checkpoint's), fp32 (`--enable-fp32-lm-head`) or
     fp8 (online FP8 quantisation at load)."""
 
+    lm_head_exact_top_k: int = Field(default=4, ge=0, le=64)
+    """With `lm_head: fp8`: how many of each row's best FP8 candidates are re-scored exactly
+    from the bf16 weight, which sparkit then keeps next to the FP8 copy (on CUDA: the best
+    vocabulary stretches, two tokens each). Near-ties then resolve as the bf16 head resolves
+    them (top-1 agreement 100% where FP8 alone gives ~95% on a Ling-shaped head) for ~5% of the
+    head's time and the bf16 weight's memory. 0 = FP8 only: frees the bf16 weight."""
+
     speculative: Speculative = Field(default_factory=Speculative)
     """Speculative decoding (see `speculative.*`). In a recipe that `extends` another, a
     different `method` replaces the base's whole speculative section; the same method merges."""

@@ -59,8 +59,10 @@ def resolved(**over):
     return parse_server_info(body)
 
 
-def report(*, head_dtype="float8_e4m3fn", draft=True, shared=True, runner="humming", experts="mxfp4", draft_path=None):
-    target_head = LmHeadReport(head_dtype, "Fp8LmHeadMethod" if "float8" in head_dtype else "UnquantizedLinearMethod", 111, 5000)
+def report(*, head_dtype="float8_e4m3fn", draft=True, shared=True, runner="humming", experts="mxfp4", draft_path=None,
+           exact_top_k=None):
+    target_head = LmHeadReport(head_dtype, "Fp8LmHeadMethod" if "float8" in head_dtype else "UnquantizedLinearMethod", 111, 5000,
+                               exact_top_k=exact_top_k)
     models = {"target": ModelReport("TinyLingForCausalLM", target_head, MoeReport(experts, "EmbeddedExperts", runner))}
     if draft:
         if shared:
@@ -153,6 +155,17 @@ def test_lm_head_fp8_from_report_passes_and_bf16_fails():
     failed = check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report(head_dtype="bfloat16")]))
     assert failed.status == Status.FAIL
     assert failed.detail == "requested fp8, the lm_head runs in bf16"
+
+
+def test_lm_head_exact_rescoring_must_be_what_the_recipe_asks():
+    plan = make_plan(engine="embedded", lm_head_exact_top_k=4)
+    ok = check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report(exact_top_k=4)]))
+    assert ok.status == Status.PASS and "top 4 candidates re-scored exactly" in ok.detail
+    # The engine runs the FP8 head without re-scoring: near-ties will pick other tokens than bf16.
+    off = check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report(exact_top_k=0)]))
+    assert off.status == Status.FAIL and "top-0" in off.detail and "near-ties" in off.cause
+    # An engine that does not report it (older plugin) is not failed on it.
+    assert check_lm_head_dtype(plan, ServerEvidence("embedded", reports=[report()])).status == Status.PASS
 
 
 def test_lm_head_on_sglang_reads_the_log_line():

@@ -195,6 +195,27 @@ def test_fp8_head_asked_but_server_reports_bf16_fails_lm_head(start_embedded_ser
     assert results["shared_lm_head"].status == Status.PASS  # the draft shares it, only the dtype is wrong
 
 
+def test_fp8_head_without_exact_rescoring_fails_lm_head_and_with_it_passes(start_embedded_server):
+    """A real server whose FP8 head keeps no bf16 copy (--lm-head-exact-top-k 0), checked against the
+    default tiny recipe (which asks for top-4 re-scoring): the lm_head check fails and says why."""
+    from sparkit.checks.runner import run_activation_checks
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    plan = compile_plan(load_recipe("tiny"))
+    assert plan.expectations.lm_head_exact_top_k == 4 and "--lm-head-exact-top-k" in plan.argv
+    spec = dict(lm_head_dtype="fp8", expert_weights="fp8", speculative_algorithm="NEXTN",
+                speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    bare = start_embedded_server(lm_head_exact_top_k=0, **spec)
+    results = {r.name: r for r in run_activation_checks(bare.url, plan, run_dir=bare.report_dir)}
+    assert results["lm_head_dtype"].status == Status.FAIL
+    assert "top-0" in results["lm_head_dtype"].detail and "near-ties" in results["lm_head_dtype"].cause
+    good = start_embedded_server(lm_head_exact_top_k=4, **spec)
+    results = {r.name: r for r in run_activation_checks(good.url, plan, run_dir=good.report_dir)}
+    assert results["lm_head_dtype"].status == Status.PASS
+    assert "re-scored exactly" in results["lm_head_dtype"].detail
+
+
 def test_server_dying_during_start_is_diagnosed(sparkit_home, tiny_model_dir, tmp_path):
     # A checkpoint that passes preflight (the files are there) but that the engine cannot load.
     broken = tmp_path / "broken-ckpt"

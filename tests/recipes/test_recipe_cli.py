@@ -20,7 +20,7 @@ def test_plan_prints_the_exact_command_env_provisions_and_expectations():
     result = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized"])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "SGLANG_PLUGINS=sparkit SPARKIT_SGLANG_PLUGIN=1 " in out
+    assert "SGLANG_PLUGINS=sparkit SPARKIT_FP8_LM_HEAD_EXACT_TOP_K=4 SPARKIT_SGLANG_PLUGIN=1 " in out
     assert "-m sglang.launch_server --model-path inclusionAI/Ling-3.0-flash-fp4" in out
     assert "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 " \
            "--speculative-num-draft-tokens 4" in out

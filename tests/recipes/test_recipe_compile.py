@@ -83,10 +83,20 @@ def test_spark_optimized_expectations_and_fp8_head_via_plugin():
     assert e.lm_head == "fp8" and e.draft_shares_lm_head is True and e.moe_backend == "humming"
     assert e.min_accept_length == 2.0 and e.mem_fraction_static == 0.68 and e.weights == "mxfp4"
     # sglang 0.5.23 has no SGLANG_ENABLE_FP8_LM_HEAD: sparkit's plugin provides it.
-    assert plan.env == {"SPARKIT_SGLANG_PLUGIN": "1", "SGLANG_PLUGINS": "sparkit"}
+    # The plugin re-scores the FP8 head's top candidates from the kept bf16 weight (default 4).
+    assert plan.env == {"SPARKIT_SGLANG_PLUGIN": "1", "SGLANG_PLUGINS": "sparkit",
+                        "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K": "4"}
+    assert e.lm_head_exact_top_k == 4
     fp8 = [p for p in plan.provisions if p.optimisation == "lm_head=fp8"]
     assert fp8 and fp8[0].provider == "sparkit-plugin"
     assert "--enable-fp32-lm-head" not in plan.argv
+
+
+def test_exact_top_k_reaches_the_plugin_and_zero_turns_it_off():
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", overrides=["stack.lm_head_exact_top_k=0"]))
+    assert plan.env["SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"] == "0" and plan.expectations.lm_head_exact_top_k == 0
+    bf16 = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"))
+    assert "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K" not in bf16.env and bf16.expectations.lm_head_exact_top_k is None
 
 
 def test_fp8_head_uses_the_engine_env_when_the_registry_has_it(monkeypatch):
@@ -97,6 +107,9 @@ def test_fp8_head_uses_the_engine_env_when_the_registry_has_it(monkeypatch):
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"))
     assert plan.env == {"SGLANG_ENABLE_FP8_LM_HEAD": "1"}
     assert [p.provider for p in plan.provisions if p.optimisation == "lm_head=fp8"] == ["sglang-env"]
+    # SGLang's own FP8 head has no exact re-scoring: the plan says so and the check does not expect it.
+    assert plan.expectations.lm_head_exact_top_k is None
+    assert any("lm_head_exact_top_k" in w and "not applied" in w for w in plan.warnings)
 
 
 def test_baseline_has_no_speculative_expectations():

@@ -167,6 +167,53 @@ def test_conversion_makes_an_fp8_head_that_sglang_routes_through_our_apply():
     assert convert_lm_head_to_fp8(head) == info  # idempotent
 
 
+def _near_ties(head, n=256, seed=1):
+    """Hidden states whose two best tokens (random pairs) are a few hundredths of a logit apart."""
+    g = torch.Generator().manual_seed(seed)
+    w = head.weight.data.float()
+    a = torch.randint(0, w.shape[0], (n,), generator=g)
+    b = torch.randint(0, w.shape[0], (n,), generator=g)
+    x = 20.0 * (w[a] / w[a].pow(2).sum(1, keepdim=True) + w[b] / w[b].pow(2).sum(1, keepdim=True))
+    return (x + torch.randn(n, w.shape[1], generator=g) * 0.005).to(torch.bfloat16)
+
+
+def test_exact_rescoring_keeps_the_loaded_weight_and_restores_the_bf16_argmax():
+    """With exact_top_k the head keeps the loaded bf16 tensor (no copy) and SGLang's dispatch, through
+    our apply(), picks the bf16 head's token at near-ties, where the FP8 head alone does not."""
+    from sparkit.engines.sglang.fp8_lm_head import convert_lm_head_to_fp8
+    from sparkit.engines.sglang.report import lm_head_report
+
+    plain_target, _ = _make_models()
+    exact_target, _ = _make_models()
+    x = _near_ties(exact_target.lm_head)
+    bf16_top1 = _sglang_logits(exact_target.lm_head, x).float().argmax(1)
+    loaded = exact_target.lm_head.weight.data
+    info = convert_lm_head_to_fp8(exact_target.lm_head, exact_top_k=4)
+    plain = convert_lm_head_to_fp8(plain_target.lm_head)
+    assert info["exact_top_k"] == 4 and "top-4 candidates re-scored exactly" in info["exact"]
+    assert plain["exact_top_k"] == 0 and plain_target.lm_head.sparkit_exact_weight is None
+    assert exact_target.lm_head.sparkit_exact_weight.data_ptr() == loaded.data_ptr()  # kept, not copied
+    assert lm_head_report(exact_target.lm_head).exact_top_k == 4 and lm_head_report(plain_target.lm_head).exact_top_k == 0
+    fp8_top1 = _sglang_logits(plain_target.lm_head, x).float().argmax(1)
+    exact_top1 = _sglang_logits(exact_target.lm_head, x).float().argmax(1)
+    assert (fp8_top1 != bf16_top1).sum() >= 3  # the FP8 head alone flips some of these near-ties
+    assert torch.equal(exact_top1, bf16_top1)
+
+
+def test_exact_top_k_comes_from_the_environment(monkeypatch, caplog):
+    from sparkit.engines.sglang import plugin
+    from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+
+    monkeypatch.delenv(plugin.EXACT_TOP_K_ENV, raising=False)
+    assert plugin.exact_top_k() == DEFAULT_EXACT_TOP_K
+    monkeypatch.setenv(plugin.EXACT_TOP_K_ENV, "0")
+    assert plugin.exact_top_k() == 0
+    monkeypatch.setenv(plugin.EXACT_TOP_K_ENV, "lots")
+    with caplog.at_level("WARNING", logger="sparkit.sglang"):
+        assert plugin.exact_top_k() == DEFAULT_EXACT_TOP_K
+    assert "is not an integer" in caplog.text
+
+
 def test_a_bf16_head_reading_fp8_bytes_is_garbage_which_is_why_sharing_matters():
     """The trap the sharing prevents: the draft's own (BF16) method over the target's FP8 tensor."""
     from sparkit.engines.sglang.fp8_lm_head import convert_lm_head_to_fp8

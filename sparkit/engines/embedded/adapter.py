@@ -35,6 +35,7 @@ def _fallback_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--expert-weights", choices=["bf16", "fp8", "mxfp4"])
     p.add_argument("--lm-head-dtype", choices=["bf16", "fp32", "fp8"])
+    p.add_argument("--lm-head-exact-top-k", type=int)
     p.add_argument("--dtype", choices=["bfloat16", "float32"])
     p.add_argument("--speculative-algorithm", choices=["NEXTN", "EAGLE"])
     p.add_argument("--speculative-num-steps", type=int)
@@ -121,6 +122,8 @@ class EmbeddedAdapter:
 
         args = ["--model-path", model_dir, "--served-model-name", served, "--host", server.host, "--port", str(port),
                 "--device", device, "--expert-weights", stack.weights, "--lm-head-dtype", stack.lm_head]
+        if stack.lm_head == "fp8":
+            args += ["--lm-head-exact-top-k", str(stack.lm_head_exact_top_k)]
         if r.model.dtype in ("bfloat16", "float32"):
             args += ["--dtype", r.model.dtype]
         draft_dir = None
@@ -180,6 +183,9 @@ class EmbeddedAdapter:
             Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
             Provision(f"lm_head={stack.lm_head}", "embedded", f"--lm-head-dtype {stack.lm_head}"),
         ]
+        if stack.lm_head == "fp8":
+            provisions.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "embedded",
+                                        f"--lm-head-exact-top-k {stack.lm_head_exact_top_k}"))
         if spec.method == "nextn":
             provisions.append(Provision("speculative=nextn", "embedded", "--speculative-algorithm NEXTN"))
             if stack.lm_head == "fp8":

@@ -12,6 +12,7 @@ Launch flags (server.py parses them; names follow SGLang's where one exists):
     --device auto|cpu|cuda            auto = cuda when available
     --expert-weights bf16|fp8|mxfp4   format the routed/shared expert weights are quantised to at load
     --lm-head-dtype bf16|fp32|fp8     fp8 = online per-row e4m3 quantisation at load
+    --lm-head-exact-top-k K           fp8 head: re-score the K best candidates per row exactly (bf16 copy kept; 0 = off)
     --dtype bfloat16|float32          activation / dense weight dtype (default float32 on cpu, bfloat16 on cuda)
     --speculative-algorithm NEXTN     (or EAGLE, an alias; omitted = no speculation)
     --speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1

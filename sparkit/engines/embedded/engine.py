@@ -31,6 +31,9 @@ class EngineConfig:
     # on CPU the decoding dominates the step, so verify steps, which touch more experts, get slow).
     expert_dequant: str = "load"
     lm_head_dtype: str = "bf16"  # bf16 | fp32 | fp8
+    # fp8 head: re-score each row's best FP8 candidates exactly from a retained bf16 copy
+    # (sparkit.kernels.fp8_linear); 0 keeps only the FP8 weight.
+    lm_head_exact_top_k: int = 4
     speculative_algorithm: str | None = None  # NEXTN | EAGLE (alias) | None
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1
@@ -67,7 +70,8 @@ class EmbeddedEngine:
         head_weight = model.lm_head.weight.data
         self._quantize_moe(model, config.expert_weights)
         model.to(device=self.device, dtype=self.dtype)
-        model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype)
+        model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype,
+                                           exact_top_k=config.lm_head_exact_top_k)
         if config.lm_head_dtype == "fp8":
             self.notes.append("Online FP8 quantization enabled for lm_head.")
             self.notes.append(f"FP8 lm_head path: {model.lm_head.quant_method.kernel(model.lm_head)}")
@@ -150,6 +154,7 @@ class EmbeddedEngine:
             "quantization": None if fmt in ("bf16", "fp32") else fmt,
             "expert_weights": fmt,
             "lm_head_dtype": c.lm_head_dtype,
+            "lm_head_exact_top_k": c.lm_head_exact_top_k if c.lm_head_dtype == "fp8" else None,
             "enable_fp32_lm_head": c.lm_head_dtype == "fp32",
             "moe_runner_backend": "embedded-torch",
             "expert_dequant": c.expert_dequant,
@@ -176,6 +181,7 @@ class EmbeddedEngine:
                 module_id=id(head),
                 storage_ptr=head.weight.untyped_storage().data_ptr(),
                 shared_with_target=shared,
+                exact_top_k=getattr(head, "exact_top_k", None),
             )
 
         def moe_report(moe) -> MoeReport:
@@ -223,6 +229,8 @@ class EmbeddedEngine:
                 raise ValueError("with eagle_topk 1, speculative_num_draft_tokens must be speculative_num_steps + 1")
         if c.expert_dequant not in ("load", "forward"):
             raise ValueError(f"expert_dequant must be 'load' or 'forward', not {c.expert_dequant!r}")
+        if not isinstance(c.lm_head_exact_top_k, int) or c.lm_head_exact_top_k < 0:
+            raise ValueError(f"lm_head_exact_top_k must be an integer >= 0, not {c.lm_head_exact_top_k!r}")
         if c.draft_lm_head_sharing not in LM_HEAD_SHARING:
             raise ValueError(f"draft_lm_head_sharing must be 'module' or 'tensor', not {c.draft_lm_head_sharing!r}")
 

@@ -62,6 +62,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto = cuda when available")
     p.add_argument("--expert-weights", choices=["bf16", "fp8", "mxfp4"], default="bf16", help="routed/shared expert weight format (quantised at load)")
     p.add_argument("--lm-head-dtype", choices=["bf16", "fp32", "fp8"], default="bf16", help="fp8 = online per-row e4m3 quantisation at load")
+    p.add_argument("--lm-head-exact-top-k", type=int, default=4, metavar="K",
+                   help="fp8 head: re-score the K best candidates per row exactly from a kept bf16 copy (0 = off)")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "auto"], default="auto", help="activation dtype (auto: float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--speculative-algorithm", type=str.upper, choices=["NEXTN", "EAGLE"], default=None, help="EAGLE is an alias of NEXTN; omitted = no speculation")
     p.add_argument("--speculative-num-steps", type=int, default=None)
@@ -97,6 +99,8 @@ def validate_args(args: argparse.Namespace) -> list[str]:
             and args.speculative_num_draft_tokens != args.speculative_num_steps + 1
         ):
             problems.append("--speculative-num-draft-tokens must be --speculative-num-steps + 1 with topk 1")
+    if args.lm_head_exact_top_k < 0:
+        problems.append("--lm-head-exact-top-k must be >= 0")
     if args.context_length is not None and args.context_length < 2:
         problems.append("--context-length must be >= 2")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
@@ -558,6 +562,7 @@ def engine_config_values(args: argparse.Namespace, served_name: str) -> dict[str
         "device": args.device,
         "expert_weights": args.expert_weights,
         "lm_head_dtype": args.lm_head_dtype,
+        "lm_head_exact_top_k": args.lm_head_exact_top_k,
         "dtype": None if args.dtype == "auto" else args.dtype,
         "speculative_algorithm": args.speculative_algorithm,
         "speculative_num_steps": args.speculative_num_steps,
@@ -666,6 +671,7 @@ class ServerState:
             "speculative_draft_model_path": a.speculative_draft_model_path,
             "expert_weights": a.expert_weights,
             "lm_head_dtype": a.lm_head_dtype,
+            "lm_head_exact_top_k": a.lm_head_exact_top_k if a.lm_head_dtype == "fp8" else None,
             "random_seed": a.seed,
             "enable_metrics": True,
             "max_queued_requests": a.max_queued_requests,

@@ -181,6 +181,13 @@ class SGLangAdapter:
         provisions = self._provisions(loaded, env)
 
         expectations = base_expectations(r)
+        if stack.lm_head == "fp8" and env.get(FP8_LM_HEAD_ENV) == "1":
+            # SGLang's own FP8 head (the Ling patch) keeps no bf16 copy and writes no report.
+            expectations.lm_head_exact_top_k = None
+            if stack.lm_head_exact_top_k:
+                warnings.append(f"stack.lm_head_exact_top_k: {stack.lm_head_exact_top_k} is not applied: this sglang's "
+                                f"own FP8 lm_head ({FP8_LM_HEAD_ENV}) has no exact re-scoring, so near-ties may "
+                                "pick a different token than the bf16 head")
         expectations.speculative_algorithm_reported = {"nextn": "EAGLE", "dspark": "DSPARK"}.get(spec.method)
         sa: dict[str, Any] = {"tp_size": stack.tp, "ep_size": stack.ep,
                               "enable_fp32_lm_head": stack.lm_head == "fp32"}
@@ -284,10 +291,13 @@ class SGLangAdapter:
                 provider, detail = "sglang-env", "the patched sglang shares the quantised module (set_lm_head_from_target)"
             else:
                 env["SPARKIT_SGLANG_PLUGIN"] = "1"
+                env["SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"] = str(stack.lm_head_exact_top_k)
                 plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
                 env["SGLANG_PLUGINS"] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
                 out.append(Provision("lm_head=fp8", "sparkit-plugin",
                                      f"{PLUGIN_ENTRY_POINT} (sglang {installed_version()} has no {FP8_LM_HEAD_ENV})"))
+                out.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "sparkit-plugin",
+                                     f"SPARKIT_FP8_LM_HEAD_EXACT_TOP_K={stack.lm_head_exact_top_k}"))
                 provider, detail = "sparkit-plugin", f"{PLUGIN_ENTRY_POINT} gives the NextN draft the target's FP8 lm_head module"
             if spec.method == "nextn":
                 out.append(Provision("draft_lm_head=shared", provider, detail))

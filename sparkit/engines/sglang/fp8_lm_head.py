@@ -44,10 +44,12 @@ class SparkitFp8LmHeadMethod:
         from sparkit.kernels.fp8_linear import fp8_linear
 
         packed = getattr(layer, "sparkit_packed", None)
-        if packed is not None:
+        if packed is not None:  # carries its own exact weight and re-scoring depth
             out = fp8_linear(x, packed, None, out_dtype=x.dtype)
         else:
-            out = fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=x.dtype)
+            exact = getattr(layer, "sparkit_exact_weight", None)
+            out = fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=x.dtype, exact_weight=exact,
+                             exact_top_k=getattr(layer, "sparkit_exact_top_k", 0) if exact is not None else 0)
         if bias is not None:
             out = out + bias
         return out
@@ -74,11 +76,14 @@ def _quantize_rows(weight):
     return q, scale
 
 
-def convert_lm_head_to_fp8(lm_head) -> dict:
+def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
     """Quantise an lm_head module in place (idempotent). Returns a description for the log line.
 
     Works on SGLang's ParallelLMHead (a VocabParallelEmbedding: `weight` [rows of this rank's vocab
-    shard, hidden], `quant_method`) and on any module with that structure.
+    shard, hidden], `quant_method`) and on any module with that structure. exact_top_k > 0 keeps
+    the loaded weight (`sparkit_exact_weight`) and re-scores each row's best FP8 candidates exactly
+    from it (sparkit.kernels.fp8_linear); with TP each rank re-scores within its own vocab shard,
+    so the global best token, which lives on one rank, is re-scored there.
     """
     import torch
 
@@ -92,13 +97,15 @@ def convert_lm_head_to_fp8(lm_head) -> dict:
     previous = type(getattr(lm_head, "quant_method", None)).__name__
     with torch.no_grad():
         q, scale = _quantize_rows(weight.data)
+    exact = weight.data if exact_top_k > 0 else None
     packed = None
     if q.is_cuda:
         from sparkit.kernels.fp8_linear import prepare_fp8_weight
 
-        packed = prepare_fp8_weight(q, scale)
-    # Replace the parameter so the BF16 storage is freed; with a packed weight the parameter is the
-    # packed bytes (tile-major, rows padded to the kernel's tile) seen as [padded rows, hidden].
+        packed = prepare_fp8_weight(q, scale, exact_weight=exact, exact_top_k=exact_top_k)
+    # Replace the parameter (without exact re-scoring the BF16 storage is freed); with a packed
+    # weight the parameter is the packed bytes (tile-major, rows padded to the kernel's tile) seen
+    # as [padded rows, hidden].
     if packed is not None:
         data = packed.data.view(-1, hidden)
         lm_head.weight = torch.nn.Parameter(data, requires_grad=False)
@@ -110,10 +117,15 @@ def convert_lm_head_to_fp8(lm_head) -> dict:
         lm_head.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
         lm_head.sparkit_packed = None
         kernel = "torch reference" if not q.is_cuda else "triton"
+    lm_head.sparkit_exact_weight = exact
+    lm_head.sparkit_exact_top_k = int(exact_top_k) if exact is not None else 0
     del q, weight
     lm_head.quant_method = SparkitFp8LmHeadMethod()
+    from sparkit.kernels.fp8_linear import exact_description
+
     info = {"rows": rows, "hidden": hidden, "format": "e4m3, per-row scales",
-            "kernel": kernel, "replaced": previous}
+            "kernel": kernel, "replaced": previous, "exact_top_k": lm_head.sparkit_exact_top_k,
+            "exact": exact_description(lm_head.sparkit_exact_top_k)}
     lm_head.sparkit_fp8_info = info
     return dict(info)
 

@@ -12,7 +12,8 @@ Enabled, it registers AFTER hooks on (dotted paths checked against sglang 0.5.23
   SGLang hands the draft the target's weight tensors, give the draft the target's lm_head *module*
   (SGLang only does that for drafts with set_lm_head_from_target, which Ling's NextN lacks), log
   it, and rewrite the report with the draft.
-SPARKIT_FP8_LM_HEAD=0 keeps the report and sharing hooks but leaves the lm_head as loaded.
+SPARKIT_FP8_LM_HEAD=0 keeps the report and sharing hooks but leaves the lm_head as loaded;
+SPARKIT_FP8_LM_HEAD_EXACT_TOP_K sets the exact re-scoring (sparkit.kernels.fp8_linear; 0 = off).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import os
 
 ENABLE_ENV = "SPARKIT_SGLANG_PLUGIN"
 FP8_ENV = "SPARKIT_FP8_LM_HEAD"
+# Candidates per row the FP8 head re-scores exactly from the kept bf16 weight (recipe key
+# stack.lm_head_exact_top_k; unset = sparkit.kernels.fp8_linear.DEFAULT_EXACT_TOP_K; 0 = off).
+EXACT_TOP_K_ENV = "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"
 
 LOAD_MODEL_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 EAGLE_INIT_LM_HEAD_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
@@ -45,6 +49,23 @@ def enabled() -> bool:
 
 def fp8_enabled() -> bool:
     return os.environ.get(FP8_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def exact_top_k() -> int:
+    """The re-scoring depth from the environment; a bad value falls back to the default (logged)."""
+    from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+
+    raw = os.environ.get(EXACT_TOP_K_ENV, "").strip()
+    if not raw:
+        return DEFAULT_EXACT_TOP_K
+    try:
+        value = int(raw)
+        if value < 0:
+            raise ValueError
+    except ValueError:
+        logger.warning("sparkit: %s=%r is not an integer >= 0; using %d", EXACT_TOP_K_ENV, raw, DEFAULT_EXACT_TOP_K)
+        return DEFAULT_EXACT_TOP_K
+    return value
 
 
 def hook_targets() -> list[tuple[str, str]]:
@@ -114,10 +135,11 @@ def after_load_model(result, runner, *args, **kwargs):
 
             from sparkit.engines.sglang.report import tp_rank_and_size
 
-            info = convert_lm_head_to_fp8(head)
+            info = convert_lm_head_to_fp8(head, exact_top_k=exact_top_k())
             rank, size = tp_rank_and_size(runner)
             line = (f"sparkit: Online FP8 quantization enabled for lm_head. ({info['format']}, "
                     f"tp rank {rank}/{size}, shard {info['rows']}x{info['hidden']}, {info['kernel']}, "
+                    f"{info['exact']}, "
                     f"was {info['replaced']})")
             logger.info(line)
             _STATE["notes"].append("Online FP8 quantization enabled for lm_head (sparkit plugin).")

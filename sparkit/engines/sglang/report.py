@@ -49,6 +49,7 @@ def lm_head_report(head, target_head=None) -> LmHeadReport:
         module_id=id(head),
         storage_ptr=ptr,
         shared_with_target=shared,
+        exact_top_k=getattr(head, "sparkit_exact_top_k", None),
     )
 
 
