@@ -46,3 +46,28 @@ def test_cuda_conversion_packs_and_computes_exact_logits(rows):
     rep = lm_head_report(draft.lm_head, target.lm_head)
     assert rep.shared_with_target and rep.storage_ptr == head.weight.data_ptr()
     assert rep.weight_dtype == "float8_e4m3fn" and rep.quant_method == "SparkitFp8LmHeadMethod"
+
+
+def test_cuda_conversion_with_exact_rescoring_gives_the_bf16_argmax_at_near_ties():
+    """The plugin's default on CUDA: the packed FP8 head re-scores its top candidates from the
+    loaded bf16 weight (kept, not copied) and picks the bf16 head's token where FP8 alone does not."""
+    from sparkit.engines.sglang.fp8_lm_head import convert_lm_head_to_fp8
+
+    rows, hidden = 39296, 2560  # a TP4 shard of Ling's vocab
+    plain, exact = Head(rows, hidden), Head(rows, hidden)
+    exact.weight.data.copy_(plain.weight.data)
+    loaded = exact.weight.data
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w = loaded.float()
+    a = torch.randint(0, rows, (512,), generator=g, device="cuda")
+    b = torch.randint(0, rows, (512,), generator=g, device="cuda")
+    x = 20.0 * (w[a] / w[a].pow(2).sum(1, keepdim=True) + w[b] / w[b].pow(2).sum(1, keepdim=True))
+    x = (x + torch.randn(512, hidden, generator=g, device="cuda") * 0.005).to(torch.bfloat16)
+    bf16_top1 = torch.cat([torch.nn.functional.linear(x[i:i + 1], loaded).argmax(1) for i in range(512)])
+    convert_lm_head_to_fp8(plain)
+    info = convert_lm_head_to_fp8(exact, exact_top_k=4)
+    assert info["exact_top_k"] == 4 and exact.sparkit_packed.exact.data_ptr() == loaded.data_ptr()
+    fp8_top1 = torch.cat([plain.quant_method.apply(plain, x[i:i + 4]).argmax(1) for i in range(0, 512, 4)])
+    exact_top1 = torch.cat([exact.quant_method.apply(exact, x[i:i + 4]).argmax(1) for i in range(0, 512, 4)])
+    assert (fp8_top1 != bf16_top1).sum() >= 5
+    assert torch.equal(exact_top1, bf16_top1)
