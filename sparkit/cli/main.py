@@ -123,7 +123,8 @@ _METAVARS = {
     "--grace": "SECONDS",
     "--train-seconds": "SECONDS",
 }
-_TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT"}
+_TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT",
+                  "integer": "N", "path": "PATH", "text": "TEXT"}
 
 
 def tidy_help(command) -> None:
@@ -142,7 +143,11 @@ def tidy_help(command) -> None:
             param.metavar = ""
             continue
         name = next((o for o in param.opts if o.startswith("--")), None)
-        kind = param.bare_type().removeprefix("list[").removesuffix("]")
+        # Recent typer names the annotation (bare_type(): "int", "list[str]"); older releases
+        # (still what some machines have installed) only have click's type name ("integer").
+        bare_type = getattr(param, "bare_type", None)
+        kind = bare_type() if callable(bare_type) else getattr(getattr(param, "type", None), "name", "")
+        kind = kind.removeprefix("list[").removesuffix("]")
         param.metavar = _METAVARS.get(name) or _TYPE_METAVARS.get(kind, "VALUE")
     if not getattr(command, "_sparkit_tidy_help", False):  # --help is made per call: tidy it there
         make_help_option = command.get_help_option
