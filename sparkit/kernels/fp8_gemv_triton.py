@@ -366,55 +366,51 @@ def _fp8_packed_kernel(
 @triton.jit
 def _rescore_kernel(
     x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, N, K,
-    NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr, PER_SLOT: tl.constexpr,
+    NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr,
     BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (m, t): row m's t-th best slot; its PER_SLOT best tokens get their exact logits.
+    """Program (m, t, c): the c-th best token of row m's t-th best slot gets its exact logit.
 
     The FP8 logits decide which few tokens can be the argmax; the retained bf16 weight decides
     which of them is. Selection: t rounds of a max over the row's <= 256 keys (logit bits and token
-    id in one int64, so the id needs no second lookup). The slot's own FP8 logits (SLOT_TOKENS
-    values, from L2) then give its runner-up tokens: a near-tie between neighbouring ids (the
-    digits "3" and "4") shares a slot, so the slot's best alone would miss it. Each program owns
-    its slot: it reads the slot's logits before writing any of them and no other program touches
-    them. The dot products are [PER_SLOT, K] at once, their loads unrolled: all in flight together.
-    PER_SLOT is a power of two."""
+    id in one int64, so the slot's best token needs no second lookup). For c > 0 the slot's own
+    FP8 logits (SLOT_TOKENS values, from L2) give its runner-up tokens: a near-tie between
+    neighbouring ids (the digits "3" and "4") shares a slot, so the slot's best alone would miss
+    it. The programs of a slot write different tokens and read the slot's logits only at
+    positions no other program writes (the best token is masked by position, not by value).
+    Each program computes one dot product of K, its loads unrolled so they are all in flight."""
     if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
         tl.extra.cuda.gdc_wait()
     m = tl.program_id(0)
     t = tl.program_id(1)
+    c = tl.program_id(2)
     offs = tl.arange(0, NS_PAD)
     keys = tl.load(key_ptr + m.to(tl.int64) * n_slots + offs, mask=offs < n_slots, other=EMPTY_KEY)
     for _ in range(t):
         keys = tl.where(keys == tl.max(keys, axis=0), EMPTY_KEY, keys)
     best = tl.max(keys, axis=0)
-    valid = best != EMPTY_KEY
     tok = (best & 0xFFFFFFFF).to(tl.int32)
-    start = (tok // SLOT_TOKENS) * SLOT_TOKENS
+    k_end = tl.where(best != EMPTY_KEY, K, 0)  # 0: nothing to re-score
     out_row = out_ptr + m.to(tl.int64) * stride_om
+    if c > 0:  # the slot's c-th runner-up by FP8 logit
+        start = (tok // SLOT_TOKENS) * SLOT_TOKENS
+        offs_s = tl.arange(0, ST_PAD)
+        in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
+        slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf")).to(tl.float32)
+        slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
+        for _ in range(c - 1):
+            slot_logits = tl.where(offs_s == tl.argmax(slot_logits, axis=0), float("-inf"), slot_logits)
+        tok = start + tl.argmax(slot_logits, axis=0).to(tl.int32)
+        k_end = tl.where(tl.max(slot_logits, axis=0) > float("-inf"), k_end, 0)
+    w_row = w_ptr + tok.to(tl.int64) * stride_wn
     x_row = x_ptr + m.to(tl.int64) * stride_xm
-    offs_s = tl.arange(0, ST_PAD)
-    in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
-    slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf")).to(tl.float32)
-    slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
-    # All the slot's tokens first (selection from L2), then every weight row at once (HBM).
-    lanes = tl.arange(0, PER_SLOT)
-    toks = tl.where(lanes == 0, tok, 0)
-    k_end = tl.where(lanes == 0, tl.where(valid, K, 0), 0)  # 0: nothing to re-score in this lane
-    for c in tl.static_range(1, PER_SLOT):
-        local = tl.argmax(slot_logits, axis=0)
-        lane_k = tl.where(tl.max(slot_logits, axis=0) > float("-inf"), tl.where(valid, K, 0), 0)
-        slot_logits = tl.where(offs_s == local, float("-inf"), slot_logits)
-        toks = tl.where(lanes == c, start + local.to(tl.int32), toks)
-        k_end = tl.where(lanes == c, lane_k, k_end)
-    w_rows = w_ptr + toks.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((PER_SLOT, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for kb in tl.static_range(K_BLOCKS):
         offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        w = tl.load(w_rows + offs_k[None, :], mask=offs_k[None, :] < k_end[:, None], other=0.0)
-        xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
-        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
-    tl.store(out_row + toks, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=k_end > 0)
+        w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
+        xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)
+    tl.store(out_row + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=k_end > 0)
 
 
 @dataclass
@@ -577,13 +573,13 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     if key_group and rescore:
         warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
         tokens = RESCORE_PER_SLOT if per_slot is None else per_slot
-        block_k = min(triton.next_power_of_2(k), max(32, 32 * warps * 8 // tokens))
+        block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
         slot_tokens = key_group * packed.block_n
-        _rescore_kernel[(m, min(top_k, n_slots))](
+        _rescore_kernel[(m, min(top_k, n_slots), tokens)](
             x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
             NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
-            ST_PAD=triton.next_power_of_2(slot_tokens), PER_SLOT=tokens,
-            BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k), num_warps=warps, PDL=pdl, **launch,
+            ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
+            num_warps=warps, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
 
