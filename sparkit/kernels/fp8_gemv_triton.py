@@ -16,6 +16,12 @@ pk16p: e4m3 -> fp16 weight tiles, activations scaled by a power of two per row a
 once per call (overflow-safe for any bf16 input), the power of two undone on the fp32 result.
 Which kernel and tile serve which M is a table measured on an H200 (benchmarks/fp8_lm_head.py
 --sweep); ``fp8_linear(..., config=...)`` overrides it.
+
+Exact top-k re-scoring (a packed weight with ``exact``; see sparkit.kernels.fp8_linear): the main
+kernel's epilogue folds each tile's best logit and token into <= 256 int64 keys per row
+(RESCORE_SLOTS, one atomic max per tile and row), and _rescore_kernel recomputes the best tokens
+of the k best slots from the bf16 weight. The pre-scaling kernel empties the keys, and the three
+kernels are chained by programmatic dependent launch where the GPU has it (sm_90+).
 """
 
 from __future__ import annotations

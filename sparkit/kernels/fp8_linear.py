@@ -23,7 +23,7 @@ FP8 logit, and a small second kernel re-scores the best TOKENS_PER_STRETCH token
 exact_top_k best stretches (the runner-up matters: near-ties between neighbouring ids such as the
 digits share a stretch). The torch path re-scores the exact_top_k * TOKENS_PER_STRETCH best
 tokens of the row. The other logits stay FP8. It costs keeping the bf16 weight next to the FP8
-copy (memory, not bandwidth: 2 * k * K * 2 bytes more read per row, 80 KB for k = 8 on Ling).
+copy (memory, not bandwidth: 2 * k * K * 2 bytes more read per row, 40 KB for k = 4 on Ling).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+
 # The MoE runner backends of sglang 0.5.23 plus the embedded engine's own. The
 # sglang adapter also checks the value against the *installed* sglang's choices.
 MoeBackend = Literal[
@@ -117,7 +119,7 @@ class Stack(_Strict):
     """Output layer precision: bf16 (the checkpoint's), fp32 (`--enable-fp32-lm-head`) or
     fp8 (online FP8 quantisation at load)."""
 
-    lm_head_exact_top_k: int = Field(default=4, ge=0, le=64)
+    lm_head_exact_top_k: int = Field(default=DEFAULT_EXACT_TOP_K, ge=0, le=64)
     """With `lm_head: fp8`: how many of each row's best FP8 candidates are re-scored exactly
     from the bf16 weight, which sparkit then keeps next to the FP8 copy (on CUDA: the best
     vocabulary stretches, two tokens each). Near-ties then resolve as the bf16 head resolves

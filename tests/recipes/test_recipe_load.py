@@ -86,6 +86,14 @@ def test_wrong_type(tmp_path):
     assert msg.startswith(f"{path}:6:7 stack.tp: ") and "integer" in msg and "'four'" in msg
 
 
+def test_negative_exact_top_k_names_the_key(tmp_path):
+    path = write(tmp_path, "exact.yaml", BASE.replace("lm_head: bf16", "lm_head: fp8\n  lm_head_exact_top_k: -1"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:6:24 stack.lm_head_exact_top_k: ") and "0" in msg
+
+
 def test_missing_model_is_required(tmp_path):
     path = write(tmp_path, "nomodel.yaml", "engine: sglang\n")
     with pytest.raises(RecipeError) as info:

@@ -12,6 +12,7 @@ import torch
 
 from sparkit.engines.embedded.api import CancelFlag, SamplingParams, StepOutput
 from sparkit.errors import LaunchError
+from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
 
 ENGINE_VERSION = "0.1.0"
 SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
@@ -33,7 +34,7 @@ class EngineConfig:
     lm_head_dtype: str = "bf16"  # bf16 | fp32 | fp8
     # fp8 head: re-score each row's best FP8 candidates exactly from a retained bf16 copy
     # (sparkit.kernels.fp8_linear); 0 keeps only the FP8 weight.
-    lm_head_exact_top_k: int = 4
+    lm_head_exact_top_k: int = DEFAULT_EXACT_TOP_K
     speculative_algorithm: str | None = None  # NEXTN | EAGLE (alias) | None
     speculative_num_steps: int = 3
     speculative_eagle_topk: int = 1

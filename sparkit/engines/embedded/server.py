@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import SamplingParams
+from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
 
 API_KEY_ENV = "SPARKIT_API_KEY"
 READY_LINE = "The server is fired up and ready to roll!"
@@ -62,7 +63,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto = cuda when available")
     p.add_argument("--expert-weights", choices=["bf16", "fp8", "mxfp4"], default="bf16", help="routed/shared expert weight format (quantised at load)")
     p.add_argument("--lm-head-dtype", choices=["bf16", "fp32", "fp8"], default="bf16", help="fp8 = online per-row e4m3 quantisation at load")
-    p.add_argument("--lm-head-exact-top-k", type=int, default=4, metavar="K",
+    p.add_argument("--lm-head-exact-top-k", type=int, default=DEFAULT_EXACT_TOP_K, metavar="K",
                    help="fp8 head: re-score the K best candidates per row exactly from a kept bf16 copy (0 = off)")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "auto"], default="auto", help="activation dtype (auto: float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--speculative-algorithm", type=str.upper, choices=["NEXTN", "EAGLE"], default=None, help="EAGLE is an alias of NEXTN; omitted = no speculation")
