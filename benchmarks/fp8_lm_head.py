@@ -322,10 +322,6 @@ def main(argv=None):
         if exact_ks and args.exact_breakdown:
             ek = max(exact_ks)
             ew = exact_weights(ek)
-            shipped_plain, _ = weights_for(None)
-            for label, kw in (("fp8-only early first tile", {"early": True}), ("fp8-only late first tile", {"early": False})):
-                methods[label] = (lambda sh, kw: lambda i: fk.fp8_linear_packed_default(
-                    x, sh[i], out_dtype, **kw))(shipped_plain, kw)
             # The candidates' epilogue alone (no re-scoring kernel): what the epilogue costs.
             methods[f"exact{ek} epilogue only"] = (lambda ew: lambda i: fk.fp8_linear_packed_default(
                 x, ew[i], out_dtype, rescore=False))(ew)
@@ -333,8 +329,9 @@ def main(argv=None):
                 x, ew[i], out_dtype, pdl=False))(ew)
             # Candidate formats and re-scoring kernel shapes (the shipped one: keyed slots,
             # fk.RESCORE_SLOTS per row, fk.RESCORE_WARPS warps).
-            for label, kw in (("1 token per slot", {"per_slot": 1}), ("early first tile", {"early": True}),
-                              ("late first tile", {"early": False})):
+            for label, kw in (("1 token per slot", {"per_slot": 1}), ("4 tokens per slot", {"per_slot": 4}),
+                              ("128 slots", {"key_slots": 128}), ("512 slots", {"key_slots": 512}),
+                              ("2 warps", {"rescore_warps": 2})):
                 methods[f"exact{ek} {label}"] = (lambda ew, kw: lambda i: fk.fp8_linear_packed_default(
                     x, ew[i], out_dtype, **kw))(ew, kw)
         times = time_interleaved(methods, args.copies, args.reps, args.rounds)
@@ -445,7 +442,7 @@ def main(argv=None):
                   f"vs exact fp32 {float(e_hit.float().mean()) * 100:.2f}% ({int((~e_hit).sum())} of {e_hit.numel()} differ; "
                   f"margin<0.1: {row['exact'][ek]['top1_where_bf16_margin_lt_0.1'] or float('nan'):.3f}) | "
                   f"rel err {(e_num / e_den) ** 0.5:.2e}", flush=True)
-        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL", "per slot", "slots", "warps", "first tile"))]:
+        for name in [nm for nm in methods if nm.endswith(("epilogue only", "no PDL", "per slot", "slots", "warps"))]:
             b_ratio = statistics.median(b / t for b, t in zip(times["bf16"], times[name]))
             row["exact"][name] = {"us": med[name], "ratio": b_ratio}
             print(f"  {name} | {med[name]:.1f} us | {b_ratio:.2f}x bf16", flush=True)

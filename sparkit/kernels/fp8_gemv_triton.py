@@ -306,7 +306,7 @@ def _fp8_packed_kernel(
     key_ptr, n_slots,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
-    PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0, EARLY: tl.constexpr = False,
+    PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
@@ -317,23 +317,17 @@ def _fp8_packed_kernel(
     # once per call by _row_exponent_kernel instead of by every program. MODE 4: x_desc describes
     # activations already scaled and rounded to fp16 by _prescale_rows_kernel (exponents in e_ptr):
     # nothing but the chained MMA in the loop.
+    if PDL:
+        # Launched early (programmatic dependent launch): let the re-scoring kernel launch in turn,
+        # then wait until the pre-scaling kernel's output is complete and visible.
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
     row0 = pid_n * K_BLOCKS * BLOCK_N
     offs_m = off_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PDL:
-        # Launched early (programmatic dependent launch): let the re-scoring kernel launch in turn,
-        # then wait until the pre-scaling kernel's output is complete and visible. EARLY (MODE 4):
-        # the first weight tile does not depend on it, so its load is issued before the wait.
-        tl.extra.cuda.gdc_launch_dependents()
-        if EARLY:
-            w_first = w_desc.load([row0, 0])
-            tl.extra.cuda.gdc_wait()
-            acc = tl.dot(w_first.to(tl.float16), tl.trans(x_desc.load([off_m, 0])), acc)
-        else:
-            tl.extra.cuda.gdc_wait()
     if MODE == 2:
         e = _row_exponent(x_ptr, stride_xm, M, K, offs_m, BLOCK_K)
         inv = tl.exp2(-e)
@@ -342,7 +336,7 @@ def _fp8_packed_kernel(
         inv = tl.exp2(-e)
     if MODE == 4:
         e = tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0)
-    for kb in tl.range(1 if EARLY else 0, K_BLOCKS, num_stages=NUM_STAGES):
+    for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
         w = w_desc.load([row0 + kb * BLOCK_N, 0])
         xk = x_desc.load([off_m, kb * BLOCK_K])
         if MODE == 1:
@@ -493,9 +487,6 @@ def pdl_available(device) -> bool:
 RESCORE_SLOTS = 256
 RESCORE_PER_SLOT = TOKENS_PER_STRETCH
 RESCORE_WARPS = 1
-# With programmatic dependent launch, the main kernel fetches its first weight tile while the
-# pre-scaling kernel still runs (benchmarks/fp8_lm_head.py --exact-breakdown times both).
-EARLY_FIRST_TILE = False
 
 
 def _check_exact(exact, n, k):
@@ -516,8 +507,7 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
                       rescore: bool = True, pdl: bool | None = None, key_slots: int | None = None,
-                      rescore_warps: int | None = None, per_slot: int | None = None,
-                      early: bool | None = None):
+                      rescore_warps: int | None = None, per_slot: int | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off).
     The other keywords override module settings for benchmarks/fp8_lm_head.py, which times the
     parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot."""
@@ -584,8 +574,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
         K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
         MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
-        PDL=pdl and mode == 4, EARLY=bool(pdl and mode == 4 and (EARLY_FIRST_TILE if early is None else early)),
-        **(launch if mode == 4 else {}),
+        PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
     )
     if key_group and rescore:
         warps = RESCORE_WARPS if rescore_warps is None else rescore_warps

@@ -245,18 +245,3 @@ def test_exact_rescoring_on_row_major_fp8_weights_uses_the_torch_selection(head_
     ref = x.float() @ w.float().T
     y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=8)
     assert torch.equal(y.argmax(1), ref.argmax(1))
-
-
-@pytest.mark.parametrize("m", [1, 16, 33])
-def test_early_first_weight_tile_gives_the_same_logits(head_bf16, m):
-    """With programmatic dependent launch the main kernel may fetch its first weight tile before
-    the pre-scaling kernel finishes; the logits (and the re-scored ones) must not change."""
-    from sparkit.kernels import fp8_gemv_triton as fk
-    from sparkit.kernels.fp8_linear import prepare_fp8_weight
-
-    w, q, s = head_bf16
-    x = _near_tie_states(w, m, seed=40 + m)
-    for packed in (prepare_fp8_weight(q, s), prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=4)):
-        early = fk.fp8_linear_packed_default(x, packed, torch.float32, early=True)
-        late = fk.fp8_linear_packed_default(x, packed, torch.float32, early=False, pdl=False)
-        assert torch.equal(early, late)
