@@ -93,17 +93,8 @@ def rescore_top_k(x, logits, exact_weight, top_k: int):
     return logits
 
 
-def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192,
-                         exact_weight=None, exact_top_k: int = 0):
-    """y = x @ (weight_fp8 * scale[:, None]).T, fp32 accumulation, chunked over output rows;
-    with exact_weight, the top exact_top_k logits of each row re-scored exactly (rescore_top_k)."""
-    y = _fp8_linear_reference(x, weight_fp8, scale, out_dtype, chunk_rows)
-    if exact_weight is not None and exact_top_k > 0:
-        rescore_top_k(x, y, exact_weight, exact_top_k)
-    return y
-
-
-def _fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192):
+def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int = 8192):
+    """y = x @ (weight_fp8 * scale[:, None]).T, fp32 accumulation, chunked over output rows."""
     import torch
 
     out_dtype = out_dtype or x.dtype
@@ -177,16 +168,16 @@ def fp8_linear(x, weight_fp8, scale, out_dtype=None, exact_weight=None, exact_to
 
         return fp8_gemv_triton.fp8_linear_packed_default(
             x, weight_fp8, out_dtype=out_dtype, exact=exact_weight, exact_top_k=exact_top_k)
-    top_k = exact_top_k or 0
+    y = None
     if x.is_cuda:
         try:
-            from sparkit.kernels import fp8_gemv_triton  # noqa: F401  (added by the kernel work)
+            from sparkit.kernels import fp8_gemv_triton
         except ImportError:
             pass
         else:
             y = fp8_gemv_triton.fp8_linear(x, weight_fp8, scale, out_dtype=out_dtype)
-            if exact_weight is not None and top_k > 0:
-                rescore_top_k(x, y, exact_weight, top_k)
-            return y
-    return fp8_linear_reference(x, weight_fp8, scale, out_dtype=out_dtype,
-                                exact_weight=exact_weight, exact_top_k=top_k)
+    if y is None:
+        y = fp8_linear_reference(x, weight_fp8, scale, out_dtype=out_dtype)
+    if exact_weight is not None and exact_top_k:
+        rescore_top_k(x, y, exact_weight, exact_top_k)
+    return y

@@ -300,22 +300,21 @@ class Fp8LmHeadMethod:
 
         from sparkit.kernels.fp8_linear import fp8_linear
 
-        exact = getattr(layer, "exact_weight", None)
-        top_k = getattr(layer, "exact_top_k", 0) if exact is not None else 0
         if x.is_cuda:
             if self._prepared_for is not layer.weight:
                 self.prepare(layer)
             if self.packed is not None:
                 return fp8_linear(x, self.packed, None, out_dtype=torch.float32)
         return fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=torch.float32,
-                          exact_weight=exact, exact_top_k=top_k)
+                          exact_weight=getattr(layer, "exact_weight", None),
+                          exact_top_k=getattr(layer, "exact_top_k", 0))
 
     def prepare(self, layer):
         from sparkit.kernels.fp8_linear import prepare_fp8_weight
 
-        exact = getattr(layer, "exact_weight", None)
-        self.packed = prepare_fp8_weight(layer.weight, layer.weight_scale, exact_weight=exact,
-                                         exact_top_k=getattr(layer, "exact_top_k", 0) if exact is not None else 0)
+        self.packed = prepare_fp8_weight(layer.weight, layer.weight_scale,
+                                         exact_weight=getattr(layer, "exact_weight", None),
+                                         exact_top_k=getattr(layer, "exact_top_k", 0))
         self._prepared_for = layer.weight
 
     def kernel(self, layer) -> str:
@@ -341,9 +340,9 @@ def make_lm_head(weight, dtype: str, exact_top_k: int = 0):
 
         q, scale = quantize_fp8_per_row(weight)
         head = LmHead(q, Fp8LmHeadMethod(), weight_scale=scale)
-        head.exact_top_k = int(exact_top_k)
+        head.exact_top_k = max(0, int(exact_top_k))
         # A plain attribute, not a buffer: state_dict and the activation report see the FP8 head.
-        head.exact_weight = weight.detach().to(torch.bfloat16).contiguous() if exact_top_k > 0 else None
+        head.exact_weight = weight.detach().to(torch.bfloat16).contiguous() if head.exact_top_k else None
         if q.is_cuda:
             head.quant_method.prepare(head)  # packed at load, so the report can name the kernel
         return head

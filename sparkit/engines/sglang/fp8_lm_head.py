@@ -47,9 +47,9 @@ class SparkitFp8LmHeadMethod:
         if packed is not None:  # carries its own exact weight and re-scoring depth
             out = fp8_linear(x, packed, None, out_dtype=x.dtype)
         else:
-            exact = getattr(layer, "sparkit_exact_weight", None)
-            out = fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=x.dtype, exact_weight=exact,
-                             exact_top_k=getattr(layer, "sparkit_exact_top_k", 0) if exact is not None else 0)
+            out = fp8_linear(x, layer.weight, layer.weight_scale, out_dtype=x.dtype,
+                             exact_weight=getattr(layer, "sparkit_exact_weight", None),
+                             exact_top_k=getattr(layer, "sparkit_exact_top_k", 0))
         if bias is not None:
             out = out + bias
         return out
