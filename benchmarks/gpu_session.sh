@@ -35,7 +35,7 @@ if [ -z "$NO_WHEELS" ] && ls .whl/*.whl >/dev/null 2>&1; then  # NO_WHEELS=1: a 
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && stamp "wheels installed into /tmp/site" || stamp "wheel install FAILED"
 fi
-export PYTHONPATH=$PWD:/tmp/site
+export PYTHONPATH=$PWD:$PWD/tests:/tmp/site  # tests/: the GPU tests run with --noconftest and import _shared
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
 
@@ -75,7 +75,7 @@ fi
 
 if has tests; then
 stamp "step 3: GPU kernel tests"
-timeout 90 python3 -m pytest tests/kernels/test_fp8_gemv_gpu.py tests/sglang_plugin/test_fp8_lm_head_gpu.py \
+timeout 150 python3 -m pytest tests/kernels/test_fp8_gemv_gpu.py tests/sglang_plugin/test_fp8_lm_head_gpu.py \
   --noconftest -q -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 stamp "pytest rc=$?"
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _shared import near_tie_states
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -150,22 +151,6 @@ def test_large_activations_stay_finite_on_the_fp16_path(head, kernel):
 # ---------------------------------------------------------------- exact top-k re-scoring
 
 
-def _near_tie_states(w, m, seed):
-    """Hidden states whose two best tokens are within ~0.05 logit of each other (random pairs):
-    where per-row e4m3 rounding flips the bf16 argmax often enough to see."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    n = w.shape[0]
-    a = torch.randint(0, n, (m,), generator=g, device="cuda")
-    b = torch.randint(0, n, (m,), generator=g, device="cuda")
-    wa, wb = w[a].float(), w[b].float()
-    # x . w_a ~= x . w_b ~= 20 logits, far above the other tokens (std ~0.6); the noise leaves
-    # the pair a few hundredths apart, about the size of the e4m3 rounding of a logit (the FP8
-    # head alone flips ~14% of such states on a CPU check of this construction).
-    x = 20.0 * (wa / wa.pow(2).sum(1, keepdim=True) + wb / wb.pow(2).sum(1, keepdim=True))
-    x = x + torch.randn(m, w.shape[1], generator=g, device="cuda") * 0.005
-    return x.to(torch.bfloat16)
-
-
 @pytest.fixture(scope="module", params=[5003, 40000], ids=["small-vocab", "large-vocab"])
 def head_bf16(request):
     """(bf16 weight, e4m3 weight, scales): 5003 rows = 40 tiles (k candidates per tile), 40000 rows
@@ -186,7 +171,7 @@ def test_exact_rescoring_restores_the_bf16_argmax_on_near_ties(head_bf16, m):
     from sparkit.kernels.fp8_linear import fp8_linear, prepare_fp8_weight
 
     w, q, s = head_bf16
-    xs = _near_tie_states(w, 64 * m, seed=m)
+    xs = near_tie_states(w, 64 * m, seed=m)
     ref = xs.float() @ w.float().T
     plain = prepare_fp8_weight(q, s)
     exact = prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=4)
@@ -208,7 +193,7 @@ def test_exact_rescoring_reads_the_weight_it_was_given(head_bf16):
     from sparkit.kernels.fp8_linear import fp8_linear, prepare_fp8_weight
 
     w, q, s = head_bf16
-    x = _near_tie_states(w, 4, 99)
+    x = near_tie_states(w, 4, 99)
     doubled = prepare_fp8_weight(q, s, exact_weight=(w.float() * 2).to(torch.bfloat16), exact_top_k=4)
     right = prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=4)
     y_right = fp8_linear(x, right, None, out_dtype=torch.float32)
@@ -223,14 +208,14 @@ def test_exact_rescoring_replays_in_a_cuda_graph(head_bf16):
 
     w, q, s = head_bf16
     packed = prepare_fp8_weight(q, s, exact_weight=w, exact_top_k=8)
-    static_x = _near_tie_states(w, 3, 5).clone()
+    static_x = near_tie_states(w, 3, 5).clone()
     fp8_linear(static_x, packed, None, out_dtype=torch.bfloat16)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_y = fp8_linear(static_x, packed, None, out_dtype=torch.bfloat16)
     for seed in (6, 7):
-        static_x.copy_(_near_tie_states(w, 3, seed))
+        static_x.copy_(near_tie_states(w, 3, seed))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, fp8_linear(static_x, packed, None, out_dtype=torch.bfloat16))
@@ -241,7 +226,7 @@ def test_exact_rescoring_on_row_major_fp8_weights_uses_the_torch_selection(head_
     from sparkit.kernels.fp8_linear import fp8_linear
 
     w, q, s = head_bf16
-    x = torch.cat([_near_tie_states(w, 16, seed) for seed in range(4)])
+    x = torch.cat([near_tie_states(w, 16, seed) for seed in range(4)])
     ref = x.float() @ w.float().T
     y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=8)
     assert torch.equal(y.argmax(1), ref.argmax(1))

@@ -61,15 +61,14 @@ def test_dispatch_on_cpu_uses_the_reference_and_prepare_declines():
 def test_exact_rescoring_gives_the_bf16_argmax_where_fp8_alone_flips_it():
     """Near-ties (two tokens a few hundredths of a logit apart) flip under per-row e4m3; re-scoring
     the FP8 top candidates exactly from the bf16 weight gives back the bf16 head's choice at every one."""
+    from _shared import near_tie_states
+
     from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
 
     torch.manual_seed(3)
     n, k = 6000, 256
     w = (torch.randn(n, k) * 0.06 * torch.exp(0.35 * torch.randn(n, 1))).to(torch.bfloat16)
-    a, b = torch.randint(0, n, (256,)), torch.randint(0, n, (256,))
-    wa, wb = w[a].float(), w[b].float()
-    x = 20.0 * (wa / wa.pow(2).sum(1, keepdim=True) + wb / wb.pow(2).sum(1, keepdim=True))
-    x = (x + torch.randn(256, k) * 0.005).to(torch.bfloat16)
+    x = near_tie_states(w, 256, seed=3)
     ref = x.float() @ w.float().T
     q, s = quantize_fp8_per_row(w)
     fp8_only = fp8_linear(x, q, s, out_dtype=torch.float32)

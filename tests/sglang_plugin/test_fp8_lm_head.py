@@ -19,6 +19,7 @@ from typing import List, Optional
 import pytest
 
 from _sglang_source import bind_method, exec_functions, find_class, find_function, method_source, module_ast
+from _shared import near_tie_states
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -167,16 +168,6 @@ def test_conversion_makes_an_fp8_head_that_sglang_routes_through_our_apply():
     assert convert_lm_head_to_fp8(head) == info  # idempotent
 
 
-def _near_ties(head, n=256, seed=1):
-    """Hidden states whose two best tokens (random pairs) are a few hundredths of a logit apart."""
-    g = torch.Generator().manual_seed(seed)
-    w = head.weight.data.float()
-    a = torch.randint(0, w.shape[0], (n,), generator=g)
-    b = torch.randint(0, w.shape[0], (n,), generator=g)
-    x = 20.0 * (w[a] / w[a].pow(2).sum(1, keepdim=True) + w[b] / w[b].pow(2).sum(1, keepdim=True))
-    return (x + torch.randn(n, w.shape[1], generator=g) * 0.005).to(torch.bfloat16)
-
-
 def test_exact_rescoring_keeps_the_loaded_weight_and_restores_the_bf16_argmax():
     """With exact_top_k the head keeps the loaded bf16 tensor (no copy) and SGLang's dispatch, through
     our apply(), picks the bf16 head's token at near-ties, where the FP8 head alone does not."""
@@ -185,7 +176,7 @@ def test_exact_rescoring_keeps_the_loaded_weight_and_restores_the_bf16_argmax():
 
     plain_target, _ = _make_models()
     exact_target, _ = _make_models()
-    x = _near_ties(exact_target.lm_head)
+    x = near_tie_states(exact_target.lm_head.weight.data, 256, seed=1)
     bf16_top1 = _sglang_logits(exact_target.lm_head, x).float().argmax(1)
     loaded = exact_target.lm_head.weight.data
     info = convert_lm_head_to_fp8(exact_target.lm_head, exact_top_k=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _shared import near_tie_states
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -57,15 +58,10 @@ def test_cuda_conversion_with_exact_rescoring_gives_the_bf16_argmax_at_near_ties
     plain, exact = Head(rows, hidden), Head(rows, hidden)
     exact.weight.data.copy_(plain.weight.data)
     loaded = exact.weight.data
-    g = torch.Generator(device="cuda").manual_seed(3)
-    w = loaded.float()
-    a = torch.randint(0, rows, (512,), generator=g, device="cuda")
-    b = torch.randint(0, rows, (512,), generator=g, device="cuda")
-    x = 20.0 * (w[a] / w[a].pow(2).sum(1, keepdim=True) + w[b] / w[b].pow(2).sum(1, keepdim=True))
     # fp32 activations and logits: these pairs are closer than a bf16 logit's rounding step (1/8 at
     # 20), so bf16 outputs would tie them, and cuBLAS's bf16 GEMM (reduced-precision reductions on)
     # is itself no exact reference there. The bf16 head's exact logits decide.
-    x = (x + torch.randn(512, hidden, generator=g, device="cuda") * 0.005).to(torch.bfloat16).float()
+    x = near_tie_states(loaded, 512, seed=3).float()
     bf16_top1 = (x.double() @ loaded.double().T).argmax(1)
     convert_lm_head_to_fp8(plain)
     info = convert_lm_head_to_fp8(exact, exact_top_k=4)
