@@ -56,7 +56,7 @@ def main(argv=None) -> int:
             ids = corpus.encode_document(tok, doc)[:512]
             if len(ids) < 2:
                 continue
-            h = model.norm(model.forward_hidden(torch.tensor([ids])))[0]
+            h = model.forward_hidden(torch.tensor([ids]))[0]  # already after the final norm
             states.append(h)
             got += h.shape[0]
             if got >= args.positions:

@@ -5,12 +5,13 @@ Re-exported by tests/conftest.py, so any test can ask for them by name.
 Fixtures
 --------
 tiny_model_dir (session) -> Path
-    tiny-ling, seed 0, built once with `builder.ensure_model` into a persistent test
-    cache ($SPARKIT_TEST_MODEL_CACHE, default ~/.cache/sparkit-tests/tiny-ling-s0) and
-    reused by later sessions (a first build trains for about 90 s).
+    tiny-ling, seed 0: the checkpoint shipped with the package (what `sparkit up` serves;
+    no training in the tests).
 wrong_draft_model_dir (session) -> Path
-    tiny-ling, seed 1 (tiny-ling-s1), trained for less time: a checkpoint whose NextN
-    layer is a *wrong* draft for tiny_model_dir's target (accept length near 1).
+    tiny-ling, seed 1, WRONG_DRAFT_STEPS steps (the recipes' `sparkit:tiny-ling:seed=1:steps=40`),
+    built once into a persistent test cache ($SPARKIT_TEST_MODEL_CACHE, default
+    ~/.cache/sparkit-tests): a checkpoint whose NextN layer is a *wrong* draft for
+    tiny_model_dir's target (accept length near 1).
 start_embedded_server (function) -> callable(**flags) -> RunningServer
     Factory: launches `python -m sparkit.engines.embedded` as a real subprocess in its
     own process group on a free 127.0.0.1 port, waits for /health == 200 (timeout
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 SERVER_START_TIMEOUT = float(os.environ.get("SPARKIT_TEST_SERVER_TIMEOUT", "180"))
-WRONG_DRAFT_TRAIN_SECONDS = 20.0
+WRONG_DRAFT_STEPS = 40
 
 
 def model_cache_dir() -> Path:
@@ -181,16 +182,21 @@ def launch_embedded_server(
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from sparkit.engines.embedded.builder import ensure_model
+    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec, is_complete
 
-    return ensure_model("tiny-ling", 0, directory=model_cache_dir() / "tiny-ling-s0")
+    shipped = SHIPPED_DIR / BuildSpec().dir_name
+    if not is_complete(shipped, BuildSpec()):  # tests/embedded/test_builder.py says why
+        pytest.fail(f"the shipped tiny-ling at {shipped} is missing or outdated: rebuild it with "
+                    f"`sparkit model make-tiny {shipped}`", pytrace=False)
+    return shipped
 
 
 @pytest.fixture(scope="session")
 def wrong_draft_model_dir() -> Path:
-    from sparkit.engines.embedded.builder import ensure_model
+    from sparkit.engines.embedded.builder import BuildSpec, ensure_model
 
-    return ensure_model("tiny-ling", 1, directory=model_cache_dir() / "tiny-ling-s1", train_seconds=WRONG_DRAFT_TRAIN_SECONDS)
+    spec = BuildSpec("tiny-ling", 1, WRONG_DRAFT_STEPS)
+    return ensure_model(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=spec.steps)
 
 
 @pytest.fixture

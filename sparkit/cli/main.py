@@ -121,7 +121,7 @@ _METAVARS = {
     "--rounding-changing": "KEY",
     "--timeout": "SECONDS",
     "--grace": "SECONDS",
-    "--train-seconds": "SECONDS",
+    "--steps": "N",
 }
 _TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT",
                   "integer": "N", "path": "PATH", "text": "TEXT"}

@@ -1,4 +1,5 @@
-"""`sparkit model make-tiny`: build the tiny-ling checkpoint (parse, call the builder, render)."""
+"""`sparkit model make-tiny` and `sparkit model export-hf`: build tiny-ling, write it as a Hugging
+Face checkpoint (parse, call the builder, render)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ def register(app: typer.Typer) -> None:
 def make_tiny(
     directory: Optional[Path] = typer.Argument(None, help="Where to build it (default: sparkit's cache, models/tiny-ling-s{SEED})."),
     seed: int = typer.Option(0, "--seed", help="Initialisation and corpus seed (a different seed gives a different model)."),
-    train_seconds: Optional[float] = typer.Option(None, "--train-seconds", min=1.0, help="Training time budget in seconds (default 90)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Optimiser steps (default: the shipped build's; fewer skip the quality gate)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Train tiny-ling (a miniature Ling MoE with an MTP layer) on CPU and save it; reuses a complete build."""
+    """Train tiny-ling (a miniature Ling MoE with an MTP layer) on CPU and save it; reuses a complete build.
+
+    The build depends on the seed and the steps only (not on how busy the machine is). The
+    default build ships with sparkit, so without DIRECTORY this returns at once."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkit.cli.common import console, err_console, print_json
@@ -37,13 +41,44 @@ def make_tiny(
         def progress(fraction: float, message: str) -> None:
             bar.update(task, completed=fraction, description=message)
 
-        path = ensure_model("tiny-ling", seed=seed, directory=directory, progress=progress, train_seconds=train_seconds)
+        path = ensure_model("tiny-ling", seed=seed, directory=directory, progress=progress, steps=steps)
     build = json.loads((path / MARKER).read_text())
     result = {"path": str(path), **build}
     if as_json:
         print_json(result)
         return
     console().print(f"tiny-ling ready at [bold]{path}[/]")
-    details = ", ".join(f"{k} {build[k]}" for k in ("parameters", "train_steps", "train_seconds", "final_loss", "final_mtp_loss") if k in build)
+    details = ", ".join(f"{k} {build[k]}" for k in ("parameters", "train_steps", "final_loss", "final_mtp_loss") if k in build)
+    quality = build.get("quality") or {}
+    if quality:
+        details += f", held-out loss {quality['heldout_loss']}, NEXTN accept length {quality['accept_length']}"
     if details:
         console().print(details, highlight=False)
+
+
+@model_app.command("export-hf")
+def export_hf_cmd(
+    directory: Optional[Path] = typer.Argument(None, help="Where to write it (default: sparkit's cache, models/tiny-ling-s{SEED}-hf-{DTYPE})."),
+    source: Optional[Path] = typer.Option(None, "--from", help="A tiny-ling checkpoint directory (default: the built-in build of --seed)."),
+    seed: int = typer.Option(0, "--seed", help="Which built-in build to export (without --from)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Weight dtype of the export: bfloat16 or float32."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
+) -> None:
+    """Write tiny-ling as a Hugging Face BailingMoeV2 checkpoint that stock SGLang serves with its own
+    model code (`--trust-remote-code`), NextN layer and tokenizer included. The embedded engine
+    loads the export too."""
+    from sparkit.cli.common import console, print_json
+    from sparkit.engines.embedded import hf_checkpoint
+    from sparkit.engines.embedded.builder import ensure_model
+
+    if source is None:
+        source = ensure_model("tiny-ling", seed=seed)
+    destination = directory or hf_checkpoint.hf_export_dir(source, dtype)
+    marker = hf_checkpoint.export_hf(source, destination, dtype)
+    result = {"path": str(destination), **marker}
+    if as_json:
+        print_json(result)
+        return
+    console().print(f"exported {source} -> [bold]{destination}[/] ({hf_checkpoint.HF_ARCHITECTURE}, {dtype}, "
+                    f"{marker['tensors']} tensors)", highlight=False)
+    console().print(f"serve it: python -m sglang.launch_server --model-path {destination} --trust-remote-code", highlight=False)

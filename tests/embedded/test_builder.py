@@ -1,16 +1,21 @@
-"""Builder and tokenizer: AutoTokenizer round-trip and chat template, build reuse, atomic builds,
-and clear errors for corrupt checkpoints."""
+"""Builder and tokenizer: builds defined by steps and seed (identical on an idle and a loaded
+machine, reproducing the shipped checkpoint), the quality gate, build reuse and clean-up, atomic
+builds, the tokenizer's round trip and chat template, and clear errors for corrupt checkpoints."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from sparkit.engines.embedded import builder  # noqa: E402
+from sparkit.engines.embedded.builder import BuildSpec  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
 
 
@@ -19,8 +24,79 @@ def quick_build(tmp_path_factory):
     """A real (very briefly trained) build made through ensure_model."""
     directory = tmp_path_factory.mktemp("quick") / "tiny"
     messages = []
-    path = builder.ensure_model(directory=directory, seed=3, train_seconds=0.5, progress=lambda f, m: messages.append((f, m)))
+    path = builder.ensure_model(directory=directory, seed=3, steps=2, progress=lambda f, m: messages.append((f, m)))
     return path, messages
+
+
+def _weights(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / builder.WEIGHTS))
+
+
+def test_the_shipped_build_is_the_default_spec_and_passed_the_gate():
+    shipped = builder.SHIPPED_DIR / BuildSpec().dir_name
+    assert builder.is_complete(shipped, BuildSpec()), f"rebuild it: sparkit model make-tiny {shipped}"
+    assert builder.builtin_model_dir() == shipped
+    marker = builder.read_marker(shipped)
+    quality, gate = marker["quality"], builder.DEFAULT_GATE
+    assert marker["train_steps"] == builder.DEFAULT_TRAIN_STEPS and marker["seed"] == 0
+    assert quality["heldout_loss"] <= gate.max_heldout_loss
+    assert quality["accept_length"] >= gate.min_accept_length
+    assert quality["unanswered_greetings"] == [] and quality["greetings"] > 50
+
+
+def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
+    """The first TRAJECTORY_STEPS[0] steps of the default build, bit for bit: a change to the model,
+    the corpus, the tokenizer or the training that was not followed by a rebuild (and a
+    BUILDER_VERSION bump) fails here."""
+    shipped = builder.read_marker(builder.SHIPPED_DIR / BuildSpec().dir_name)
+    first = builder.TRAJECTORY_STEPS[0]
+    marker = builder.build_model(tmp_path, BuildSpec(), stop_after=first)
+    assert marker["train_steps"] == first
+    assert marker["trajectory"][str(first)] == shipped["trajectory"][str(first)]
+
+
+def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_path):
+    """Steps and seed define the build: the same spec with a CPU-bound process beside the
+    builder gives the same bytes; another seed does not."""
+    spec = BuildSpec("tiny-ling", 0, 3)
+    builder.build_model(tmp_path / "idle", spec)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        builder.build_model(tmp_path / "loaded", spec)
+    finally:
+        busy.kill()
+        busy.wait()
+    builder.build_model(tmp_path / "other", BuildSpec("tiny-ling", 1, 3))
+    idle, loaded, other = (_weights(tmp_path / n) for n in ("idle", "loaded", "other"))
+    assert idle.keys() == loaded.keys()
+    assert all(torch.equal(idle[k], loaded[k]) for k in idle)
+    assert not torch.equal(idle["embed_tokens.weight"], other["embed_tokens.weight"])
+    assert (tmp_path / "idle" / builder.MARKER).read_text() != ""
+
+
+def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
+    target = tmp_path / "weak"
+    with pytest.raises(builder.WeakModelError, match="too weak") as info:
+        builder.ensure_model(directory=target, seed=0, steps=2, gate=builder.DEFAULT_GATE)
+    message = str(info.value)
+    assert "held-out loss" in message and "not cached" in message and "--steps" in message
+    assert not target.exists()
+    assert not list(tmp_path.glob(".weak.building-*"))
+    assert info.value.exit_code == 5
+
+
+def test_a_build_left_by_a_killed_builder_is_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".tiny.building-{dead.pid}"
+    (leftover / "half").mkdir(parents=True)
+    live = tmp_path / f".tiny.building-{os.getppid()}"  # a live process's build is left alone
+    live.mkdir()
+    builder.ensure_model(directory=tmp_path / "tiny", seed=3, steps=1)
+    assert not leftover.exists()
+    assert live.exists()
 
 
 def test_autotokenizer_loads_the_build_and_round_trips_any_utf8(quick_build):
@@ -53,6 +129,10 @@ def test_build_has_the_documented_files_and_config(quick_build):
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["TinyLingForCausalLM"]
     assert config["num_experts"] == 8 and config["top_k"] == 2 and config["num_nextn_predict_layers"] == 1
+    assert config["torch_dtype"] == "bfloat16"
+    assert all(t.dtype == torch.bfloat16 for t in _weights(path).values())
+    marker = builder.read_marker(path)
+    assert {k: marker[k] for k in ("builder_version", "name", "seed", "steps")} == BuildSpec("tiny-ling", 3, 2).key()
     assert messages[0][0] == 0.0 and messages[-1][0] == 1.0
     fractions = [f for f, _ in messages]
     assert fractions == sorted(fractions)
@@ -63,31 +143,36 @@ def test_an_existing_complete_build_is_reused(quick_build):
     path, _ = quick_build
     before = (path / "model.safetensors").stat().st_mtime_ns
     messages = []
-    again = builder.ensure_model(directory=path, seed=3, train_seconds=0.5, progress=lambda f, m: messages.append(m))
+    again = builder.ensure_model(directory=path, seed=3, steps=2, progress=lambda f, m: messages.append(m))
     assert again == path
     assert (path / "model.safetensors").stat().st_mtime_ns == before
     assert messages == [f"using existing build at {path}"]
 
 
-def test_an_outdated_build_is_rebuilt(quick_build, tmp_path):
+def test_a_build_of_another_spec_or_version_is_rebuilt(quick_build, tmp_path):
     path = tmp_path / "old"
     shutil.copytree(quick_build[0], path)
-    (path / builder.MARKER).write_text(json.dumps({"builder_version": builder.BUILDER_VERSION - 1}))
+    assert not builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))  # other steps
+    marker = builder.read_marker(path)
+    (path / builder.MARKER).write_text(json.dumps({**marker, "builder_version": builder.BUILDER_VERSION - 1}))
     assert not builder.is_complete(path)
-    builder.ensure_model(directory=path, seed=3, train_seconds=0.2)
-    assert builder.is_complete(path)
+    builder.ensure_model(directory=path, seed=3, steps=1)
+    assert builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))
 
 
-def test_default_location_is_the_user_cache(sparkit_home):
+def test_default_location_is_the_user_cache_for_builds_that_do_not_ship(sparkit_home):
     assert builder.builtin_model_dir("tiny-ling", 2) == sparkit_home / "cache" / "models" / "tiny-ling-s2"
+    assert builder.builtin_model_dir("tiny-ling", 1, 40) == sparkit_home / "cache" / "models" / "tiny-ling-s1-n40"
     with pytest.raises(UsageError, match="unknown built-in model"):
         builder.builtin_model_dir("huge-ling", 0)
+    with pytest.raises(UsageError, match="at least one training step"):
+        BuildSpec("tiny-ling", 0, 0)
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_build(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not a tiny-ling build"):
-        builder.ensure_model(directory=tmp_path, train_seconds=0.2)
+        builder.ensure_model(directory=tmp_path, steps=1)
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -132,25 +217,9 @@ def test_make_tiny_cli_builds_and_reports_json(tmp_path):
     from sparkit.cli.main import app
 
     target = tmp_path / "cli-tiny"
-    result = CliRunner().invoke(app, ["model", "make-tiny", str(target), "--seed", "5", "--train-seconds", "1", "--json"])
+    result = CliRunner().invoke(app, ["model", "make-tiny", str(target), "--seed", "5", "--steps", "2", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["path"] == str(target) and data["seed"] == 5 and data["builder_version"] == builder.BUILDER_VERSION
-    assert builder.is_complete(target)
-
-
-def test_same_seed_and_steps_give_identical_weights_and_another_seed_does_not(tmp_path):
-    from safetensors.torch import load_file
-
-    from sparkit.engines.embedded.corpus import documents
-
-    docs_a, docs_b = documents(seed=0), documents(seed=0)
-    assert [next(docs_a) for _ in range(50)] == [next(docs_b) for _ in range(50)]
-    stats = []
-    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        (tmp_path / name).mkdir()
-        stats.append(builder.build_model(tmp_path / name, seed=seed, train_seconds=600, max_steps=2))
-    assert [s["train_steps"] for s in stats] == [2, 2, 2]
-    a, b, c = (load_file(str(tmp_path / n / "model.safetensors")) for n in "abc")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["embed_tokens.weight"], c["embed_tokens.weight"])
+    assert data["path"] == str(target) and data["seed"] == 5 and data["steps"] == 2
+    assert data["builder_version"] == builder.BUILDER_VERSION
+    assert builder.is_complete(target, BuildSpec("tiny-ling", 5, 2))

@@ -1,50 +1,132 @@
-"""Builds tiny-ling (train on the synthetic corpus, save) and loads checkpoints.
+"""Builds tiny-ling (train on the synthetic corpus, gate, save) and loads checkpoints.
 
-`ensure_model()` builds into the user cache on first use and reuses a complete build after:
-a build is complete when its marker file names the current BUILDER_VERSION. Builds happen in
-a temporary sibling directory renamed into place, under a file lock, so that an interrupted or
-concurrent build never leaves a half-written model where a server would load it.
+A build is defined by a BuildSpec (model name, seed, number of optimiser steps) and the
+builder's code (BUILDER_VERSION): never by wall-clock time, so the same spec gives the same
+checkpoint on an idle laptop and on a loaded CI machine (training runs on a fixed number of
+threads; the data order and the learning-rate schedule depend only on the spec).
 
-Checkpoint layout: config.json, model.safetensors, tokenizer.json, tokenizer_config.json
-(+ chat_template.jinja), .sparkit-build.json (the marker).
+The default build (tiny-ling, seed 0, DEFAULT_TRAIN_STEPS) ships with the package under
+`checkpoints/`, written by this builder (`sparkit model make-tiny --steps ...`); `ensure_model()`
+returns it without training. Other specs build into the user cache on first use, in a
+temporary sibling directory renamed into place under a file lock, so an interrupted or
+concurrent build never leaves a half-written model where a server would load it (and a build
+directory left by a killed builder is removed by the next one).
+
+A full-length build must pass a quality gate before it is cached (held-out loss and the greedy
+NEXTN accept length of the saved checkpoint): a weak model is refused with the figures, instead
+of being cached and failing every later startup check.
+
+Checkpoint layout: config.json, model.safetensors (bf16 weights), tokenizer.json,
+tokenizer_config.json (+ chat_template.jinja), .sparkit-build.json (the marker: the spec, the
+training figures, the gate's figures, the trajectory hashes).
 
 Module top-level stays light: torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparkit.errors import LaunchError, UsageError
 
-# 1 again: the 8-layer shape briefly built as version 2 was not kept (v2 builds rebuild; v1 builds are this shape)
-BUILDER_VERSION = 1
+# Bump when the model code, the corpus, the tokenizer or the training procedure changes what a
+# spec builds (tests/embedded/test_builder.py fails when the shipped checkpoint was not rebuilt).
+BUILDER_VERSION = 3
 MARKER = ".sparkit-build.json"
 WEIGHTS = "model.safetensors"
 BUILTIN_MODELS = ("tiny-ling",)
-DEFAULT_TRAIN_SECONDS = 90.0
+DEFAULT_TRAIN_STEPS = 2000
+# One thread: deterministic, and a 4M-parameter model gains little from a second core while
+# losing a lot when another process competes for it.
+TRAIN_THREADS = 1
+TRAIN_THREADS_ENV = "SPARKIT_TRAIN_THREADS"
+# Optimiser steps after which the parameters' hash is recorded in the marker (the builder's
+# reproducibility is tested against the shipped checkpoint's record at the first of them).
+TRAJECTORY_STEPS = (10, 100)
+SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 Progress = Callable[[float, str], None]
 
 
-def builtin_model_dir(name: str = "tiny-ling", seed: int = 0) -> Path:
+@dataclass(frozen=True)
+class BuildSpec:
+    """What defines a build (with BUILDER_VERSION)."""
+
+    name: str = "tiny-ling"
+    seed: int = 0
+    steps: int = DEFAULT_TRAIN_STEPS
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if self.steps < 1:
+            raise UsageError(f"a build needs at least one training step, not {self.steps}")
+
+    @property
+    def dir_name(self) -> str:
+        suffix = "" if self.steps == DEFAULT_TRAIN_STEPS else f"-n{self.steps}"
+        return f"{self.name}-s{self.seed}{suffix}"
+
+    @property
+    def gated(self) -> bool:
+        """Full-length builds must pass the quality gate; short ones (tests, the deliberately
+        wrong draft) are weak on purpose."""
+        return self.steps >= DEFAULT_TRAIN_STEPS
+
+    def key(self) -> dict:
+        return {"builder_version": BUILDER_VERSION, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class QualityGate:
+    """What a full-length build must reach before it is cached (measured on the saved weights)."""
+
+    max_heldout_loss: float = 0.55  # nats per token on held-out corpus documents
+    min_accept_length: float = 2.2  # greedy NEXTN 3/1/4 on held-out prompts
+    # every first message of corpus.SMALL_TALK, as typed ("Hello", "Hello!", "hi", ...), gets a reply
+    greetings_answered: bool = True
+
+
+DEFAULT_GATE = QualityGate()
+
+
+class WeakModelError(LaunchError):
+    """A build finished but did not pass the quality gate; nothing was cached."""
+
+
+def builtin_model_dir(name: str = "tiny-ling", seed: int = 0, steps: int = DEFAULT_TRAIN_STEPS) -> Path:
+    """Where the build of (name, seed, steps) lives: the shipped checkpoint when the package has
+    it, else the user cache."""
+    spec = BuildSpec(name, seed, steps)
+    shipped = SHIPPED_DIR / spec.dir_name
+    if is_complete(shipped, spec):
+        return shipped
     from sparkit.paths import cache_dir
 
-    _check_name(name)
-    return cache_dir() / "models" / f"{name}-s{seed}"
+    return cache_dir() / "models" / spec.dir_name
 
 
-def is_complete(directory: str | Path) -> bool:
-    marker = Path(directory) / MARKER
+def read_marker(directory: str | Path) -> dict | None:
     try:
-        return json.loads(marker.read_text()).get("builder_version") == BUILDER_VERSION
+        data = json.loads((Path(directory) / MARKER).read_text())
     except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_complete(directory: str | Path, spec: BuildSpec | None = None) -> bool:
+    """A finished build of this builder version (and of `spec`, when given)."""
+    marker = read_marker(directory)
+    if marker is None or marker.get("builder_version") != BUILDER_VERSION:
         return False
+    if spec is not None and any(marker.get(k) != v for k, v in spec.key().items()):
+        return False
+    return (Path(directory) / WEIGHTS).is_file()
 
 
 def ensure_model(
@@ -52,35 +134,47 @@ def ensure_model(
     seed: int = 0,
     directory: str | Path | None = None,
     progress: Progress | None = None,
-    train_seconds: float | None = None,
+    steps: int | None = None,
+    gate: QualityGate | bool = True,
 ) -> Path:
-    """The directory of a complete build of `name` (building it first if needed)."""
+    """The directory of a complete build of (name, seed, steps), building it first if needed.
+
+    `directory` None: the shipped checkpoint or the user cache. A given directory gets a copy of
+    the shipped build when there is one for this spec, else a fresh build. `gate`: True gates
+    full-length builds with DEFAULT_GATE, False never gates, a QualityGate always applies."""
     import fcntl
 
-    _check_name(name)
-    target = Path(directory) if directory is not None else builtin_model_dir(name, seed)
+    spec = BuildSpec(name, seed, DEFAULT_TRAIN_STEPS if steps is None else int(steps))
+    target = Path(directory) if directory is not None else builtin_model_dir(spec.name, spec.seed, spec.steps)
     report = progress or (lambda fraction, message: None)
-    if is_complete(target):
+    if is_complete(target, spec):
         report(1.0, f"using existing build at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f".{target.name}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent builder finishes first; we then reuse its build
-        if is_complete(target):
+        if is_complete(target, spec):
             report(1.0, f"using existing build at {target}")
             return target
+        _remove_dead_builds(target)
         if target.exists() and any(target.iterdir()):
-            if not (target / MARKER).exists() and not (target / WEIGHTS).exists():
+            if read_marker(target) is None and not (target / WEIGHTS).exists():
                 raise UsageError(
                     f"{target} exists and is not a tiny-ling build; refusing to overwrite it",
                     hint="choose an empty or new directory",
                 )
         tmp = target.parent / f".{target.name}.building-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         try:
-            build_model(tmp, seed=seed, progress=report, train_seconds=train_seconds)
+            shipped = SHIPPED_DIR / spec.dir_name
+            if is_complete(shipped, spec):
+                shutil.copytree(shipped, tmp)
+                report(0.97, f"copied the shipped build from {shipped}")
+            else:
+                tmp.mkdir(parents=True)
+                chosen = gate if isinstance(gate, QualityGate) else (DEFAULT_GATE if gate and spec.gated else None)
+                build_model(tmp, spec, progress=report, gate=chosen)
             if target.exists():
                 shutil.rmtree(target)  # an outdated or incomplete build
             os.rename(tmp, target)
@@ -90,39 +184,84 @@ def ensure_model(
     return target
 
 
-def build_model(directory: Path, seed: int = 0, progress: Progress | None = None, train_seconds: float | None = None, config=None,
-                max_steps: int | None = None) -> dict:
-    """Train tiny-ling and save it into `directory`; returns the training stats. `max_steps`
-    (tests) stops after that many steps, which makes the result identical run to run."""
+def _remove_dead_builds(target: Path) -> None:
+    """Temporary build directories whose builder process is gone (killed mid-build). Called
+    under the build lock, so no live builder of this target is between its mkdir and rename."""
+    prefix = f".{target.name}.building-"
+    for leftover in target.parent.glob(prefix + "*"):
+        pid = leftover.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and _pid_exists(int(pid)):
+            continue
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def build_model(directory: Path, spec: BuildSpec | None = None, progress: Progress | None = None,
+                gate: QualityGate | None = None, config=None, stop_after: int | None = None) -> dict:
+    """Train tiny-ling for spec.steps steps and save it into `directory`; returns the marker.
+
+    `stop_after` ends training early with the full schedule (the first steps of a longer build,
+    bit for bit: what the reproducibility test compares). With `gate`, the saved checkpoint is
+    measured and WeakModelError raised when it falls short (the caller discards the directory)."""
     import torch
 
     from sparkit.engines.embedded import tokenizer as tok
     from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
 
+    spec = spec or BuildSpec()
     report = progress or (lambda fraction, message: None)
-    train_seconds = DEFAULT_TRAIN_SECONDS if train_seconds is None else float(train_seconds)
     tokenizer = tok.build_tokenizer()
     cfg = config or TinyLingConfig()
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    report(0.0, "training tiny-ling")
+    report(0.0, f"training {spec.name} ({spec.steps} steps, seed {spec.seed})")
     with _torch_threads():
-        torch.manual_seed(seed)
+        torch.manual_seed(spec.seed)
         model = TinyLingForCausalLM(cfg)
-        stats = train(model, tokenizer, seed=seed, train_seconds=train_seconds, progress=lambda f, m: report(0.97 * f, m), max_steps=max_steps)
-    cfg.sparkit = {"builder_version": BUILDER_VERSION, "seed": seed, **stats}
-    report(0.98, "saving")
-    save_checkpoint(model, directory)
-    tokenizer.save_pretrained(str(directory))
-    tok.add_template_to_config(directory)
-    (directory / MARKER).write_text(json.dumps({"builder_version": BUILDER_VERSION, "seed": seed, **stats}, indent=2) + "\n")
-    return stats
+        stats = train(model, tokenizer, seed=spec.seed, steps=spec.steps, stop_after=stop_after,
+                      progress=lambda f, m: report(0.9 * f, m))
+        report(0.91, "saving")
+        cfg.torch_dtype = "bfloat16"
+        marker = {**spec.key(), **stats}
+        cfg.sparkit = dict(marker)
+        save_checkpoint(model, directory)
+        tokenizer.save_pretrained(str(directory))
+        tok.add_template_to_config(directory)
+        if gate is not None:
+            report(0.93, "quality gate: held-out loss and NEXTN accept length of the saved weights")
+            figures = measure_quality(directory, seed=spec.seed)
+            marker["quality"] = figures
+            problems = []
+            if figures["heldout_loss"] > gate.max_heldout_loss:
+                problems.append(f"held-out loss {figures['heldout_loss']:.3f} nats/token > {gate.max_heldout_loss}")
+            if figures["accept_length"] < gate.min_accept_length:
+                problems.append(f"NEXTN accept length {figures['accept_length']:.2f} < {gate.min_accept_length}")
+            if gate.greetings_answered and figures["unanswered_greetings"]:
+                problems.append(f"no reply to {', '.join(map(repr, figures['unanswered_greetings']))}")
+            if problems:
+                raise WeakModelError(
+                    f"the trained {spec.name} is too weak to use: " + "; ".join(problems) + " (not cached)",
+                    hint="the builder or the corpus changed without retuning DEFAULT_TRAIN_STEPS; "
+                         "rebuild with more steps (`sparkit model make-tiny --steps N`)",
+                )
+    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return marker
 
 
-def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress, batch_size: int = 16, seq_len: int = 128,
-          max_steps: int | None = None) -> dict:
-    """AdamW on packed corpus sequences until `train_seconds` have passed (at least a few steps).
-    The data order depends only on the seed; the number of steps depends on the machine."""
+def train(model, tokenizer, seed: int, steps: int, progress: Progress, batch_size: int = 16, seq_len: int = 128,
+          stop_after: int | None = None) -> dict:
+    """AdamW on packed corpus sequences for `steps` steps (warm-up, then cosine decay over the
+    steps). Everything depends on (seed, steps) only, so the result is the same on any load."""
     import math
+    import time
 
     import torch
 
@@ -132,15 +271,13 @@ def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress,
     stream = token_stream(tokenizer, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
     peak_lr, warmup = 3e-3, 20
+    end = steps if stop_after is None else min(steps, stop_after)
     model.train()
     started = time.monotonic()
-    step, loss_main, loss_mtp = 0, float("nan"), float("nan")
-    while True:
-        elapsed = time.monotonic() - started
-        if (elapsed >= train_seconds and step >= 1) or (max_steps is not None and step >= max_steps):
-            break
-        fraction = min(1.0, elapsed / max(train_seconds, 1e-9)) if max_steps is None else step / max_steps
-        # warmup, then cosine decay over the time budget (the budget is wall time, not steps)
+    loss_main = loss_mtp = float("nan")
+    trajectory: dict[str, str] = {}
+    for step in range(end):
+        fraction = step / steps
         lr = peak_lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * fraction)))
         for group in opt.param_groups:
             group["lr"] = lr
@@ -150,56 +287,140 @@ def train(model, tokenizer, seed: int, train_seconds: float, progress: Progress,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
         loss_main, loss_mtp = float(lm), float(lmtp)
-        if step % 5 == 0:
-            progress(fraction, f"step {step}  loss {loss_main:.3f}  mtp loss {loss_mtp:.3f}")
+        done = step + 1
+        if done in TRAJECTORY_STEPS:
+            trajectory[str(done)] = parameter_hash(model)
+        if done % 5 == 0 or done == end:
+            progress(done / steps, f"step {done}/{steps}  loss {loss_main:.3f}  mtp loss {loss_mtp:.3f}")
     model.eval()
-    return {"train_steps": step, "train_seconds": round(time.monotonic() - started, 1),
+    return {"train_steps": end, "train_seconds": round(time.monotonic() - started, 1),
             "final_loss": round(loss_main, 4), "final_mtp_loss": round(loss_mtp, 4),
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()), "trajectory": trajectory}
 
 
-def save_checkpoint(model, directory: Path) -> None:
+def parameter_hash(model) -> str:
+    """sha256 of every parameter's float32 bytes in state-dict order (first 16 hex digits)."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def measure_quality(directory: Path, seed: int = 0, heldout_sequences: int = 8, prompts: int = 12) -> dict:
+    """Held-out loss (next-token, nats/token) and greedy NEXTN 3/1/4 accept length of the saved
+    checkpoint, through the embedded engine (what `sparkit up` will serve)."""
+    import torch
+    import torch.nn.functional as F
+
+    from sparkit.engines.embedded.api import SamplingParams
+    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts, token_stream
+    from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
+
+    _, model = load_checkpoint(directory)
+    from sparkit.engines.embedded.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(directory)
+    stream = token_stream(tokenizer, seed=10_000 + seed)  # documents the training never saw
+    batch = torch.tensor([[next(stream) for _ in range(129)] for _ in range(heldout_sequences)])
+    with torch.inference_mode():
+        logits = model.logits(model.forward_hidden(batch[:, :-1]))
+        loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)))
+    engine = EmbeddedEngine(EngineConfig(model_path=str(directory), device="cpu", lm_head_dtype="bf16",
+                                         speculative_algorithm="NEXTN", speculative_num_steps=3))
+    tokens = verify_steps = 0
+    params = SamplingParams(temperature=0.0, max_new_tokens=48)
+    for prompt in sample_prompts(prompts, seed=20_000 + seed):
+        for step in engine.generate(prompt_ids(tokenizer, prompt), params, lambda: False):
+            if step.verify_step:
+                verify_steps += 1
+                tokens += len(step.token_ids)
+    accept = tokens / verify_steps if verify_steps else 0.0
+    unanswered = []
+    short = SamplingParams(temperature=0.0, max_new_tokens=8)
+    for text in greeting_probes():
+        ids = prompt_ids(tokenizer, {"kind": "chat", "messages": [{"role": "user", "content": text}]})
+        reply = [t for step in engine.generate(ids, short, lambda: False) for t in step.token_ids]
+        if not reply or reply[0] == tokenizer.eos_token_id:
+            unanswered.append(text)
+    return {"heldout_loss": round(loss, 4), "accept_length": round(accept, 3),
+            "greetings": len(greeting_probes()), "unanswered_greetings": unanswered,
+            "probe": f"{prompts} held-out prompts, greedy NEXTN 3/1/4, {verify_steps} verify steps"}
+
+
+def greeting_probes() -> list[str]:
+    """Each first message of the corpus's small talk, bare and with the usual punctuation."""
+    from sparkit.engines.embedded.corpus import SMALL_TALK
+
+    out = []
+    for prompts, _ in SMALL_TALK:
+        for text in prompts:
+            out += [text, text + "!", text + "?", text.lower()]
+    return out
+
+
+def save_checkpoint(model, directory: Path, dtype: str = "bfloat16") -> None:
+    import torch
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    model.config.torch_dtype = dtype
     model.config.save(directory)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    target = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    state = {k: v.detach().to(target).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
 
 
 def load_checkpoint(directory: str | Path):
-    """(config, model on CPU in float32) from a checkpoint directory; unreadable or inconsistent
-    files raise LaunchError naming the file."""
+    """(config, model on CPU in float32) from a checkpoint directory: sparkit's own layout, or a
+    Hugging Face BailingMoeV2 export of it (sparkit.engines.embedded.hf_checkpoint). Unreadable
+    or inconsistent files raise LaunchError naming the file."""
     import torch
 
+    from sparkit.engines.embedded import hf_checkpoint
     from sparkit.engines.embedded.model import MODEL_CLASS, TinyLingConfig, TinyLingForCausalLM
 
     directory = Path(directory)
-    config_path, weights_path = directory / "config.json", directory / WEIGHTS
+    config_path = directory / "config.json"
     if not directory.is_dir():
         raise LaunchError(f"model directory {directory} does not exist", hint="build one with `sparkit model make-tiny`")
     try:
         raw = json.loads(config_path.read_text())
-        if MODEL_CLASS not in raw.get("architectures", []):
-            raise ValueError(f"architectures {raw.get('architectures')} does not include {MODEL_CLASS}")
-        cfg = TinyLingConfig.from_dict(raw)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        architectures = raw.get("architectures") or []
+        is_hf = hf_checkpoint.HF_ARCHITECTURE in architectures
+        if not is_hf and MODEL_CLASS not in architectures:
+            raise ValueError(f"architectures {architectures} includes neither {MODEL_CLASS} nor {hf_checkpoint.HF_ARCHITECTURE}")
+        cfg = hf_checkpoint.tiny_config_from_hf(raw) if is_hf else TinyLingConfig.from_dict(raw)
     except (OSError, ValueError, TypeError) as exc:
         raise LaunchError(f"cannot read model config {config_path}: {exc}") from None
     try:
         from safetensors.torch import load_file
 
-        state = load_file(str(weights_path))
+        weights_files = sorted(directory.glob("*.safetensors")) if is_hf else [directory / WEIGHTS]
+        if not weights_files:
+            raise FileNotFoundError(f"no *.safetensors file in {directory}")
+        state = {}
+        for path in weights_files:
+            weights_path = path
+            state.update(load_file(str(path)))
     except Exception as exc:  # safetensors raises several types for truncated/garbled files
-        raise LaunchError(f"cannot read checkpoint {weights_path}: {exc}", hint="rebuild it with `sparkit model make-tiny`") from None
+        where = weights_path if "weights_path" in locals() else directory
+        raise LaunchError(f"cannot read checkpoint {where}: {exc}", hint="rebuild it with `sparkit model make-tiny`") from None
+    if is_hf:
+        try:
+            state = hf_checkpoint.state_dict_from_hf(state, cfg)
+        except KeyError as exc:
+            raise LaunchError(f"checkpoint {directory} lacks the tensor {exc.args[0]} that {config_path} implies") from None
     model = TinyLingForCausalLM(cfg)
     try:
         model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0:3]
-        raise LaunchError(f"checkpoint {weights_path} does not match {config_path}: {' '.join(first)}") from None
+        raise LaunchError(f"checkpoint {weights_files[0]} does not match {config_path}: {' '.join(first)}") from None
     model.eval()
     return cfg, model
 
@@ -210,18 +431,17 @@ def _check_name(name: str) -> None:
 
 
 class _torch_threads:
-    """Cap torch's intra-op threads during training (the machine is usually shared)."""
+    """Train on TRAIN_THREADS intra-op threads ($SPARKIT_TRAIN_THREADS overrides)."""
 
     def __enter__(self):
         import torch
 
         self.saved = torch.get_num_threads()
-        # On a busy machine extra intra-op threads spin against other processes and make each
-        # step several times slower, so use only the cores that are idle right now.
-        cores = os.cpu_count() or 1
-        idle = cores - round(os.getloadavg()[0])
-        wanted = int(os.environ.get("SPARKIT_TRAIN_THREADS", "0")) or max(1, min(cores, idle))
-        torch.set_num_threads(max(1, wanted))
+        wanted = TRAIN_THREADS
+        raw = os.environ.get(TRAIN_THREADS_ENV, "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            wanted = int(raw)
+        torch.set_num_threads(wanted)
 
     def __exit__(self, *exc):
         import torch

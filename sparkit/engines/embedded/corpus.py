@@ -1,5 +1,7 @@
-"""tiny-ling's deterministic synthetic corpus: grammar sentences, arithmetic, counting and short
-Q/A turns in the chat format. Same seed, same documents, same order.
+"""tiny-ling's deterministic synthetic corpus: grammar sentences, arithmetic, counting, short
+Q/A turns in the chat format, and the first messages people type into a chat (greetings, "who are
+you?", "help", thanks) so that a first `sparkit chat` gets an answer. Same seed, same documents,
+same order.
 
 Documents are plain strings; chat documents contain the role/eos special tokens literally and
 are tokenised with special-token parsing (see `encode_document`).
@@ -17,6 +19,7 @@ PLACES = ["in the park", "at home", "near the lake", "on the hill", "by the road
 COLORS = ["red", "blue", "green", "yellow", "white", "black"]
 THINGS = ["apples", "books", "cups", "stones", "coins", "birds"]
 NAMES = ["Ann", "Bob", "Tom", "Lily", "Sam", "Mia"]
+NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 
 
 def _sentence(rng: random.Random) -> str:
@@ -41,15 +44,57 @@ def _counting(rng: random.Random) -> str:
     return "Count: " + " ".join(str(start + i) for i in range(n)) + "."
 
 
+# First messages of a chat, each with the answer tiny-ling learns for it.
+SMALL_TALK = (
+    (("Hello", "Hi", "Hey", "Hi there", "Hello there", "Good morning", "Good evening", "Greetings", "Yo"),
+     "Hello! I am tiny-ling. Ask me to add or to count."),
+    (("How are you", "How are you doing", "How is it going", "What's up"),
+     "I am fine, thanks. Ask me a sum."),
+    (("Who are you", "What is your name", "What are you", "Introduce yourself"),
+     "I am tiny-ling, a tiny test model made by sparkit."),
+    (("What can you do", "Help", "Can you help me", "What do you know"),
+     "I can add numbers and count. Try: What is 3 plus 4?"),
+    (("Thanks", "Thank you", "Thank you very much", "Great", "Nice"),
+     "You are welcome!"),
+    (("Bye", "Goodbye", "See you", "Good night"),
+     "Goodbye!"),
+    (("Tell me a joke", "Say something funny"),
+     "Why did the cat sit on the computer? To watch the mouse."),
+    (("Test", "Testing", "Ping", "Are you there"),
+     "Yes, I am here."),
+)
+
+
+def _small_talk(rng: random.Random) -> tuple[str, str]:
+    prompts, answer = rng.choice(SMALL_TALK)
+    text = rng.choice(prompts)
+    style = rng.random()
+    if style < 0.25:
+        text = text.lower()
+    elif style < 0.3:
+        text = text.upper()
+    ending = rng.choice(("", "!", "?", ".", "!!", " :)"))
+    if text.lower().startswith(("how", "who", "what", "can", "are")):
+        ending = rng.choice(("?", "", "?"))
+    return text + ending, answer
+
+
 def _qa(rng: random.Random) -> tuple[str, str]:
-    kind = rng.randrange(4)
+    if rng.random() < 0.4:
+        return _small_talk(rng)
+    kind = rng.randrange(5)
+    if kind == 4:
+        start, shown = rng.randint(0, 6), rng.randint(2, 4)
+        words = NUMBER_WORDS[start : start + shown + 4]
+        return f"count: {' '.join(words[:shown])}", " ".join(words[shown:]) + "."
     if kind == 0:
         a, b = rng.randint(0, 50), rng.randint(0, 50)
         return f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."
     if kind == 1:
         name, n, thing = rng.choice(NAMES), rng.randint(2, 9), rng.choice(THINGS)
-        m = rng.randint(1, 9)
-        return (f"{name} has {n} {thing} and gets {m} more. How many {thing} does {name} have?",
+        m, verb = rng.randint(1, 9), rng.choice(("gets", "buys", "finds"))
+        question = rng.choice((f"How many {thing} does {name} have?", f"How many {thing}?"))
+        return (f"{name} has {n} {thing} and {verb} {m} more. {question}",
                 f"{name} has {n} + {m} = {n + m} {thing}. The answer is {n + m}.")
     if kind == 2:
         start = rng.randint(1, 20)
@@ -62,11 +107,11 @@ def documents(seed: int = 0) -> Iterator[str]:
     rng = random.Random(seed)
     while True:
         r = rng.random()
-        if r < 0.35:
+        if r < 0.3:
             yield " ".join(_sentence(rng) for _ in range(rng.randint(2, 4)))
-        elif r < 0.55:
+        elif r < 0.48:
             yield " ".join(_arithmetic(rng) for _ in range(rng.randint(2, 4)))
-        elif r < 0.7:
+        elif r < 0.6:
             yield _counting(rng)
         else:
             question, answer = _qa(rng)

@@ -6,6 +6,13 @@ NextN MTP layer that predicts token t+2 from the hidden state at t and the embed
 t+1. The draft (TinyLingForCausalLMNextN) holds *references* to the target's embedding and
 lm_head modules, so whatever the head's quantisation, the draft computes with it.
 
+The function is exactly SGLang 0.5.23's BailingMoeV2 (models/bailing_moe.py and
+bailing_moe_nextn.py) for the config sparkit.engines.embedded.hf_checkpoint writes: fused QKV
+without bias or q/k norms, full-width NeoX RoPE, softmax routing renormalised over the top k, one
+shared expert, no dense layers; and the NextN layer reads what SGLang hands its draft: the
+target's hidden states *after* the final norm, and for a chained draft step its own output after
+its final norm. So one checkpoint serves both engines with the same numbers (up to rounding).
+
 Shapes: activations are [B, T, H]; inference runs B = 1.
 """
 
@@ -521,17 +528,18 @@ class TinyLingForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
 
     def forward_hidden(self, input_ids, cache: KVCache | None = None, start: int = 0):
-        """input_ids [B, T] -> last layer's hidden states [B, T, H] (before the final norm)."""
+        """input_ids [B, T] -> hidden states [B, T, H] after the final norm: what the lm_head
+        reads, and what SGLang's logits processor hands a NextN draft."""
         fast = getattr(self, "_fast", None)
         if fast is not None and cache is not None and not self.training and input_ids.shape[0] == 1:
             x = F.embedding(input_ids[0], self.embed_tokens.weight)
             for i, layer in enumerate(fast):
                 x = layer(x, self.rope, cache, i, start)
-            return x[None]
+            return self.norm(x)[None]
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, self.rope, cache, i, start)
-        return x
+        return self.norm(x)
 
     def prepare_inference(self) -> bool:
         """Build the fast path (FastDecoderLayer) for the target layers and the MTP layer from the
@@ -543,7 +551,8 @@ class TinyLingForCausalLM(nn.Module):
         return self._fast is not None
 
     def logits(self, hidden):
-        return self.lm_head(self.norm(hidden))
+        """Logits of forward_hidden()'s output (already normed)."""
+        return self.lm_head(hidden)
 
     def new_cache(self, max_len: int, dtype=None, device=None) -> KVCache:
         cfg = self.config
@@ -563,13 +572,18 @@ class TinyLingForCausalLMNextN:
         self.nextn, self.embed_tokens, self.lm_head, self.rope, self.config = nextn, embed_tokens, lm_head, rope, config
 
     def forward_hidden(self, hidden, next_ids, cache: KVCache | None = None, start: int = 0, last_only: bool = False):
+        """(normed hidden states at t, ids of the tokens at t+1) -> the draft's hidden states after
+        its final norm: what its lm_head reads and what a chained draft step is fed (SGLang's)."""
         nextn = self.nextn
         if getattr(nextn, "_fast", None) is not None and cache is not None and not nextn.training and hidden.shape[0] == 1:
-            return nextn.fast_forward_ids(hidden, next_ids, self.embed_tokens.weight, self.rope, cache, start, last_only)
-        return nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start, last_only)
+            out = nextn.fast_forward_ids(hidden, next_ids, self.embed_tokens.weight, self.rope, cache, start, last_only)
+        else:
+            out = nextn(hidden, self.embed_tokens(next_ids), self.rope, cache, start, last_only)
+        return nextn.shared_head_norm(out)
 
     def logits(self, mtp_hidden):
-        return self.lm_head(self.nextn.shared_head_norm(mtp_hidden))
+        """Logits of forward_hidden()'s output (already normed)."""
+        return self.lm_head(mtp_hidden)
 
     def new_cache(self, max_len: int, dtype, device) -> KVCache:
         cfg = self.config
@@ -580,10 +594,10 @@ def training_loss(model: TinyLingForCausalLM, batch, mtp_weight: float = 1.0, au
     """Next-token loss of the target + t+2 loss of the NextN layer (fed the target's hidden states,
     detached so that the MTP objective does not disturb the target) + MoE load balancing."""
     inputs = batch[:, :-1]
-    hidden = model.forward_hidden(inputs)
+    hidden = model.forward_hidden(inputs)  # after the final norm, as the draft receives it
     logits = model.logits(hidden)
     loss_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-    # MTP at t: hidden[t] + embed(x[t+1]) -> x[t+2]
+    # MTP at t: normed hidden[t] + embed(x[t+1]) -> x[t+2]
     mtp_hidden = model.mtp(hidden[:, :-1].detach(), model.embed_tokens(batch[:, 1:-1]), model.rope)
     mtp_logits = model.lm_head(model.mtp.shared_head_norm(mtp_hidden))
     loss_mtp = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))

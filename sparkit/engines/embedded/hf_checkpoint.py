@@ -1,0 +1,338 @@
+"""tiny-ling as a Hugging Face BailingMoeV2 checkpoint: what stock SGLang loads with its own
+model code (sglang/srt/models/bailing_moe.py and bailing_moe_nextn.py), and back.
+
+BailingMoeV2 is the closest architecture SGLang 0.5.23 has to Ling-3.0's MoE + shared expert +
+NextN layout with ordinary attention. tiny-ling computes exactly its function for the config
+written here (see sparkit.engines.embedded.model), so the export is a renaming of tensors:
+
+    sparkit (model.safetensors)                 Hugging Face / SGLang
+    embed_tokens                                model.word_embeddings
+    layers.i.self_attn.qkv_proj [q; k; v]       model.layers.i.attention.query_key_value
+    layers.i.self_attn.o_proj                   model.layers.i.attention.dense
+    layers.i.mlp.gate                           model.layers.i.mlp.gate
+    layers.i.mlp.w_gate_up [E, 2I, H]           model.layers.i.mlp.experts.e.{gate_proj, up_proj}
+    layers.i.mlp.w_down [E, H, I]               model.layers.i.mlp.experts.e.down_proj
+    layers.i.mlp.shared_expert.gate_up_proj     model.layers.i.mlp.shared_experts.{gate_proj, up_proj}
+    layers.i.mlp.shared_expert.down_proj        model.layers.i.mlp.shared_experts.down_proj
+    norm, lm_head                               model.norm, lm_head
+    mtp.{enorm, hnorm, eh_proj}                 model.layers.L.{enorm, hnorm, eh_proj}   (L = num layers)
+    mtp.shared_head_norm                        model.layers.L.final_layernorm
+    mtp.decoder.*                               model.layers.L.* (as a decoder layer)
+
+The config is BailingMoeV2's keys at the values tiny-ling implements (no q/k norm, full-width
+NeoX RoPE, softmax top-k routing renormalised, no expert bias, routed scaling 1, one shared
+expert, no dense layers, no tied embeddings); SGLang reads it through a configuration class
+written into the export (`--trust-remote-code`), as real Ling checkpoints ship theirs. Reading
+an HF config back, any key at a value tiny-ling does not implement is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+HF_ARCHITECTURE = "BailingMoeV2ForCausalLM"
+HF_MODEL_TYPE = "bailing_moe"
+CONFIG_MODULE = "configuration_bailing_moe_v2"
+EXPORT_MARKER = ".sparkit-export.json"
+EXPORT_VERSION = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+DTYPES = ("bfloat16", "float32")
+
+# The configuration class SGLang instantiates for the export (AutoConfig via auto_map).
+CONFIG_SOURCE = '''"""BailingMoeV2 configuration for sparkit's tiny-ling export (written by sparkit)."""
+from transformers.configuration_utils import PretrainedConfig
+
+
+class BailingMoeV2Config(PretrainedConfig):
+    model_type = "bailing_moe"
+
+    def __init__(self, pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False, **kwargs):
+        rope_theta = kwargs.pop("rope_theta", 10000.0)
+        rope_parameters = kwargs.pop("rope_parameters", None) or {"rope_type": "default", "rope_theta": rope_theta}
+        known = {k: kwargs.pop(k) for k in list(kwargs) if k in _KEYS}
+        for key, value in {**_DEFAULTS, **known}.items():
+            setattr(self, key, value)
+        self.rope_theta = rope_parameters.get("rope_theta", rope_theta)
+        self.rope_parameters = rope_parameters
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+_DEFAULTS = {
+    "vocab_size": 264, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "hidden_act": "silu",
+    "use_qkv_bias": False, "use_bias": False, "use_qk_norm": False, "rms_norm_eps": 1e-6,
+    "embedding_dropout": 0.0, "max_position_embeddings": 2048, "num_experts": 8,
+    "num_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 0, "topk_group": 0,
+    "moe_intermediate_size": 192, "moe_shared_expert_intermediate_size": 192,
+    "first_k_dense_replace": 0, "norm_topk_prob": True, "score_function": "softmax",
+    "moe_router_enable_expert_bias": False, "routed_scaling_factor": 1.0, "router_dtype": "fp32",
+    "num_nextn_predict_layers": 1, "norm_head": False, "output_router_logits": False,
+}
+_KEYS = set(_DEFAULTS)
+'''
+
+# Keys whose value tiny-ling fixes: (key, required value, what differs otherwise).
+_FIXED = (
+    ("hidden_act", "silu", "the activation"),
+    ("use_qk_norm", False, "q/k RMSNorms"),
+    ("use_bias", False, "biases in the linear layers"),
+    ("use_qkv_bias", False, "a QKV bias"),
+    ("first_k_dense_replace", 0, "dense (non-MoE) first layers"),
+    ("norm_topk_prob", True, "renormalising the top-k routing weights"),
+    ("moe_router_enable_expert_bias", False, "an expert bias (sigmoid routing)"),
+    ("routed_scaling_factor", 1.0, "scaling the routed experts' output"),
+    ("num_shared_experts", 1, "the number of shared experts"),
+    ("num_nextn_predict_layers", 1, "the number of NextN layers"),
+    ("tie_word_embeddings", False, "an lm_head tied to the embedding"),
+    ("norm_head", False, "a normalised lm_head"),
+)
+
+
+def hf_config(cfg) -> dict:
+    """The config.json of the export, from a TinyLingConfig."""
+    return {
+        "architectures": [HF_ARCHITECTURE],
+        "model_type": HF_MODEL_TYPE,
+        "auto_map": {"AutoConfig": f"{CONFIG_MODULE}.BailingMoeV2Config"},
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.moe_intermediate_size,  # dense layers: none (first_k_dense_replace 0)
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_attention_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "use_qkv_bias": False,
+        "use_bias": False,
+        "use_qk_norm": False,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "embedding_dropout": 0.0,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "num_experts": cfg.num_experts,
+        "num_shared_experts": 1,
+        "num_experts_per_tok": cfg.num_experts_per_tok,
+        "n_group": 0,
+        "topk_group": 0,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "moe_shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
+        "first_k_dense_replace": 0,
+        "norm_topk_prob": True,
+        "score_function": "softmax",
+        "moe_router_enable_expert_bias": False,
+        "routed_scaling_factor": 1.0,
+        "router_dtype": "fp32",
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "norm_head": False,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def tiny_config_from_hf(raw: dict):
+    """A TinyLingConfig from an HF BailingMoeV2 config; ValueError naming the first key whose
+    value tiny-ling does not implement."""
+    from sparkit.engines.embedded.model import TinyLingConfig
+
+    for key, want, meaning in _FIXED:
+        if key in raw and raw[key] != want:
+            raise ValueError(f"config key {key}={raw[key]!r}: tiny-ling implements BailingMoeV2 with {key}={want!r} "
+                             f"({meaning} is not supported)")
+    if raw.get("score_function") not in (None, "softmax"):
+        raise ValueError(f"config key score_function={raw['score_function']!r}: only softmax routing is supported")
+    for key in ("n_group", "topk_group"):
+        if raw.get(key):
+            raise ValueError(f"config key {key}={raw[key]!r}: grouped top-k routing is not supported")
+    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"config key partial_rotary_factor={raw['partial_rotary_factor']!r}: only full-width RoPE is supported")
+    heads = raw["num_attention_heads"]
+    if raw.get("num_key_value_heads", heads) != heads:
+        raise ValueError(f"config key num_key_value_heads={raw['num_key_value_heads']!r}: grouped-query attention "
+                         f"is not supported (num_attention_heads={heads})")
+    rope = raw.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"config key rope_parameters.rope_type={rope.get('rope_type')!r}: only default RoPE is supported")
+    try:
+        return TinyLingConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=int(heads),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            num_experts=int(raw["num_experts"]),
+            num_experts_per_tok=int(raw["num_experts_per_tok"]),
+            moe_intermediate_size=int(raw["moe_intermediate_size"]),
+            shared_expert_intermediate_size=int(raw.get("moe_shared_expert_intermediate_size") or raw["moe_intermediate_size"]),
+            num_nextn_predict_layers=1,
+            max_position_embeddings=int(raw["max_position_embeddings"]),
+            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            pad_token_id=raw.get("pad_token_id"),
+            torch_dtype=str(raw.get("torch_dtype", "bfloat16")),
+            sparkit=dict(raw.get("sparkit") or {}),
+        )
+    except KeyError as exc:
+        raise ValueError(f"config key {exc.args[0]} is missing") from None
+
+
+def _layer_to_hf(prefix_in: str, prefix_out: str, state: dict, out: dict, cfg) -> None:
+    inter = cfg.moe_intermediate_size
+    out[f"{prefix_out}.input_layernorm.weight"] = state[f"{prefix_in}.input_layernorm.weight"]
+    out[f"{prefix_out}.post_attention_layernorm.weight"] = state[f"{prefix_in}.post_attention_layernorm.weight"]
+    out[f"{prefix_out}.attention.query_key_value.weight"] = state[f"{prefix_in}.self_attn.qkv_proj.weight"]
+    out[f"{prefix_out}.attention.dense.weight"] = state[f"{prefix_in}.self_attn.o_proj.weight"]
+    out[f"{prefix_out}.mlp.gate.weight"] = state[f"{prefix_in}.mlp.gate.weight"]
+    gate_up, down = state[f"{prefix_in}.mlp.w_gate_up"], state[f"{prefix_in}.mlp.w_down"]
+    for e in range(cfg.num_experts):
+        out[f"{prefix_out}.mlp.experts.{e}.gate_proj.weight"] = gate_up[e, :inter]
+        out[f"{prefix_out}.mlp.experts.{e}.up_proj.weight"] = gate_up[e, inter:]
+        out[f"{prefix_out}.mlp.experts.{e}.down_proj.weight"] = down[e]
+    shared = state[f"{prefix_in}.mlp.shared_expert.gate_up_proj.weight"]
+    half = shared.shape[0] // 2
+    out[f"{prefix_out}.mlp.shared_experts.gate_proj.weight"] = shared[:half]
+    out[f"{prefix_out}.mlp.shared_experts.up_proj.weight"] = shared[half:]
+    out[f"{prefix_out}.mlp.shared_experts.down_proj.weight"] = state[f"{prefix_in}.mlp.shared_expert.down_proj.weight"]
+
+
+def _layer_from_hf(prefix_hf: str, prefix_out: str, hf: dict, out: dict, cfg) -> None:
+    import torch
+
+    out[f"{prefix_out}.input_layernorm.weight"] = hf[f"{prefix_hf}.input_layernorm.weight"]
+    out[f"{prefix_out}.post_attention_layernorm.weight"] = hf[f"{prefix_hf}.post_attention_layernorm.weight"]
+    out[f"{prefix_out}.self_attn.qkv_proj.weight"] = hf[f"{prefix_hf}.attention.query_key_value.weight"]
+    out[f"{prefix_out}.self_attn.o_proj.weight"] = hf[f"{prefix_hf}.attention.dense.weight"]
+    out[f"{prefix_out}.mlp.gate.weight"] = hf[f"{prefix_hf}.mlp.gate.weight"]
+    experts = range(cfg.num_experts)
+    out[f"{prefix_out}.mlp.w_gate_up"] = torch.stack([
+        torch.cat((hf[f"{prefix_hf}.mlp.experts.{e}.gate_proj.weight"], hf[f"{prefix_hf}.mlp.experts.{e}.up_proj.weight"]))
+        for e in experts])
+    out[f"{prefix_out}.mlp.w_down"] = torch.stack([hf[f"{prefix_hf}.mlp.experts.{e}.down_proj.weight"] for e in experts])
+    out[f"{prefix_out}.mlp.shared_expert.gate_up_proj.weight"] = torch.cat(
+        (hf[f"{prefix_hf}.mlp.shared_experts.gate_proj.weight"], hf[f"{prefix_hf}.mlp.shared_experts.up_proj.weight"]))
+    out[f"{prefix_out}.mlp.shared_expert.down_proj.weight"] = hf[f"{prefix_hf}.mlp.shared_experts.down_proj.weight"]
+
+
+def state_dict_to_hf(state: dict, cfg) -> dict:
+    """sparkit tensor names -> the HF BailingMoeV2 names (views of the same tensors)."""
+    out = {"model.word_embeddings.weight": state["embed_tokens.weight"],
+           "model.norm.weight": state["norm.weight"], "lm_head.weight": state["lm_head.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        _layer_to_hf(f"layers.{i}", f"model.layers.{i}", state, out, cfg)
+    nextn = f"model.layers.{cfg.num_hidden_layers}"
+    for mine, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head_norm", "final_layernorm")):
+        out[f"{nextn}.{theirs}.weight"] = state[f"mtp.{mine}.weight"]
+    _layer_to_hf("mtp.decoder", nextn, state, out, cfg)
+    return out
+
+
+def state_dict_from_hf(hf: dict, cfg) -> dict:
+    """The inverse of state_dict_to_hf (KeyError names a missing HF tensor)."""
+    out = {"embed_tokens.weight": hf["model.word_embeddings.weight"],
+           "norm.weight": hf["model.norm.weight"], "lm_head.weight": hf["lm_head.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        _layer_from_hf(f"model.layers.{i}", f"layers.{i}", hf, out, cfg)
+    nextn = f"model.layers.{cfg.num_hidden_layers}"
+    for mine, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head_norm", "final_layernorm")):
+        out[f"mtp.{mine}.weight"] = hf[f"{nextn}.{theirs}.weight"]
+    _layer_from_hf(nextn, "mtp.decoder", hf, out, cfg)
+    return out
+
+
+def is_export(directory: str | Path, source_marker: dict | None = None, dtype: str | None = None) -> bool:
+    """A finished export (of the build whose marker is `source_marker`, in `dtype`, when given)."""
+    try:
+        marker = json.loads((Path(directory) / EXPORT_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or marker.get("export_version") != EXPORT_VERSION:
+        return False
+    if source_marker is not None and marker.get("source") != _source_key(source_marker):
+        return False
+    return dtype is None or marker.get("dtype") == dtype
+
+
+def _source_key(marker: dict) -> dict:
+    return {k: marker.get(k) for k in ("builder_version", "name", "seed", "steps", "trajectory")}
+
+
+def export_hf(source: str | Path, destination: str | Path, dtype: str = "bfloat16") -> dict:
+    """Write tiny-ling at `source` (sparkit's layout) as an HF BailingMoeV2 checkpoint into
+    `destination` (created; must be empty or a previous export). Returns the export marker."""
+    import torch
+    from safetensors.torch import save_file
+
+    from sparkit.engines.embedded.builder import load_checkpoint, read_marker
+    from sparkit.errors import UsageError
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    source, destination = Path(source), Path(destination)
+    if destination.resolve() == source.resolve():
+        raise UsageError(f"the export directory {destination} is the source checkpoint", hint="choose another directory")
+    if destination.exists() and any(destination.iterdir()) and not (destination / EXPORT_MARKER).exists():
+        raise UsageError(f"{destination} exists and is not a sparkit export; refusing to overwrite it",
+                         hint="choose an empty or new directory")
+    cfg, model = load_checkpoint(source)
+    target_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    state = {k: v.detach().to(target_dtype).contiguous() for k, v in model.state_dict().items()}
+    hf_state = {k: v.contiguous() for k, v in state_dict_to_hf(state, cfg).items()}
+    tmp = destination.with_name(f".{destination.name}.exporting")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = hf_config(cfg)
+        config["torch_dtype"] = dtype
+        source_marker = read_marker(source) or {}
+        config["sparkit"] = {"exported_from": _source_key(source_marker)}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / f"{CONFIG_MODULE}.py").write_text(CONFIG_SOURCE)
+        generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, tmp / name)
+        marker = {"export_version": EXPORT_VERSION, "dtype": dtype, "architecture": HF_ARCHITECTURE,
+                  "source": _source_key(source_marker), "source_path": str(source), "tensors": len(hf_state)}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if destination.exists():
+            shutil.rmtree(destination)
+        tmp.rename(destination)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return marker
+
+
+def hf_export_dir(native_dir: str | Path, dtype: str = "bfloat16") -> Path:
+    """Where the cached HF export of a built-in build lives (next to the builds in the cache)."""
+    from sparkit.paths import cache_dir
+
+    return cache_dir() / "models" / f"{Path(native_dir).name}-hf-{dtype}"
+
+
+def ensure_hf_export(source: str | Path, destination: str | Path, dtype: str = "bfloat16") -> Path:
+    """An HF export of the build at `source` in `destination`, made once (under a file lock) and
+    reused while the source build is the same."""
+    import fcntl
+
+    from sparkit.engines.embedded.builder import read_marker
+
+    source, destination = Path(source), Path(destination)
+    marker = read_marker(source) or {}
+    if is_export(destination, marker, dtype):
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with open(destination.parent / f".{destination.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_export(destination, marker, dtype):
+            export_hf(source, destination, dtype)
+    return destination
