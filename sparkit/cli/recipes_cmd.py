@@ -18,12 +18,17 @@ def plan_cmd(
     set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
     port: int | None = typer.Option(None, "--port", help="Port to plan for (default: the recipe's).", min=1, max=65535),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail (exit 4) when the engine's own parser cannot validate the plan here."),
 ) -> None:
     """Show the exact engine launch a recipe compiles to (no GPU needed)."""
+    from sparkit.errors import PreflightError
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     plan = compile_plan(load_recipe(recipe, list(set_)), port=port)
+    if strict and plan.validated_by is None:
+        raise PreflightError(plan.validation_note or "the plan could not be validated by the engine's parser",
+                             hint=_validation_hint(plan))
     if as_json:
         print_json(plan.to_dict())
         return
@@ -61,6 +66,19 @@ def render_plan(plan) -> None:
             out.print(f"  {b['name']} seed {b['seed']} -> {b['dir']}", markup=False)
     for w in plan.warnings:
         err_console().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    if plan.validated_by:
+        out.print(f"\nvalidated by {escape(plan.validated_by)}", highlight=False)
+    else:
+        err_console().print(f"[yellow]note:[/] {escape(plan.validation_note or 'not validated')}", soft_wrap=True)
+        err_console().print(f"[yellow]hint:[/] {escape(_validation_hint(plan))}", soft_wrap=True)
+
+
+def _validation_hint(plan) -> str:
+    if plan.engine == "sglang":
+        from sparkit.engines.sglang.adapter import PARSER_INSTALL_HINT
+
+        return f"to validate here: {PARSER_INSTALL_HINT}; `--strict` makes this an error"
+    return "install the engine's package to validate the plan; `--strict` makes this an error"
 
 
 @recipes_app.command("list")

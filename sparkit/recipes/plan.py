@@ -72,6 +72,10 @@ class LaunchPlan:
     # Environment variable that carries the API key, when the recipe sets one (never the secret).
     api_key_env: str | None = None
     recipe: dict[str, Any] = field(default_factory=dict)  # the fully resolved recipe, for the record
+    # What checked the argv and env against the engine that will run them (None: nothing could,
+    # and validation_note says why and how to get it).
+    validated_by: str | None = None
+    validation_note: str | None = None
 
     @property
     def url(self) -> str:

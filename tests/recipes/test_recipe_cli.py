@@ -63,7 +63,7 @@ def test_recipes_list_show_validate(tmp_path):
     assert "moe_backend: humming" in shown.output and "port: 31000" in shown.output
     assert "spark-baseline.yaml" in shown.output  # the extends chain
     data = json.loads(runner.invoke(app, ["recipes", "show", "tiny-wrong-draft", "--json"]).stdout)
-    assert data["recipe"]["stack"]["speculative"]["draft_model"] == "sparkit:tiny-ling:seed=1"
+    assert data["recipe"]["stack"]["speculative"]["draft_model"] == "sparkit:tiny-ling:seed=1:steps=40"
     assert data["recipe"]["stack"]["lm_head"] == "fp8"  # inherited from tiny
 
     bad = tmp_path / "bad.yaml"
@@ -83,10 +83,12 @@ def test_doctor_reports_a_host_without_gpu_cleanly():
     assert report["host"]["cpu_cores"] >= 1 and report["host"]["ram_total_bytes"] > 0
     engines = {e["name"]: e for e in report["engines"]}
     assert engines["sglang"]["importable"] and engines["sglang"]["version"] == "0.5.23"
-    targets = {t["target"]: t for t in report["targets"]}
-    assert "tiny" in targets["auto"]["recipes"] and targets["auto"]["ok"]
+    targets = {(t["target"], t["engine"]): t for t in report["targets"]}
+    assert "tiny" in targets["auto", "embedded"]["recipes"] and targets["auto", "embedded"]["ok"]
+    assert "tiny/tiny-sglang" in targets["auto", "sglang"]["recipes"]
     if not report["host"]["gpus"]:
-        assert not targets["gb10"]["ok"] and "needs 1 GPU" in targets["gb10"]["why"]
+        assert not targets["gb10", "sglang"]["ok"] and "needs 1 GPU" in targets["gb10", "sglang"]["why"]
+        assert not targets["auto", "sglang"]["ok"]  # SGLang needs a GPU whatever the target
     text = runner.invoke(app, ["doctor"]).output
     assert "engines" in text and "sglang" in text
 
@@ -132,3 +134,48 @@ def test_plan_of_a_tiny_recipe_imports_no_sglang():
     proc = _run(["-c", code])
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY=\n" in proc.stdout
+
+
+_WITHOUT_SGLANG = """
+import sys
+class _NoSGLang:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sglang" or name.startswith("sglang."):
+            raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
+        return None
+sys.meta_path.insert(0, _NoSGLang())
+from sparkit.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def _sparkit_without_sglang(*args: str) -> subprocess.CompletedProcess:
+    """sparkit in a real process where `import sglang` fails, as after the README's set-up."""
+    return subprocess.run([sys.executable, "-c", _WITHOUT_SGLANG, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_plan_without_sglang_prints_the_plan_with_a_note_and_strict_fails_with_exit_4():
+    done = _sparkit_without_sglang("plan", "ling-3.0-flash/spark-optimized")
+    assert done.returncode == 0, done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+    assert "-m sglang.launch_server --model-path inclusionAI/Ling-3.0-flash-fp4" in done.stdout
+    assert "SPARKIT_SGLANG_PLUGIN=1" in done.stdout  # stock 0.5.23 has no FP8 head: the plugin provides it
+    assert "not validated by SGLang's own argument parser" in " ".join(done.stderr.split())
+    assert "pip install --no-deps sglang==0.5.23" in " ".join(done.stderr.split())
+    as_json = _sparkit_without_sglang("plan", "ling-3.0-flash/spark-optimized", "--json")
+    assert as_json.returncode == 0
+    plan = json.loads(as_json.stdout)
+    assert plan["validated_by"] is None and "ModuleNotFoundError" in plan["validation_note"]
+    strict = _sparkit_without_sglang("plan", "ling-3.0-flash/spark-optimized", "--strict")
+    assert strict.returncode == 4 and strict.stdout == ""
+    assert "error: not validated by SGLang's own argument parser" in " ".join(strict.stderr.split())
+    # a recipe mistake is still caught without the parser
+    bad = _sparkit_without_sglang("plan", "ling-3.0-flash/spark-optimized", "--set", "stack.lm_head=fp16")
+    assert bad.returncode == 3 and "stack.lm_head" in bad.stderr
+
+
+def test_plan_with_sglang_says_what_validated_it():
+    result = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--json", "--strict"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["validated_by"].startswith("sglang 0.5.23") and plan["validation_note"] is None

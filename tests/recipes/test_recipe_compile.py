@@ -40,10 +40,38 @@ def test_every_shipped_recipe_plans(name):
     assert plan.command_line().endswith(plan.argv[-1])
 
 
-def test_sglang_recipes_are_the_ling_ladder():
-    assert sorted(SGLANG_RECIPES) == sorted(f"ling-3.0-flash/{n}" for n in (
+def test_sglang_recipes_are_the_ling_ladder_and_tiny_ling_on_sglang():
+    assert sorted(SGLANG_RECIPES) == sorted([f"ling-3.0-flash/{n}" for n in (
         "spark-baseline", "spark-humming", "spark-humming-fp8head", "spark-optimized",
-        "tp4-baseline", "tp4-nextn", "tp4-dspark"))
+        "tp4-baseline", "tp4-nextn", "tp4-dspark")] + [f"tiny/tiny-sglang{n}" for n in (
+        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming")])
+
+
+def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
+    from sparkit.engines.embedded.builder import SHIPPED_DIR
+
+    plan = compile_plan(load_recipe("tiny/tiny-sglang"), port=30555)
+    export = str(cache_dir() / "models" / "tiny-ling-s0-hf-bfloat16")
+    args = plan.argv[plan.argv.index("sglang.launch_server") + 1:]
+    assert args[:2] == ["--model-path", export] and "--trust-remote-code" in args
+    assert plan.model_builds == [{"name": "tiny-ling", "seed": 0, "dir": str(SHIPPED_DIR / "tiny-ling-s0"),
+                                  "export_hf": {"dtype": "bfloat16", "dir": export}}]
+    assert "--disable-prefill-cuda-graph" in args and args[args.index("--cuda-graph-max-bs-decode") + 1] == "4"
+    assert plan.env["SPARKIT_SGLANG_PLUGIN"] == "1" and plan.env["SGLANG_PLUGINS"] == "sparkit"
+    assert plan.expectations.draft_shares_lm_head is True and plan.expectations.min_accept_length == 1.5
+    assert plan.expectations.server_args["moe_runner_backend"] == "triton"
+    assert not plan.warnings
+
+
+def test_tiny_sglang_trap_and_wrong_draft_plans():
+    trap = compile_plan(load_recipe("tiny/tiny-sglang-unshared-head"))
+    assert trap.env["SPARKIT_SHARE_LM_HEAD"] == "0" and trap.expectations.draft_shares_lm_head is True
+    assert any("shared-head trap" in w for w in trap.warnings)
+    wrong = compile_plan(load_recipe("tiny/tiny-sglang-wrong-draft"))
+    draft = str(cache_dir() / "models" / "tiny-ling-s1-n40-hf-bfloat16")
+    assert wrong.argv[wrong.argv.index("--speculative-draft-model-path") + 1] == draft
+    assert wrong.expectations.draft_model == draft
+    assert [(b["seed"], b.get("steps"), b["export_hf"]["dir"]) for b in wrong.model_builds][1] == (1, 40, draft)
 
 
 @pytest.mark.parametrize("name", SGLANG_RECIPES)
@@ -54,20 +82,27 @@ def test_sglang_argv_accepted_by_prepare_server_args(name):
     assert plan.argv[1:3] == ["-m", "sglang.launch_server"]
     parsed = _prepare_server_args(plan.argv[3:])
     spec = r.stack.speculative
-    # What the recipe asked for, read back from sglang's own parse.
-    assert parsed.model_path == r.model.path
+    # What the recipe asked for, read back from sglang's own parse; a built-in model is served
+    # as its Hugging Face export, planned as a build.
+    exports = {b["name"] + (f":seed={b['seed']}" if b["seed"] else "") + (f":steps={b['steps']}" if b.get("steps") else ""):
+               b["export_hf"]["dir"] for b in plan.model_builds if "export_hf" in b}
+
+    def served(path):
+        return exports.get(path.removeprefix("sparkit:"), path) if path and path.startswith("sparkit:") else path
+
+    assert parsed.model_path == served(r.model.path)
     assert parsed.port == 31234 and parsed.host == r.server.host
     assert parsed.tp_size == r.stack.tp and parsed.ep_size == r.stack.ep
     assert parsed.moe_runner_backend == r.stack.moe_backend
     assert parsed.enable_fp32_lm_head == (r.stack.lm_head == "fp32")
     assert parsed.attention_backend == r.stack.attention_backend
     assert parsed.mem_fraction_static == r.server.mem_fraction_static
-    assert parsed.quantization is None  # the checkpoints carry their quantisation
+    assert parsed.quantization == r.stack.quantization  # None: the checkpoints carry their quantisation
     assert parsed.speculative_algorithm == ({"nextn": "NEXTN", "dspark": "DSPARK"}.get(spec.method))
     assert parsed.speculative_num_steps == spec.num_steps
     assert parsed.speculative_eagle_topk == spec.eagle_topk
     assert parsed.speculative_num_draft_tokens == spec.num_draft_tokens
-    assert parsed.speculative_draft_model_path == spec.draft_model
+    assert parsed.speculative_draft_model_path == served(spec.draft_model)
     # The expectations the startup checks read match the parse (NEXTN resolves to EAGLE).
     alias = {"NEXTN": "EAGLE"}
     for key, want in plan.expectations.server_args.items():
@@ -188,8 +223,10 @@ def test_cuda_graph_and_metrics_settings(tmp_path):
 
 
 def test_tiny_compiles_to_the_embedded_engine():
+    from sparkit.engines.embedded.builder import SHIPPED_DIR
+
     plan = compile_plan(load_recipe("tiny"), port=30555)
-    model_dir = str(cache_dir() / "models" / "tiny-ling-s0")
+    model_dir = str(SHIPPED_DIR / "tiny-ling-s0")  # the build that ships with the package
     assert plan.engine == "embedded"
     assert plan.argv[:5] == [sys.executable, "-m", "sparkit.engines.embedded", "--model-path", model_dir]
     args = plan.argv[3:]
@@ -213,9 +250,9 @@ def test_tiny_baseline_and_wrong_draft():
     assert "--speculative-algorithm" not in base.argv and base.expectations.min_accept_length is None
     assert base.argv[base.argv.index("--lm-head-dtype") + 1] == "bf16"
     wrong = compile_plan(load_recipe("tiny/tiny-wrong-draft"))
-    draft_dir = str(cache_dir() / "models" / "tiny-ling-s1")
+    draft_dir = str(cache_dir() / "models" / "tiny-ling-s1-n40")  # not shipped: built before launch
     assert wrong.argv[wrong.argv.index("--speculative-draft-model-path") + 1] == draft_dir
-    assert [b["seed"] for b in wrong.model_builds] == [0, 1]
+    assert [(b["seed"], b.get("steps")) for b in wrong.model_builds] == [(0, None), (1, 40)]
     assert wrong.expectations.draft_model == draft_dir
 
 

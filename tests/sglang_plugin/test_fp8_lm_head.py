@@ -422,3 +422,24 @@ def test_humming_method_without_a_runner_field_reports_humming():
     layer.quant_method = type("Fp8MoEMethod", (), {})()
     moe = report.moe_report(layer, runner_backend="flashinfer_mxfp4")
     assert (moe.runner, moe.expert_weight_format) == ("flashinfer_mxfp4", "fp8")
+
+
+def test_online_humming_experts_report_the_format_their_weight_schema_names():
+    """--quantization humming quantises bf16 experts online (SGLANG_HUMMING_ONLINE_QUANT_CONFIG):
+    the method's class (HummingMoEMethod) says nothing of the format, its layer config's weight
+    schema does (humming.schema.humming.HummingWeightSchema.b_dtype)."""
+    from sparkit.engines.sglang import report
+
+    src = method_source("sglang.srt.layers.quantization.humming", "HummingMoEMethod", "__init__")
+    assert "self.quant_config = quant_config" in src  # what the report reads, in the installed sglang
+    assert "weight_schema" in method_source("sglang.srt.layers.quantization.humming", "HummingLayerQuantizationConfig", "__init__")
+    FusedMoE = type("FusedMoE", (torch.nn.Module,), {})
+    layer = FusedMoE()
+    schema = types.SimpleNamespace(b_dtype="float4e2m1", bs_dtype="float8e8m0", weight_scale_group_size=32)
+    layer.quant_method = type("HummingMoEMethod", (), {})()
+    layer.quant_method.quant_config = types.SimpleNamespace(weight_schema=schema)
+    layer.moe_runner_config = types.SimpleNamespace(runner_backend=types.SimpleNamespace(value="humming"))
+    moe = report.moe_report(layer)
+    assert (moe.quant_method, moe.runner, moe.expert_weight_format) == ("HummingMoEMethod", "humming", "mxfp4")
+    schema.b_dtype = "float8e4m3"
+    assert report.moe_report(layer).expert_weight_format == "fp8"

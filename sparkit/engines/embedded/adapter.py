@@ -1,7 +1,8 @@
 """Embedded-engine adapter: compile a recipe to `python -m sparkit.engines.embedded ...`.
 
-Built-in models (`sparkit:tiny-ling[:seed=N]`) are planned, not built: the plan
-lists them in `model_builds` and the launcher builds them before starting.
+Built-in models (`sparkit:tiny-ling[:seed=N][:steps=S]`) are planned, not built: the plan
+lists them in `model_builds` and the launcher builds them before starting (the default build
+ships with sparkit, so only other seeds or step counts train).
 """
 
 from __future__ import annotations
@@ -15,69 +16,58 @@ from typing import Any
 from sparkit.engines.base import EngineInfo, package_version
 
 BUILTIN_PREFIX = "sparkit:"
-_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?$")
+_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?(?::steps=(?P<steps>[1-9]\d{0,6}))?$")
 BUILTIN_MODELS = ("tiny-ling",)
 
 
-def _fallback_parser() -> argparse.ArgumentParser:
-    """The launch flags documented in sparkit/engines/embedded/api.py, used only while
-    the embedded server (and its own build_arg_parser) is not importable."""
+def embedded_arg_parser() -> argparse.ArgumentParser:
+    """The embedded server's own parser (importable without torch), raising ValueError on errors."""
+    from sparkit.engines.embedded.server import build_arg_parser
 
-    class _Parser(argparse.ArgumentParser):
-        def error(self, message: str):
-            raise ValueError(message)
-
-    p = _Parser(prog="sparkit.engines.embedded", allow_abbrev=False)
-    p.add_argument("--model-path", required=True)
-    p.add_argument("--served-model-name")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--expert-weights", choices=["bf16", "fp8", "mxfp4"])
-    p.add_argument("--lm-head-dtype", choices=["bf16", "fp32", "fp8"])
-    p.add_argument("--lm-head-exact-top-k", type=int)
-    p.add_argument("--dtype", choices=["bfloat16", "float32"])
-    p.add_argument("--speculative-algorithm", choices=["NEXTN", "EAGLE"])
-    p.add_argument("--speculative-num-steps", type=int)
-    p.add_argument("--speculative-eagle-topk", type=int)
-    p.add_argument("--speculative-num-draft-tokens", type=int)
-    p.add_argument("--speculative-draft-model-path")
-    p.add_argument("--draft-lm-head-sharing", choices=["module", "tensor"])
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--api-key")
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-queued-requests", type=int)
-    return p
-
-
-def embedded_arg_parser() -> tuple[argparse.ArgumentParser, str]:
-    """The embedded server's own parser when importable, else the documented flag list."""
-    try:
-        from sparkit.engines.embedded.server import build_arg_parser
-    except ImportError:
-        return _fallback_parser(), "documented flags (sparkit/engines/embedded/api.py)"
     parser = build_arg_parser()
 
     def error(message: str):
         raise ValueError(message)
 
     parser.error = error  # type: ignore[method-assign]
-    return parser, "the embedded server's parser"
+    return parser
 
 
-def parse_builtin(path: str) -> tuple[str, int] | None:
-    """('tiny-ling', seed) for `sparkit:tiny-ling[:seed=N]`; None for other paths."""
+def parse_builtin(path: str) -> tuple[str, int, int | None] | None:
+    """('tiny-ling', seed, steps or None) for `sparkit:tiny-ling[:seed=N][:steps=S]`; None for
+    paths that are not of that form."""
     m = _BUILTIN.match(path)
     if not m:
         return None
-    return m.group("name"), int(m.group("seed") or 0)
+    return m.group("name"), int(m.group("seed") or 0), int(m.group("steps")) if m.group("steps") else None
 
 
-def builtin_dir(name: str, seed: int) -> Path:
-    from sparkit.paths import cache_dir
+def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]], export_dtype: str | None = None) -> str | None:
+    """For `sparkit:tiny-ling[:seed=N]`: record the build (and, for engines that load Hugging Face
+    checkpoints, its HF export) in `builds` and return the directory the engine will load. None
+    for a path that is not a built-in model."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return None
+    from sparkit.engines.embedded.builder import builtin_model_dir
 
-    return cache_dir() / "models" / f"{name}-s{seed}"
+    parsed = parse_builtin(path)
+    if parsed is None or parsed[0] not in BUILTIN_MODELS:
+        raise loaded.error(key, f"unknown built-in model {path!r}",
+                           hint="built-in models: sparkit:tiny-ling, with :seed=N and :steps=S to build another")
+    name, seed, steps = parsed
+    build: dict[str, Any] = {"name": name, "seed": seed}
+    if steps is not None:
+        build["steps"] = steps
+        build["dir"] = str(builtin_model_dir(name, seed, steps))
+    else:
+        build["dir"] = str(builtin_model_dir(name, seed))
+    if export_dtype is not None:
+        from sparkit.engines.embedded.hf_checkpoint import hf_export_dir
+
+        build["export_hf"] = {"dtype": export_dtype, "dir": str(hf_export_dir(build["dir"], export_dtype))}
+    if build not in builds:
+        builds.append(build)
+    return build["export_hf"]["dir"] if export_dtype is not None else build["dir"]
 
 
 class EmbeddedAdapter:
@@ -95,17 +85,7 @@ class EmbeddedAdapter:
         return EngineInfo("embedded", not missing, __version__, detail, extras)
 
     def _model_dir(self, loaded, key: str, path: str, builds: list[dict[str, Any]]) -> str:
-        if path.startswith(BUILTIN_PREFIX):
-            parsed = parse_builtin(path)
-            if parsed is None or parsed[0] not in BUILTIN_MODELS:
-                raise loaded.error(key, f"unknown built-in model {path!r}",
-                                   hint="built-in models: sparkit:tiny-ling or sparkit:tiny-ling:seed=N")
-            name, seed = parsed
-            directory = str(builtin_dir(name, seed))
-            if not any(b["dir"] == directory for b in builds):
-                builds.append({"name": name, "seed": seed, "dir": directory})
-            return directory
-        return str(Path(path).expanduser())
+        return plan_builtin_model(loaded, key, path, builds) or str(Path(path).expanduser())
 
     def compile(self, loaded, *, port: int | None = None):
         from sparkit.recipes.compile import base_expectations, build_plan
@@ -140,7 +120,7 @@ class EmbeddedAdapter:
         if server.enable_metrics:
             args.append("--enable-metrics")
 
-        parser, parser_name = embedded_arg_parser()
+        parser = embedded_arg_parser()
         for i, item in enumerate(server.extra_args):
             if item.startswith("--") and item.split("=")[0] in args:
                 raise loaded.error(f"server.extra_args.{i}", f"{item.split('=')[0]} is set from the recipe",
@@ -149,7 +129,7 @@ class EmbeddedAdapter:
             parser.parse_args(["--model-path", "x", *server.extra_args])
         except (ValueError, SystemExit) as exc:
             raise loaded.error("server.extra_args", f"the embedded engine rejects the pass-through flags: {exc}",
-                               hint=f"flags are checked against {parser_name}") from None
+                               hint="`python -m sparkit.engines.embedded --help` lists the flags") from None
         args += list(server.extra_args)
         _check_with_engine(loaded, parser, args)
         if model_dir and model_dir.startswith("-"):
@@ -196,6 +176,7 @@ class EmbeddedAdapter:
         plan = build_plan(loaded, engine="embedded", argv=argv, env=env, port=port, expectations=expectations,
                           provisions=provisions, warnings=warnings, served_model_name=served)
         plan.model_builds = builds
+        plan.validated_by = "the embedded server's own argument parser and flag rules"
         return plan
 
 
@@ -205,10 +186,8 @@ def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str])
         namespace = parser.parse_args(args)
     except (ValueError, SystemExit) as exc:
         raise loaded.error("stack", f"the embedded engine rejects the compiled command: {exc}") from None
-    try:
-        from sparkit.engines.embedded.server import validate_args
-    except ImportError:
-        return
+    from sparkit.engines.embedded.server import validate_args
+
     problems = validate_args(namespace)
     if problems:
         raise loaded.error("stack", "the embedded engine rejects the compiled command: " + "; ".join(problems))

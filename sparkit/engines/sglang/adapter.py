@@ -53,6 +53,22 @@ class ParserRejected(Exception):
     """sglang's argparse parser refused the arguments; str() is its own message."""
 
 
+# How to get the validation on a machine without a GPU (sglang-facts.md §1).
+PARSER_INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 plus its parser's pure-Python imports "
+                       "(torch numpy orjson psutil pybase64 requests packaging pillow starlette msgspec "
+                       "pydantic pyzmq tqdm IPython aiohttp triton), or plan on the machine that serves")
+
+
+@functools.cache
+def parser_unavailable() -> str | None:
+    """None when sglang's own argument parser imports here, else why not (one line)."""
+    try:
+        from sglang.srt.server_args import ServerArgs  # noqa: F401
+    except Exception as exc:  # ImportError, or a dependency of sglang failing to import
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
 @functools.cache
 def server_arg_parser():
     """sglang's own server-args parser, raising ParserRejected instead of exiting."""
@@ -120,12 +136,24 @@ class SGLangAdapter:
         r = loaded.recipe
         stack, server, spec = r.stack, r.server, r.stack.speculative
         warnings: list[str] = []
-        self._check_choices(loaded)
+        unavailable = parser_unavailable()
+        if unavailable is None:
+            self._check_choices(loaded)
 
-        args: list[str] = ["--model-path", r.model.path]
+        from sparkit.engines.embedded.adapter import plan_builtin_model
+
+        # sparkit's built-in tiny-ling reaches SGLang as its Hugging Face BailingMoeV2 export, whose
+        # configuration class travels with it (hence --trust-remote-code).
+        builds: list[dict[str, Any]] = []
+        model_path = plan_builtin_model(loaded, "model.path", r.model.path, builds, export_dtype="bfloat16") or r.model.path
+        draft_path = spec.draft_model
+        if draft_path:
+            draft_path = plan_builtin_model(loaded, "stack.speculative.draft_model", draft_path, builds,
+                                            export_dtype="bfloat16") or draft_path
+        args: list[str] = ["--model-path", model_path]
         if r.model.served_name:
             args += ["--served-model-name", r.model.served_name]
-        if r.model.trust_remote_code:
+        if r.model.trust_remote_code or builds:
             args.append("--trust-remote-code")
         if r.model.context_length:
             args += ["--context-length", str(r.model.context_length)]
@@ -144,10 +172,10 @@ class SGLangAdapter:
             if spec.num_steps is not None:
                 args += ["--speculative-num-steps", str(spec.num_steps), "--speculative-eagle-topk", str(spec.eagle_topk),
                          "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-            if spec.draft_model:
-                args += ["--speculative-draft-model-path", spec.draft_model]
+            if draft_path:
+                args += ["--speculative-draft-model-path", draft_path]
         elif spec.method == "dspark":
-            args += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", spec.draft_model]
+            args += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft_path]
         if stack.attention_backend:
             args += ["--attention-backend", stack.attention_backend]
         if stack.tp != 1:
@@ -160,6 +188,8 @@ class SGLangAdapter:
             args += ["--max-running-requests", str(server.max_running_requests)]
         if not server.cuda_graph.enabled:
             args += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+        elif not server.cuda_graph.prefill:
+            args.append("--disable-prefill-cuda-graph")
         if server.cuda_graph.max_bs_decode:
             args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph.max_bs_decode)]
         if server.cuda_graph.max_bs_prefill:
@@ -169,16 +199,27 @@ class SGLangAdapter:
         port = port if port is not None else server.port
         args += ["--host", server.host, "--port", str(port)]
 
-        warnings += self._check_passthrough(loaded)
+        if unavailable is None:
+            warnings += self._check_passthrough(loaded)
+        else:
+            self._check_passthrough_without_parser(loaded)
         args += list(server.extra_args)
-        try:
-            parse_args(args)
-        except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
-            raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
+        if unavailable is None:
+            try:
+                parse_args(args)
+            except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
+                raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
 
         env = dict(server.env)
-        warnings += self._check_env(loaded)
-        provisions = self._provisions(loaded, env)
+        if unavailable is None:
+            warnings += self._check_env(loaded)
+        from sparkit.engines.sglang.plugin import SHARE_ENV, truthy
+
+        if spec.method == "nextn" and stack.lm_head == "fp8" and SHARE_ENV in env and not truthy(env[SHARE_ENV], default=True):
+            warnings.append(f"server.env.{SHARE_ENV}={env[SHARE_ENV]} leaves the NEXTN draft with the target's FP8 head "
+                            "*tensor* only (stock sglang 0.5.23): the shared-head trap; the draft_lm_head and "
+                            "acceptance checks are expected to fail")
+        provisions = self._provisions(loaded, env, registry=env_registry() if unavailable is None else frozenset())
 
         expectations = base_expectations(r)
         if stack.lm_head == "fp8" and env.get(FP8_LM_HEAD_ENV) == "1":
@@ -198,8 +239,9 @@ class SGLangAdapter:
             for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
                 if getattr(spec, k) is not None:
                     sa[f"speculative_{k}"] = getattr(spec, k)
-            if spec.draft_model:
-                sa["speculative_draft_model_path"] = spec.draft_model
+            if draft_path:
+                sa["speculative_draft_model_path"] = draft_path
+                expectations.draft_model = draft_path
         if stack.attention_backend:
             sa["attention_backend"] = stack.attention_backend
         if server.mem_fraction_static is not None:
@@ -209,8 +251,17 @@ class SGLangAdapter:
         expectations.server_args = sa
 
         argv = [sys.executable, "-m", "sglang.launch_server", *args]
-        return build_plan(loaded, engine="sglang", argv=argv, env=env, port=port, expectations=expectations,
-                          provisions=provisions, warnings=warnings, served_model_name=r.model.served_name or r.model.path)
+        plan = build_plan(loaded, engine="sglang", argv=argv, env=env, port=port, expectations=expectations,
+                          provisions=provisions, warnings=warnings, served_model_name=r.model.served_name or model_path)
+        plan.model_builds = builds
+        if unavailable is None:
+            plan.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
+        else:
+            plan.validation_note = (f"not validated by SGLang's own argument parser: it does not import here "
+                                    f"({unavailable}); the flags and environment variables are unchecked "
+                                    f"against the engine version that will run them, and the FP8 lm_head is "
+                                    f"planned through sparkit's plugin as for stock sglang 0.5.23")
+        return plan
 
     # ------------------------------------------------------------ feature detection
 
@@ -260,6 +311,16 @@ class SGLangAdapter:
             raise loaded.error("server.extra_args", f"sglang {installed_version()} rejects the pass-through flags: {exc}") from None
         return warnings
 
+    def _check_passthrough_without_parser(self, loaded) -> None:
+        """Without sglang's parser only the flags sparkit sets from recipe keys can be recognised
+        (by their spelled-out names)."""
+        flags = {"--" + dest.replace("_", "-"): key for dest, key in MANAGED_DESTS.items()}
+        for i, item in enumerate(loaded.recipe.server.extra_args):
+            name = item.split("=", 1)[0]
+            if name in flags and not (name == "--enable-fp32-lm-head" and loaded.recipe.stack.lm_head == "fp8"):
+                raise loaded.error(f"server.extra_args.{i}", f"{name} is set from the recipe key {flags[name]}",
+                                   hint=f"set {flags[name]} instead of passing the flag")
+
     def _check_env(self, loaded) -> list[str]:
         known = env_registry()
         out = []
@@ -269,7 +330,7 @@ class SGLangAdapter:
                            "(not in sglang.srt.environ.envs); it is passed but has no effect")
         return out
 
-    def _provisions(self, loaded, env: dict[str, str]):
+    def _provisions(self, loaded, env: dict[str, str], registry: frozenset[str]):
         from sparkit.recipes.plan import Provision
 
         r = loaded.recipe
@@ -285,19 +346,21 @@ class SGLangAdapter:
         elif stack.lm_head == "bf16":
             out.append(Provision("lm_head=bf16", "checkpoint", "the checkpoint's lm_head as is"))
         else:
-            if FP8_LM_HEAD_ENV in env_registry():
+            if FP8_LM_HEAD_ENV in registry:
                 env[FP8_LM_HEAD_ENV] = "1"
                 out.append(Provision("lm_head=fp8", "sglang-env", f"{FP8_LM_HEAD_ENV}=1 (in this sglang's registry)"))
                 provider, detail = "sglang-env", "the patched sglang shares the quantised module (set_lm_head_from_target)"
             else:
-                env["SPARKIT_SGLANG_PLUGIN"] = "1"
-                env["SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"] = str(stack.lm_head_exact_top_k)
+                from sparkit.engines.sglang.plugin import ENABLE_ENV, EXACT_TOP_K_ENV
+
+                env[ENABLE_ENV] = "1"
+                env[EXACT_TOP_K_ENV] = str(stack.lm_head_exact_top_k)
                 plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
                 env["SGLANG_PLUGINS"] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
                 out.append(Provision("lm_head=fp8", "sparkit-plugin",
-                                     f"{PLUGIN_ENTRY_POINT} (sglang {installed_version()} has no {FP8_LM_HEAD_ENV})"))
+                                     f"{PLUGIN_ENTRY_POINT} (sglang {installed_version() or '0.5.23, assumed'} has no {FP8_LM_HEAD_ENV})"))
                 out.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "sparkit-plugin",
-                                     f"SPARKIT_FP8_LM_HEAD_EXACT_TOP_K={stack.lm_head_exact_top_k}"))
+                                     f"{EXACT_TOP_K_ENV}={stack.lm_head_exact_top_k}"))
                 provider, detail = "sparkit-plugin", f"{PLUGIN_ENTRY_POINT} gives the NextN draft the target's FP8 lm_head module"
             if spec.method == "nextn":
                 out.append(Provision("draft_lm_head=shared", provider, detail))

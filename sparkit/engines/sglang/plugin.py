@@ -13,7 +13,10 @@ Enabled, it registers AFTER hooks on (dotted paths checked against sglang 0.5.23
   (SGLang only does that for drafts with set_lm_head_from_target, which Ling's NextN lacks), log
   it, and rewrite the report with the draft.
 SPARKIT_FP8_LM_HEAD=0 keeps the report and sharing hooks but leaves the lm_head as loaded;
-SPARKIT_FP8_LM_HEAD_EXACT_TOP_K sets the exact re-scoring (sparkit.kernels.fp8_linear; 0 = off).
+SPARKIT_FP8_LM_HEAD_EXACT_TOP_K sets the exact re-scoring (sparkit.kernels.fp8_linear; 0 = off);
+SPARKIT_SHARE_LM_HEAD=0 converts the head but leaves the draft as stock SGLang leaves it (with the
+target's weight *tensor* only): the seed's trap, reproduced on the real engine for the checks to
+catch (recipes/tiny/tiny-sglang-unshared-head.yaml).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ FP8_ENV = "SPARKIT_FP8_LM_HEAD"
 # Candidates per row the FP8 head re-scores exactly from the kept bf16 weight (recipe key
 # stack.lm_head_exact_top_k; unset = sparkit.kernels.fp8_linear.DEFAULT_EXACT_TOP_K; 0 = off).
 EXACT_TOP_K_ENV = "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"
+SHARE_ENV = "SPARKIT_SHARE_LM_HEAD"
 
 LOAD_MODEL_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 EAGLE_INIT_LM_HEAD_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
@@ -39,16 +43,26 @@ logger = logging.getLogger("sparkit.sglang")
 _STATE: dict = {"target_runner": None, "drafts": [], "notes": []}
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def truthy(value: str | None, default: bool = False) -> bool:
+    """An environment switch: 1/true/yes/on or 0/false/no/off; anything else is `default`."""
+    text = (value or "").strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    return default
 
 
 def enabled() -> bool:
-    return _truthy(os.environ.get(ENABLE_ENV))
+    return truthy(os.environ.get(ENABLE_ENV))
 
 
 def fp8_enabled() -> bool:
-    return os.environ.get(FP8_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return truthy(os.environ.get(FP8_ENV), default=True)
+
+
+def sharing_enabled() -> bool:
+    return truthy(os.environ.get(SHARE_ENV), default=True)
 
 
 def exact_top_k() -> int:
@@ -168,7 +182,12 @@ def after_init_lm_head(result, worker, *args, **kwargs):
         target = target_runner.model
         drafts = _draft_models(worker)
         shared = []
-        if is_fp8_lm_head(getattr(target, "lm_head", None)):
+        if is_fp8_lm_head(getattr(target, "lm_head", None)) and not sharing_enabled():
+            rank, size = tp_rank_and_size(target_runner)
+            logger.warning("sparkit: online FP8 lm_head enabled (tp rank %d/%d); %s=0: the draft keeps the "
+                           "target's weight tensor only, as stock SGLang leaves it", rank, size, SHARE_ENV)
+            _STATE["notes"].append(f"{SHARE_ENV}=0: the draft lm_head is not shared (stock SGLang behaviour).")
+        elif is_fp8_lm_head(getattr(target, "lm_head", None)):
             shared = [share_lm_head_with_draft(target, d) for d in drafts]
             rank, size = tp_rank_and_size(target_runner)
             if drafts and all(shared):

@@ -61,10 +61,27 @@ def expert_weight_format(quant_method_name: str) -> str:
     return "unknown"
 
 
+# humming's weight dtypes (humming.dtypes names) -> sparkit's expert weight formats.
+_HUMMING_DTYPES = (("float4e2m1", "mxfp4"), ("float8e4m3", "fp8"), ("int4", "int4"), ("uint4", "int4"), ("int8", "int8"))
+
+
+def _humming_format(quant_method) -> str | None:
+    """HummingMoEMethod quantises online from a config: the class name does not say to what, its
+    weight schema does (b_dtype float4e2m1 with e8m0 scales per 32 = MXFP4)."""
+    config = getattr(quant_method, "quant_config", None)
+    schema = getattr(config, "weight_schema", None)
+    dtype = str(getattr(schema, "b_dtype", "") or "").lower()
+    for needle, fmt in _HUMMING_DTYPES:
+        if dtype.startswith(needle):
+            return fmt
+    return None
+
+
 def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
     """The quant method most MoE expert layers use (FusedMoE-like modules: `quant_method` + experts)."""
     methods: Counter[str] = Counter()
     runners: Counter[str] = Counter()
+    formats: Counter[str] = Counter()
     modules = getattr(model, "modules", None)
     if modules is None:
         return None
@@ -75,6 +92,8 @@ def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
             continue
         name = type(qm).__name__
         methods[name] += 1
+        if (humming := _humming_format(qm)) is not None:
+            formats[humming] += 1
         cfg = getattr(module, "moe_runner_config", None)
         backend = getattr(cfg, "runner_backend", None) or getattr(qm, "runner_backend", None)
         if backend is not None:
@@ -82,11 +101,12 @@ def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
     if not methods:
         return None
     method = methods.most_common(1)[0][0]
+    fmt = formats.most_common(1)[0][0] if formats else expert_weight_format(method)
     runner = runners.most_common(1)[0][0] if runners else None
     if runner is None and "humming" in method.lower():
         runner = "humming"  # the humming methods run their own kernels whatever the backend flag says
     runner = runner or runner_backend or "unknown"
-    return MoeReport(expert_weight_format=expert_weight_format(method), quant_method=method, runner=runner)
+    return MoeReport(expert_weight_format=fmt, quant_method=method, runner=runner)
 
 
 def model_report(model, role: str, target_model=None, runner_backend: str | None = None) -> ModelReport:
