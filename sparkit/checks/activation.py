@@ -94,7 +94,16 @@ class ServerEvidence:
 
     @property
     def report(self) -> ActivationReport | None:
+        """Rank 0's report (what every rank shares: model classes, MoE, speculative settings)."""
         return self.reports[0] if self.reports else None
+
+    def missing_ranks(self) -> list[int]:
+        """TP ranks that wrote no report, from the ranks' own tp_size (empty when none wrote)."""
+        if not self.reports:
+            return []
+        size = max(r.tp_size for r in self.reports)
+        have = {r.tp_rank for r in self.reports}
+        return [rank for rank in range(size) if rank not in have]
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -334,10 +343,21 @@ def check_lm_head_dtype(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     draft_dtype: str | None = None
     if rep and rep.target:
         actual = normalise_dtype(rep.target.lm_head.weight_dtype)
-        evidence.append(f"activation report: target lm_head {rep.target.lm_head.weight_dtype} via {rep.target.lm_head.quant_method}")
+        evidence.append(f"activation report: target lm_head {rep.target.lm_head.weight_dtype} via {rep.target.lm_head.quant_method}"
+                        + _ranks_note(ev))
         if rep.draft:
             draft_dtype = normalise_dtype(rep.draft.lm_head.weight_dtype)
             evidence.append(f"activation report: draft lm_head {rep.draft.lm_head.weight_dtype} via {rep.draft.lm_head.quant_method}")
+        # With TP every rank holds its own vocabulary shard of the head: each must be converted.
+        odd = [r for r in ev.reports[1:] if r.target and normalise_dtype(r.target.lm_head.weight_dtype) != actual]
+        if odd:
+            ranks = ", ".join(f"rank {r.tp_rank}: {r.target.lm_head.weight_dtype}" for r in odd)
+            return _result(
+                name, title, Status.FAIL, f"the lm_head shards differ between TP ranks (rank 0: {actual}; {ranks})",
+                evidence=evidence, data={"requested": want, "in_use": actual},
+                cause="part of the vocabulary is computed in another precision than the rest",
+                fix="every rank must run the same lm_head conversion: check the plugin's log line on each rank",
+            )
     args = ev.args or {}
     log = ev.log
     if log is not None and log.fp8_lm_head:
@@ -415,21 +435,46 @@ def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         )
     target, draft = rep.target.lm_head, rep.draft.lm_head
     same_module = draft.module_id == target.module_id
-    shared = bool(draft.shared_with_target) or same_module
+    rank0_shared = bool(draft.shared_with_target) or same_module
     evidence = [
         f"target lm_head module_id={target.module_id} storage={target.storage_ptr} dtype={target.weight_dtype}",
         f"draft lm_head module_id={draft.module_id} storage={draft.storage_ptr} dtype={draft.weight_dtype} shared_with_target={draft.shared_with_target}",
     ]
-    data = {"shared": shared, "same_module": same_module, "same_storage": draft.storage_ptr == target.storage_ptr}
+    # With TP each rank's draft must share that rank's head shard (module ids are per process).
+    unshared_ranks = []
+    for other in ev.reports[1:]:
+        if other.target is None or other.draft is None:
+            unshared_ranks.append(other.tp_rank)
+            continue
+        ot, od = other.target.lm_head, other.draft.lm_head
+        if not (od.shared_with_target or od.module_id == ot.module_id):
+            unshared_ranks.append(other.tp_rank)
+        evidence.append(f"rank {other.tp_rank}: draft shares the target's lm_head: {bool(od.shared_with_target or od.module_id == ot.module_id)}")
+    missing = ev.missing_ranks()
+    if missing:
+        evidence.append(f"no activation report from TP rank(s) {missing}")
+    shared = rank0_shared and not unshared_ranks
+    if rank0_shared and unshared_ranks:
+        evidence.append(f"not shared on TP rank(s) {unshared_ranks}")
+    data = {"shared": shared, "same_module": same_module, "same_storage": draft.storage_ptr == target.storage_ptr,
+            "ranks": len(ev.reports), "unshared_ranks": unshared_ranks, "missing_ranks": missing}
+    if shared == exp.draft_shares_lm_head and missing and exp.draft_shares_lm_head:
+        return _result(
+            name, title, Status.WARN, f"the draft shares the lm_head on the ranks that reported; TP rank(s) {missing} wrote no report",
+            evidence=evidence, data=data, fix="read those ranks' log lines (`sparkit logs RUN`): the plugin writes one report per rank",
+        )
     if shared == exp.draft_shares_lm_head:
         detail = "the draft uses the target's lm_head module" if shared else "the draft has its own lm_head, as the recipe says"
+        if len(ev.reports) > 1:
+            detail += f" (on all {len(ev.reports)} TP ranks)"
         return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
     if exp.draft_shares_lm_head:
         cause = "the draft reads its own copy of the head"
         if normalise_dtype(target.weight_dtype) == "fp8" and normalise_dtype(draft.weight_dtype) != "fp8":
             cause = "the target's head was quantised to FP8 but the draft still reads it through a BF16 method: its drafts are garbage (accept length ~1.0)"
+        where = f" on TP rank(s) {unshared_ranks}" if rank0_shared else ""
         return _result(
-            name, title, Status.FAIL, "the draft does not use the target's lm_head module",
+            name, title, Status.FAIL, "the draft does not use the target's lm_head module" + where,
             evidence=evidence, data=data, cause=cause,
             fix="use an engine that shares the quantised lm_head module with the draft (sparkit plugin / set_lm_head_from_target), or turn the FP8 lm_head off",
         )
@@ -522,6 +567,10 @@ def check_decode_speed(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     if floor is not None:
         detail += f" >= floor {floor:.1f}"
     return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
+
+
+def _ranks_note(ev: ServerEvidence) -> str:
+    return f" (rank 0 of {len(ev.reports)} reports)" if len(ev.reports) > 1 else ""
 
 
 _ENV_NAME = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")

@@ -37,6 +37,14 @@ _READY = re.compile(r"The server is fired up and ready to roll")
 _WARMUP = re.compile(r"Uvicorn running on|Application startup complete|Start(?:ing)? (?:the )?warm ?up\b", re.IGNORECASE)
 _DRAFT_TOKENS_WARN = re.compile(r"speculative_num_draft_tokens.*(?:adjusted|changed|forced|overrid|set to)", re.IGNORECASE)
 _OVERRIDING = re.compile(r"\boverriding\b|\bis changed to\b|\bhas been set to\b|\bforce(?:d|-disabled)\b", re.IGNORECASE)
+# Settings SGLang rewrites and says so at INFO level, e.g. (0.5.23, speculative decoding on):
+# "Max running requests is reset to 48 for speculative decoding. You can override this by ..."
+_RESET = re.compile(r"\b(?:is|are) reset to\b", re.IGNORECASE)
+# "Engine startup timings (s): load_weight=0.14, kv_cache_allocation=2.43, scheduler_e2e=84.40,
+#  cuda_graph={prefill=56.11, decode=0.00, ...}, tokenizer_e2e=113.78" (SGLang 0.5.23)
+_STARTUP_TIMINGS = re.compile(r"Engine startup timings \(s\):\s*(?P<rest>.*)$")
+_TIMING_ITEM = re.compile(r"(?P<key>\w+)=(?:\{(?P<group>[^}]*)\}|(?P<value>[-\d.]+))")
+_TIMESTAMP = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 
 
 @dataclass
@@ -74,6 +82,8 @@ class LogEvidence:
     ready: bool = False
     rewrites: list[str] = field(default_factory=list)  # warnings where the engine changed a setting
     lines: dict[str, str] = field(default_factory=dict)  # evidence name -> the log line that proves it
+    # SGLang's own "Engine startup timings (s)" line: {"load_weight": 0.14, "cuda_graph.prefill": 56.11, ...}
+    startup_timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def target_load(self) -> WeightLoad | None:
@@ -201,9 +211,62 @@ def parse_log(text: str) -> LogEvidence:
             )
         if _READY.search(line):
             ev.ready = True
-        if _DRAFT_TOKENS_WARN.search(line) or (_OVERRIDING.search(line) and "WARN" in line.upper()):
+        if m := _STARTUP_TIMINGS.search(line):
+            ev.startup_timings = parse_startup_timings(m.group("rest"))
+            ev.lines["startup_timings"] = line.strip()
+        if _DRAFT_TOKENS_WARN.search(line) or _RESET.search(line) or (_OVERRIDING.search(line) and "WARN" in line.upper()):
             ev.rewrites.append(line.strip())
     return ev
+
+
+def parse_startup_timings(rest: str) -> dict[str, float]:
+    """`load_weight=0.14, ..., cuda_graph={prefill=56.11, decode=0.00}` -> a flat dict
+    ({"load_weight": 0.14, "cuda_graph.prefill": 56.11, ...})."""
+    out: dict[str, float] = {}
+    for m in _TIMING_ITEM.finditer(rest):
+        if m.group("group") is not None:
+            for inner in _TIMING_ITEM.finditer(m.group("group")):
+                if inner.group("value") is not None:
+                    out[f"{m.group('key')}.{inner.group('key')}"] = float(inner.group("value"))
+        elif m.group("value") is not None:
+            out[m.group("key")] = float(m.group("value"))
+    return out
+
+
+# Where each startup phase begins, by the first log line that shows it (SGLang's wording; the
+# embedded engine writes the same lines).
+_PHASE_MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loading weights", re.compile(r"Load weight begin\b")),
+    ("allocating the KV cache", re.compile(r"KV Cache is allocated|Memory pool end")),
+    ("capturing CUDA graphs", re.compile(r"Capture .*graph begin", re.IGNORECASE)),
+    ("HTTP server up, warming up", re.compile(r"Uvicorn running on|Embedded engine HTTP server listening")),
+    ("ready", _READY),
+)
+
+
+def phase_timeline(text: str) -> list[tuple[str, float]]:
+    """(phase, seconds from the log's first timestamped line) for each startup phase the log
+    reached, in order: what a start spent its time on. Needs SGLang's `[YYYY-mm-dd HH:MM:SS]`
+    line prefix; a log without it gives []."""
+    from datetime import datetime
+
+    first: datetime | None = None
+    marks: list[tuple[str, float]] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        ts = _TIMESTAMP.match(line)
+        if not ts:
+            continue
+        when = datetime.fromisoformat(ts.group("ts"))
+        if first is None:
+            first = when
+        if _SERVER_ARGS.search(line):
+            continue
+        for phase, pattern in _PHASE_MARKS:
+            if phase not in seen and pattern.search(line):
+                seen.add(phase)
+                marks.append((phase, (when - first).total_seconds()))
+    return marks
 
 
 # -- /server_info ------------------------------------------------------------------------------
@@ -333,6 +396,20 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
 ]
 
 
+_MISSING_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
+# What provides a module an engine imports only on some paths (seen on the H200 with SGLang 0.5.23).
+_MODULE_FIXES = {
+    "flash_mla": "pip install sgl-flash-mla (SGLang's NEXTN/EAGLE draft imports it to capture CUDA graphs), "
+                 "or set server.cuda_graph.enabled: false",
+    "humming": "pip install humming-kernels (the humming MoE backend and quantization)",
+    "cuda": "pip install cuda-bindings (humming compiles its kernels through NVRTC)",
+    "flashinfer": "pip install flashinfer-python, or choose another attention / MoE / sampling backend",
+    "cutlass": "pip install nvidia-cutlass-dsl (SGLang's CuTe DSL kernels)",
+}
+# The exception that ended a traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
+_EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:[\w.]+\.)?(?P<kind>\w*(?:Error|Exception))(?::\s*(?P<message>.*))?$")
+
+
 def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
     """Name the most likely cause of a failed start from the log's last lines."""
     lines = log_text.splitlines()
@@ -340,6 +417,25 @@ def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
         for line in reversed(lines[-400:]):
             if pattern.search(line):
                 return Diagnosis(cause, detail, hint, line.strip())
+        if cause == "engine not installed":  # next most telling: any other missing module
+            for line in reversed(lines[-400:]):
+                # SGLang 0.5.23 logs the optional models it skips: "Ignore import error when loading
+                # sglang.srt.models.midashenglm: No module named 'torchaudio.functional'" (benign)
+                if "Ignore import error" in line:
+                    continue
+                if m := _MISSING_MODULE.search(line):
+                    module = m.group("module")
+                    fix = _MODULE_FIXES.get(module.split(".")[0], f"install the package that provides the Python module {module}")
+                    return Diagnosis("missing Python module", f"the engine imports {module}, which is not installed",
+                                     fix, line.strip())
+    for line in reversed(lines[-400:]):
+        if m := _EXCEPTION_LINE.match(line.strip()):
+            return Diagnosis(
+                "engine error",
+                f"the engine raised {m.group('kind')}" + (f": {m.group('message')}" if m.group("message") else ""),
+                "read the traceback above it in the log (`sparkit logs RUN` shows the whole log)",
+                line.strip(),
+            )
     if returncode is not None and returncode in (-9, 137):
         return Diagnosis(
             "killed",

@@ -271,3 +271,34 @@ def test_evaluate_runs_every_check_once():
 
 def test_compare_args_reports_nothing_when_equal():
     assert compare_args(make_plan(), resolved().args) == []
+
+
+def _rank(rep: ActivationReport, rank: int, size: int) -> ActivationReport:
+    import dataclasses
+
+    return dataclasses.replace(rep, tp_rank=rank, tp_size=size)
+
+
+def test_tp_every_rank_must_share_its_own_head_shard():
+    """TP2: each rank converts its vocabulary shard and its draft must share that rank's module;
+    one unshared rank fails the check naming it, a missing rank's report is a warning."""
+    plan = make_plan(tp=2)
+    both = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(), 1, 2)])
+    result = check_shared_lm_head(plan, both)
+    assert result.status == Status.PASS and "all 2 TP ranks" in result.detail
+    one_bad = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(shared=False), 1, 2)])
+    result = check_shared_lm_head(plan, one_bad)
+    assert result.status == Status.FAIL and "on TP rank(s) [1]" in result.detail
+    assert result.data["unshared_ranks"] == [1]
+    rank0_only = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2)])
+    result = check_shared_lm_head(plan, rank0_only)
+    assert result.status == Status.WARN and "TP rank(s) [1] wrote no report" in result.detail
+
+
+def test_tp_lm_head_shards_in_different_dtypes_fail():
+    plan = make_plan(tp=2)
+    mixed = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(head_dtype="bfloat16"), 1, 2)])
+    result = check_lm_head_dtype(plan, mixed)
+    assert result.status == Status.FAIL and "rank 1: bfloat16" in result.detail
+    same = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(), 1, 2)])
+    assert check_lm_head_dtype(plan, same).status == Status.PASS
