@@ -50,7 +50,9 @@ def test_bench_counts_agree_with_the_servers_counters_within_2_percent(start_emb
     server_accept = served_tokens / (after["verify"] - before["verify"])
     assert metrics["accept_length_mean"] > 1.0  # the draft is right often enough to matter
     assert metrics["accept_length_total"] == pytest.approx(server_accept, rel=0.02)
-    assert metrics["accept_length_mean"] == pytest.approx(after["avg_accept"], rel=0.02)
+    # the server's average is tokens / verify steps over every request it served (these four):
+    # the ratio of sums, not the mean of the per-request ratios (which weighs short requests more)
+    assert metrics["accept_length_total"] == pytest.approx(after["avg_accept"], rel=0.02)
     assert doc["summary"]["figures"]["server_accept_length"] == pytest.approx(server_accept, rel=0.02)
 
     # The record says what was measured and where.

@@ -302,7 +302,12 @@ def test_concurrent_clients_get_their_own_greedy_outputs(embedded_server):
     assert concurrent == sequential * 2
 
 
-def test_client_disconnect_frees_the_slot(embedded_server):
+def test_client_disconnect_frees_the_slot(start_embedded_server):
+    # At most ~4 tokens per 10 ms step: the long request needs several seconds however idle the
+    # machine, so a client that leaves after one second must leave most of its budget unspent.
+    embedded_server = start_embedded_server(speculative_algorithm="NEXTN", speculative_num_steps=3,
+                                            speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                                            lm_head_dtype="fp8", debug_step_delay_ms=10)
     context = httpx.get(embedded_server.url + "/model_info", timeout=30).json()["context_length"]
     long_budget = context - 20
     before = _metrics(embedded_server)

@@ -130,7 +130,10 @@ async def test_history_reopens_after_a_restart(embedded_server, tmp_path):
 
 @run_async
 async def test_a_server_killed_mid_reply_keeps_the_partial_text_and_reconnects(start_embedded_server, tmp_path):
-    server = start_embedded_server()
+    # 20 ms per step: the 1500-token reply takes many seconds on any machine, so it is still
+    # streaming when the kill comes (a fast server could otherwise have sent it all to the socket
+    # before the app, busy rendering, has shown its first tokens).
+    server = start_embedded_server(debug_step_delay_ms=20)
     port = int(server.url.rsplit(":", 1)[1])
     app = create_app(server.url, store_path=tmp_path / "chat.sqlite3",
                      settings=ChatSettings(temperature=0.8, max_tokens=1500), health_interval=0.5)

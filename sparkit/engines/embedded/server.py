@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import queue
 import shlex
@@ -80,6 +81,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang parity; /metrics is always on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-queued-requests", type=int, default=None, help="queued requests beyond this get HTTP 503")
+    p.add_argument("--debug-step-delay-ms", type=float, default=0.0, metavar="MS",
+                   help="sleep this long after every decode step (tests of streaming and aborts: an upper bound "
+                        "on the engine's speed that no machine load can lift)")
+    p.add_argument("--torch-threads", type=int, default=0, metavar="N",
+                   help="intra-op threads for the engine (0 = auto: one per 20M parameters, at most the CPU count)")
     return p
 
 
@@ -106,6 +112,10 @@ def validate_args(args: argparse.Namespace) -> list[str]:
         problems.append("--context-length must be >= 2")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
         problems.append("--max-queued-requests must be >= 1")
+    if args.debug_step_delay_ms < 0:
+        problems.append("--debug-step-delay-ms must be >= 0")
+    if args.torch_threads < 0:
+        problems.append("--torch-threads must be >= 0 (0 = auto)")
     return problems
 
 
@@ -323,11 +333,13 @@ class EngineWorker:
         on_loaded: Callable[[Any], None],
         on_ready: Callable[[], None],
         on_failed: Callable[[BaseException], None],
+        step_delay_s: float = 0.0,
     ) -> None:
         self._load_engine = load_engine
         self.speculative = speculative
         self.metrics = metrics
         self.max_queued = max_queued
+        self.step_delay_s = step_delay_s
         self._on_loaded, self._on_ready, self._on_failed = on_loaded, on_ready, on_failed
         self.engine: Any = None
         self.state = "loading"  # loading -> warming -> ready | failed; stopped at shutdown
@@ -423,6 +435,8 @@ class EngineWorker:
         try:
             steps = self.engine.generate(list(job.input_ids), job.params, job.cancel.is_set)
             for step in steps:
+                if self.step_delay_s and not job.internal:
+                    time.sleep(self.step_delay_s)
                 now = time.perf_counter()
                 new_ids = list(step.token_ids)
                 if step.verify_step:
@@ -555,6 +569,16 @@ def check_checkpoint(model_path: Path) -> dict:
     return config
 
 
+def checkpoint_parameters(model_path: Path) -> int:
+    """Parameter count from the safetensors header (0 when unreadable: check_checkpoint names why)."""
+    try:
+        with (Path(model_path) / "model.safetensors").open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def engine_config_values(args: argparse.Namespace, served_name: str) -> dict[str, Any]:
     """Launch flags in the engine's field names (api.py's flag names, snake_case)."""
     return {
@@ -576,7 +600,21 @@ def engine_config_values(args: argparse.Namespace, served_name: str) -> dict[str
     }
 
 
-def load_engine(args: argparse.Namespace, served_name: str) -> Any:
+# Parameters per intra-op thread under --torch-threads auto. A small model's decode step is
+# bound by the number of ops, not by arithmetic: extra threads add synchronisation, and when
+# another process holds a core they spin against it (measured on tiny-ling, 2 cores, one busy
+# process beside the server: 2 threads decode ~4x slower than 1; benchmarks/embedded_contention.py).
+PARAMETERS_PER_THREAD = 20_000_000
+
+
+def auto_torch_threads(parameters: int, cpus: int | None = None) -> int:
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(cpus, -(-int(parameters) // PARAMETERS_PER_THREAD)))
+
+
+def load_engine(args: argparse.Namespace, served_name: str, parameters: int = 0) -> Any:
+    import torch
+
     from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
 
     values = engine_config_values(args, served_name)
@@ -585,6 +623,10 @@ def load_engine(args: argparse.Namespace, served_name: str) -> Any:
         values = {k: v for k, v in values.items() if k in names and v is not None}
     log(f"Load weight begin. model_path={args.model_path}, device={args.device}, expert_weights={args.expert_weights}, lm_head_dtype={args.lm_head_dtype}")
     engine = EmbeddedEngine(EngineConfig(**values))
+    threads = args.torch_threads or auto_torch_threads(parameters)
+    torch.set_num_threads(threads)  # in the worker thread, which runs every forward
+    log(f"torch intra-op threads: {threads} ({'--torch-threads' if args.torch_threads else 'auto'}, "
+        f"{parameters / 1e6:.1f}M parameters, {os.cpu_count()} CPUs)")
     for line in load_weight_end_lines(engine):
         log(line)
     for note in engine.activation_report().notes:  # e.g. "Online FP8 quantization enabled for lm_head."
@@ -1109,10 +1151,11 @@ def main(argv: list[str] | None = None) -> int:
             state.uvicorn_server.should_exit = True
 
     state.worker = EngineWorker(
-        lambda: load_engine(args, state.served_name),
+        lambda: load_engine(args, state.served_name, checkpoint_parameters(Path(args.model_path))),
         speculative=state.speculative,
         metrics=state.metrics,
         max_queued=args.max_queued_requests,
+        step_delay_s=args.debug_step_delay_ms / 1000.0,
         on_loaded=on_loaded,
         on_ready=on_ready,
         on_failed=on_failed,
