@@ -1,0 +1,79 @@
+"""Capture greedy outputs and logprobs of a live server for the cross-engine comparison.
+
+    python3 benchmarks/cross_engine_capture.py URL MODEL_DIR OUT.json [--max-new-tokens 48]
+
+Sends fixed prompts (as token ids, tokenised here with MODEL_DIR's tokenizer, so that both engines
+see the same ids) to SGLang's native /generate with greedy sampling, `return_logprob`,
+`logprob_start_len: 0` and `top_logprobs_num: 2`, and writes every response's ids and logprobs.
+benchmarks/cross_engine_agreement.py then replays them through the embedded engine (on any
+machine, CPU included) and reports token and teacher-forced agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def prompts() -> list[dict]:
+    """Chat turns and plain-text prefixes: the corpus's own kinds, from held-out seeds."""
+    from sparkit.engines.embedded.corpus import sample_prompts
+
+    fixed = [
+        {"kind": "chat", "messages": [{"role": "user", "content": text}]}
+        for text in ("Hello", "Who are you?", "What is 12 plus 30?", "count: one two three",
+                     "Sam has 3 apples and buys 5 more. How many apples?", "Tell me a sentence.")
+    ]
+    return fixed + sample_prompts(14, seed=31_337)
+
+
+def main() -> int:
+    import httpx
+
+    from sparkit.engines.embedded.corpus import prompt_ids
+    from sparkit.engines.embedded.tokenizer import load_tokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("model_dir")
+    parser.add_argument("out")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(args.model_dir)
+    records = []
+    with httpx.Client(base_url=args.url.rstrip("/"), timeout=120) as http:
+        info = http.get("/server_info").json()
+        for prompt in prompts():
+            ids = prompt_ids(tokenizer, prompt)
+            started = time.perf_counter()
+            body = http.post("/generate", json={
+                "input_ids": ids,
+                "sampling_params": {"temperature": 0, "max_new_tokens": args.max_new_tokens},
+                "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
+            }).json()
+            meta = body.get("meta_info", {})
+            records.append({
+                "prompt": prompt, "input_ids": ids, "output_ids": body.get("output_ids"),
+                "text": body.get("text"), "finish_reason": meta.get("finish_reason"),
+                "input_token_logprobs": meta.get("input_token_logprobs"),
+                "output_token_logprobs": meta.get("output_token_logprobs"),
+                "output_top_logprobs": meta.get("output_top_logprobs"),
+                "spec_verify_ct": meta.get("spec_verify_ct"), "completion_tokens": meta.get("completion_tokens"),
+                "seconds": round(time.perf_counter() - started, 4),
+            })
+    Path(args.out).write_text(json.dumps({
+        "url": args.url, "model_dir": args.model_dir, "engine_version": info.get("version"),
+        "speculative_algorithm": info.get("speculative_algorithm"), "dtype": info.get("dtype"),
+        "launch_command": info.get("launch_command"), "records": records,
+    }, indent=1))
+    print(f"captured {len(records)} responses from {args.url} into {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

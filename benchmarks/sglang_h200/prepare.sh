@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# CPU side of the real-SGLang session on the lent H200 (device side: session.sh beside this file).
+#
+#     bash benchmarks/sglang_h200/prepare.sh          (from the repository root; PyPI reachable)
+#
+# 1. The kit in ../shared/gpu/sglang-h200 (prepare_cpu.sh) downloads, trims and packs torch 2.14.1,
+#    sglang 0.5.23 and what the H200 image lacks (659 MB), plus a wheel of this checkout (sparkit's
+#    `sglang.srt.plugins` entry point). Pieces of PIECE bytes: a `run` call carries at most 64 MiB,
+#    and this tree (about 9 MiB with the shipped tiny-ling) travels with every call.
+# 2. Wheels sparkit needs on the device that neither the image nor the kit provides (typer, rich,
+#    textual, httpx, platformdirs, ...; session.sh installs only those the device cannot import),
+#    and humming-kernels' own dependencies (cuda-bindings, the CUDA C++ headers for NVRTC, tabulate).
+# 3. A GSM8K subset (the first 40 test and 20 train questions of ../shared/data/gsm8k).
+# Everything lands in .sglang-h200/ (git-ignored). It prints the `run` calls to make, in order.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KIT=${KIT:-../shared/gpu/sglang-h200}
+SHARED=${SPARKIT_SHARED_DIR:-../shared}
+export PIECE=${PIECE:-48000000}
+REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh"
+
+DEPS=.sglang-h200/deps
+rm -rf "$DEPS" && mkdir -p "$DEPS"
+PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform any"
+# shellcheck disable=SC2086
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d "$DEPS" \
+  typer click shellingham rich markdown-it-py mdurl pygments pyyaml httpx httpcore h11 anyio idna certifi sniffio \
+  platformdirs textual linkify-it-py uc-micro-py typing-extensions psutil nvidia-ml-py \
+  cuda-bindings cuda-pathfinder tabulate jinja2 markupsafe nvidia-cuda-cccl 2>&1 | grep -v "^WARNING: Location" || true
+
+mkdir -p .sglang-h200/gsm8k
+head -n 40 "$SHARED/data/gsm8k/test.jsonl" > .sglang-h200/gsm8k/test.jsonl
+head -n 20 "$SHARED/data/gsm8k/train.jsonl" > .sglang-h200/gsm8k/train.jsonl
+
+pieces=$(ls -d .sglang-h200/p?? | sort)
+last=$(echo "$pieces" | tail -n 1)
+echo
+echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp ~30 s after a call):"
+for p in $(echo "$pieces" | head -n -1); do
+  echo "  run(command=\"mkdir -p /tmp/acc && cp $p/* /tmp/acc/\", carry=[\"$p\"])"
+done
+echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && OUT=\$OUT PART=1 bash benchmarks/sglang_h200/session.sh\","
+echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"], timeout_s=600)"
+echo "  run(command=\"OUT=\$OUT PART=2 bash benchmarks/sglang_h200/session.sh\", timeout_s=600)"
+echo "  run(command=\"OUT=\$OUT PART=3 bash benchmarks/sglang_h200/session.sh\", timeout_s=600)"
+tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
+for p in $pieces; do
+  size=$(du -sb "$p" | cut -f1)
+  [ "$p" = "$last" ] && size=$(( size + $(du -sb .sglang-h200/deps .sglang-h200/scripts .sglang-h200/gsm8k | awk '{s+=$1} END {print s}') ))
+  printf '  %s: %.1f MiB with the tree\n' "$p" "$(echo "($size + $tree) / 1048576" | bc -l)"
+done
