@@ -16,17 +16,20 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${KIT:-../shared/gpu/sglang-h200}
 SHARED=${SPARKIT_SHARED_DIR:-../shared}
-export PIECE=${PIECE:-48000000}
+export PIECE=${PIECE:-50000000}
 REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh"
 
 DEPS=.sglang-h200/deps
 rm -rf "$DEPS" && mkdir -p "$DEPS"
 PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform any"
+# With their dependencies (typer 0.29 needs annotated-doc, textual mdit-py-plugins, ...): session.sh
+# installs only the wheels whose top-level modules the device cannot import already.
 # shellcheck disable=SC2086
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d "$DEPS" \
-  typer click shellingham rich markdown-it-py mdurl pygments pyyaml httpx httpcore h11 anyio idna certifi sniffio \
-  platformdirs textual linkify-it-py uc-micro-py typing-extensions psutil nvidia-ml-py \
-  cuda-bindings cuda-pathfinder tabulate jinja2 markupsafe nvidia-cuda-cccl 2>&1 | grep -v "^WARNING: Location" || true
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d "$DEPS" \
+  typer click rich httpx platformdirs textual psutil nvidia-ml-py pyyaml \
+  cuda-bindings tabulate jinja2 nvidia-cuda-cccl 2>&1 | grep -v "^WARNING: Location" || true
+# what the kit's payload already holds (prepare_cpu.sh's DEPS): not carried twice
+rm -f "$DEPS"/pydantic-*.whl "$DEPS"/pydantic_core-*.whl "$DEPS"/annotated_types-*.whl "$DEPS"/typing_inspection-*.whl
 
 mkdir -p .sglang-h200/gsm8k
 head -n 40 "$SHARED/data/gsm8k/test.jsonl" > .sglang-h200/gsm8k/test.jsonl
