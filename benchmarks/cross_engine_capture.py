@@ -32,6 +32,9 @@ def prompts() -> list[dict]:
     return fixed + sample_prompts(14, seed=31_337)
 
 
+REFERENCE = Path(__file__).resolve().parent.parent / "sparkit" / "checks" / "data" / "reference-tiny-ling.txt"
+
+
 def main() -> int:
     import httpx
 
@@ -66,10 +69,19 @@ def main() -> int:
                 "spec_verify_ct": meta.get("spec_verify_ct"), "completion_tokens": meta.get("completion_tokens"),
                 "seconds": round(time.perf_counter() - started, 4),
             })
+        # the known-answer text: its prompt logprobs (perplexity) as the engine computes them
+        text = REFERENCE.read_text().strip()
+        ids = [tokenizer.bos_token_id] + tokenizer.encode(text, add_special_tokens=False)
+        body = http.post("/generate", json={
+            "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+            "return_logprob": True, "logprob_start_len": 0,
+        }).json()
+        reference = {"text_file": str(REFERENCE), "input_ids": ids,
+                     "input_token_logprobs": body.get("meta_info", {}).get("input_token_logprobs")}
     Path(args.out).write_text(json.dumps({
         "url": args.url, "model_dir": args.model_dir, "engine_version": info.get("version"),
         "speculative_algorithm": info.get("speculative_algorithm"), "dtype": info.get("dtype"),
-        "launch_command": info.get("launch_command"), "records": records,
+        "launch_command": info.get("launch_command"), "records": records, "reference": reference,
     }, indent=1))
     print(f"captured {len(records)} responses from {args.url} into {args.out}")
     return 0
