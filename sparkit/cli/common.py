@@ -36,6 +36,15 @@ def err_console():
     return _err_console
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether a person watches `stream` (sys.stdout or sys.stderr). Decided by the stream
+    itself, not rich's guess (FORCE_COLOR in CI makes rich draw for a terminal that is a log)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams: not a terminal
+        return False
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output: one JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
