@@ -167,6 +167,9 @@ def bench(
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
     )
     out_path = writable_file(out, "--out") or _default_out(label)
+    from sparkit.cli.common import require_server
+
+    require_server(target.url, target.api_key)  # after the usage checks, before a results file or a progress bar
     try:
         with progress_reporter() as on_progress:
             doc = run_async(

@@ -55,6 +55,18 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def require_server(url: str, api_key: str | None) -> None:
+    """Before any work (a dataset download, a results file, the chat screen): a server that does
+    not answer is exit 7 with one message, `no server answered at URL`, not a failure later."""
+    from sparkit.client import EngineClient
+
+    async def probe() -> None:
+        async with EngineClient(url, api_key=api_key, timeout=10.0) as client:
+            await client.models()
+
+    run_async(probe())
+
+
 def writable_file(path: Path | None, flag: str) -> Path | None:
     """Check an output file flag before any work starts: a directory or an uncreatable parent
     is a usage error naming the flag, not an OSError minutes later."""

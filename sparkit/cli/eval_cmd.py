@@ -96,7 +96,13 @@ def gsm8k(
         top_p = 0.95 if top_p is None else top_p
         top_k = 29 if top_k is None else top_k
 
+    from sparkit.cli.common import require_server, writable_file
+
+    out = writable_file(out, "--out")
+    if out is None:
+        out = _latest_results() if resume else _default_out()
     target = resolve_server(run, url, api_key)
+    require_server(target.url, target.api_key)  # after the usage checks, before a dataset download
     dataset = _load_dataset(data, need_train=shots > 0)
     questions = dataset.test[:limit] if limit else dataset.test
     exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
@@ -111,11 +117,6 @@ def gsm8k(
         seed=seed,
         exemplar_ids=[e.id for e in exemplars],
     )
-    from sparkit.cli.common import writable_file
-
-    out = writable_file(out, "--out")
-    if out is None:
-        out = _latest_results() if resume else _default_out()
     recipe = None
     if target.run is not None:
         recipe = target.run.read_meta().recipe_name

@@ -351,6 +351,7 @@ def check(
     """Run the activation checks again against a live server."""
     from sparkit.checks.results import Status, worst
     from sparkit.checks.runner import run_activation_checks
+    from sparkit.cli.common import require_server
     from sparkit.errors import CheckFailed, EngineError, UsageError
     from sparkit.recipes.plan import LaunchPlan
     from sparkit.runs import is_live, resolve_server
@@ -372,7 +373,7 @@ def check(
         run_path = None
     else:
         raise UsageError("--url needs --recipe RECIPE: the checks compare the server with what a recipe asks for")
-    _require_reachable(target.url, target.api_key)
+    require_server(target.url, target.api_key)  # unreachable: one message, not a table of failed checks
     results = run_activation_checks(target.url, plan, run_path, api_key=target.api_key)
     if json_out:
         print_json({"url": target.url, "run": target.run.id if target.run else None, "checks": [r.to_dict() for r in results]})
@@ -380,25 +381,6 @@ def check(
         render_checks(results, title=f"checks of {target.url}")
     if worst(results) == Status.FAIL:
         raise CheckFailed("startup check(s) failed: " + ", ".join(r.title for r in results if r.status == Status.FAIL))
-
-
-def _require_reachable(url: str, api_key: str | None) -> None:
-    """An unreachable server is exit 7 with one message, not a table of failed checks."""
-    from sparkit.cli.common import run_async
-    from sparkit.client import EngineClient
-    from sparkit.errors import EngineError
-
-    async def probe() -> None:
-        async with EngineClient(url, api_key=api_key, timeout=10.0) as client:
-            await client.models()
-
-    try:
-        run_async(probe())
-    except EngineError as exc:
-        raise EngineError(
-            f"cannot check {url}: {exc.message}",
-            hint=exc.hint or "`sparkit status` lists the running servers; check the URL, port and API key",
-        ) from None
 
 
 def register(app: typer.Typer) -> None:
