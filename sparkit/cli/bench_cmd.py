@@ -58,9 +58,17 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 @contextlib.contextmanager
 def progress_reporter(enabled: bool = True) -> Iterator[Any]:
-    """A (phase, done, total) callback drawing a rich progress bar on stderr."""
+    """A (phase, done, total) callback: a rich progress bar on a terminal's stderr, else a line
+    per finished request (ProgressLines), so a CI log shows the benchmark moving."""
+    import sys
+
+    from sparkit.cli.common import ProgressLines, is_terminal
+
     if not enabled:
         yield lambda phase, done, total: None
+        return
+    if not is_terminal(sys.stderr):
+        yield ProgressLines().update
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -4,10 +4,11 @@ piped into a file or another program. Real `sparkit` processes; the terminal is 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from _shared import run_in_pty
 
 from sparkit.runs import RunDir, RunMeta
 
@@ -17,7 +18,6 @@ RUNS = [
     (LONG_ID, "ling-3.0-flash/spark-humming-fp8head", 30000, "stopped"),
     ("tiny-20261129-171800-a1b2", "tiny", 30001, "failed"),
 ]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def write_runs(home: Path) -> None:
@@ -51,30 +51,6 @@ def test_piped_status_is_one_plain_line_per_run_with_every_value_whole(sparkit_h
         assert fields["run"] == run_id and fields["recipe"] == recipe
         assert fields["url"] == f"http://127.0.0.1:{port}" and fields["state"] == state
         assert fields["tok/s"] == "102.9" and fields["accept"] == "3.90"
-
-
-def run_in_pty(args: list[str], env: dict[str, str], columns: int) -> str:
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait(timeout=60) == 0
-    return ANSI.sub("", b"".join(chunks).decode()).replace("\r", "")
 
 
 def test_status_on_an_80_column_terminal_keeps_run_ids_and_urls_unbroken(sparkit_home):
