@@ -272,8 +272,6 @@ def render_sweep(doc: dict[str, Any]) -> None:
     console().print(table)
     if ranking.get("verdict"):
         console().print(ranking["verdict"])
-    if doc.get("best_recipe"):
-        console().print(f"best recipe written to {doc['best_recipe']}")
     rate = ("output tokens / the time that point's own requests took (interleaved run)" if doc.get("interleaved")
             else "output tokens / wall time")
     console().print(f"step time = mean TPOT x mean accept length (an estimate, not a measurement); tok/s = {rate}.")
@@ -284,7 +282,7 @@ def tune(
     param: list[str] = typer.Option(..., "--param", help="KEY=V1,V2,... e.g. speculative.num_steps=1,2,3,4 (repeatable: a grid)."),
     set_: list[str] = typer.Option([], "--set", help="Extra KEY=VALUE override applied to every point."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
-    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; cwd for shipped ones)."),
+    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; the current directory for a shipped one)."),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
@@ -316,7 +314,12 @@ def tune(
         doc = run_tune(recipe, param, config, out_path=out_path, base_overrides=set_,
                        write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress,
                        interleave=not sequential)
-    err_console().print(f"sweep saved to {out_path}")
+    err_console().print(f"sweep saved to {out_path}", highlight=False, soft_wrap=True)
+    if doc.get("best_recipe"):  # on stderr in both modes: where a new file appeared is never a surprise
+        err_console().print(f"best recipe written to {doc['best_recipe']} ({doc.get('best_recipe_where')})",
+                            highlight=False, soft_wrap=True)
+    elif doc.get("ranking"):
+        err_console().print("no recipe written: no point finished", highlight=False)
     if as_json:
         print_json(doc)
     else:
