@@ -336,7 +336,8 @@ def verify(
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution."""
+    """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution
+    (for a rounding-changing optimisation such as an FP8 lm_head: token agreement and accept length)."""
     from rich.table import Table
 
     from sparkit.bench.verify import run_verify
@@ -362,6 +363,7 @@ def verify(
         for check in report.checks:
             for line in check.evidence:
                 console().print(f"  {check.name}: {line}", highlight=False)
+        console().print(report.summary, highlight=False, markup=False, soft_wrap=True)
     if not report.passed:
         failed = [c.name for c in report.checks if c.status.value == "fail"]
         raise CheckFailed(f"verify failed: {', '.join(failed)}", hint="see the table above (or --json) for where outputs differ")
