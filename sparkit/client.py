@@ -91,6 +91,22 @@ def _raise_for(response: httpx.Response, what: str) -> None:
     raise EngineError(f"{what}: HTTP {response.status_code}: {message}")
 
 
+NO_SERVER_HINT = "is the server running? `sparkit status` lists the ones sparkit started; check the URL and port"
+
+
+def no_server_answered(base_url: str) -> EngineError:
+    """Nothing accepted the connection: the server never answered (it did not go away)."""
+    return EngineError(f"no server answered at {base_url}", hint=NO_SERVER_HINT)
+
+
+def _unreachable(exc: httpx.HTTPError, base_url: str, message: str) -> EngineError:
+    # A refused or timed-out connect means nothing is there; any later failure means a
+    # server was there and the exchange broke.
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return no_server_answered(base_url)
+    return EngineError(f"{message}: {exc}")
+
+
 async def _sse_lines(response: httpx.Response) -> AsyncIterator[Any]:
     """Yield decoded JSON payloads of `data:` lines until `data: [DONE]`."""
     async for line in response.aiter_lines():
@@ -132,7 +148,7 @@ class EngineClient:
             if response.status_code == 404 and fallback:
                 response = await self._http.get(fallback)
         except httpx.HTTPError as exc:
-            raise EngineError(f"cannot reach {self.base_url}{path}: {exc}") from exc
+            raise _unreachable(exc, self.base_url, f"cannot reach {self.base_url}{path}") from exc
         _raise_for(response, f"GET {path}")
         return response.json()
 
@@ -159,7 +175,7 @@ class EngineClient:
         try:
             response = await self._http.get("/metrics")
         except httpx.HTTPError as exc:
-            raise EngineError(f"cannot reach {self.base_url}/metrics: {exc}") from exc
+            raise _unreachable(exc, self.base_url, f"cannot reach {self.base_url}/metrics") from exc
         _raise_for(response, "GET /metrics")
         return parse_prometheus(response.text)
 
@@ -195,7 +211,7 @@ class EngineClient:
         try:
             response = await self._http.post("/generate", json=body)
         except httpx.HTTPError as exc:
-            raise EngineError(f"POST /generate to {self.base_url} failed: {exc}") from exc
+            raise _unreachable(exc, self.base_url, f"POST /generate to {self.base_url} failed") from exc
         _raise_for(response, "POST /generate")
         t1 = time.perf_counter()
         data = response.json()
@@ -260,7 +276,7 @@ class EngineClient:
                     chunks.append(chunk)
                     yield chunk
         except httpx.HTTPError as exc:
-            raise EngineError(f"stream from {self.base_url}/generate broke off: {exc}") from exc
+            raise _unreachable(exc, self.base_url, f"stream from {self.base_url}/generate broke off") from exc
         yield Generation(
             text=full_text,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
@@ -347,7 +363,7 @@ class EngineClient:
                         chunks.append(chunk)
                         yield chunk
         except httpx.HTTPError as exc:
-            raise EngineError(f"stream from {self.base_url}/v1/chat/completions broke off: {exc}") from exc
+            raise _unreachable(exc, self.base_url, f"stream from {self.base_url}/v1/chat/completions broke off") from exc
         details = sglext.get("spec_tokens_details") or {}
         completion = int(usage.get("completion_tokens", len(parts)))
         yield Generation(

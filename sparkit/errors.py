@@ -6,12 +6,13 @@ maps each class to a documented exit code and never shows a traceback for
 them:
 
     SparkitError           1   anything else sparkit reports
-    ├── UsageError         2   bad command-line usage (a flag, a --set path)
+    ├── UsageError         2   bad command-line usage (a flag, a --set key the schema lacks)
     ├── RecipeError        3   a recipe file is invalid (file:line:col key: message)
     ├── PreflightError     4   the host cannot run the plan (GPUs, memory, port, model)
     ├── LaunchError        5   the engine did not start or did not become healthy
     ├── CheckFailed        6   the server runs but a startup check failed
-    ├── EngineError        7   a live server answered with an error / went away
+    ├── EngineError        7   no server to talk to (none running, nothing answered at the URL),
+    │                          or the server answered with an error / went away
     └── DataError          8   an input data file (GSM8K, bench JSON) is unusable
 
 Exit code 130 means interrupted (Ctrl-C).

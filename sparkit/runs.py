@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sparkit.errors import LaunchError, UsageError
+from sparkit.errors import EngineError, LaunchError, UsageError
 from sparkit.paths import runs_dir
 
 
@@ -146,7 +146,8 @@ def find_run(ref: str | None) -> RunDir:
     if ref is None:
         live = [r for r in runs if is_live(r)]
         if not live:
-            raise UsageError("no running server found", hint="start one with `sparkit up`, or pass --url")
+            # Exit 7 like a --url where nothing answers: in both cases there is no server to talk to.
+            raise EngineError("no running server found", hint="start one with `sparkit up`, or pass --url URL")
         return live[-1]
     exact = [r for r in runs if r.id == ref]
     if exact:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -25,3 +27,42 @@ def near_tie_states(weight, n: int, seed: int, noise: float = 0.005):
     x = 20.0 * (w[a] / w[a].pow(2).sum(1, keepdim=True) + w[b] / w[b].pow(2).sum(1, keepdim=True))
     x = x + torch.randn(n, w.shape[1], generator=g, device=weight.device) * noise
     return x.to(torch.bfloat16)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def run_in_pty(args: list[str], env: dict[str, str], columns: int, timeout: float = 60) -> str:
+    """Run a command on a real pseudo-terminal `columns` wide (stdin, stdout and stderr), as a
+    person at a terminal would; return what it drew, escape sequences removed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    import select
+    import time
+
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 0.5)[0]:
+                continue
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        if proc.poll() is None and time.monotonic() >= deadline:
+            proc.kill()
+    assert proc.wait(timeout=10) == 0, b"".join(chunks).decode(errors="replace")[-2000:]
+    return ANSI.sub("", b"".join(chunks).decode(errors="replace")).replace("\r", "")

@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 
-from sparkit.errors import LaunchError
+from sparkit.errors import EngineError, LaunchError
 from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.runs import (
     find_run,
@@ -264,7 +264,7 @@ def test_find_run_by_id_prefix_and_recipe_name(sparkit_home, stand_in):
             find_run("no-such-run")
     finally:
         stop(run, grace=5)
-    with pytest.raises(UsageError, match="no running server"):
+    with pytest.raises(EngineError, match="no running server"):  # exit 7: no server to talk to
         find_run(None)
 
 

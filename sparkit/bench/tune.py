@@ -200,19 +200,36 @@ def new_recipe_path(source: Path, label: str, directory: Path | None = None) -> 
     return candidate
 
 
-def write_best_recipe(source: Path, overrides: list[str], summary: str, directory: Path | None = None, label: str = "best") -> Path:
-    """A recipe that `extends` the original and sets the winning values."""
-    import yaml
-
+def _shipped_name(source: Path) -> str | None:
+    """The shipped name of a recipe file in sparkit's own recipes folder, else None."""
     from sparkit.paths import repo_recipes_dir
 
-    target = new_recipe_path(source, label, directory)
-    if directory is None:
-        try:  # never write into the shipped recipes folder
-            source.resolve().relative_to(repo_recipes_dir().resolve())
-            target = new_recipe_path(source, label, Path.cwd())
-        except ValueError:
-            pass
+    root = repo_recipes_dir().resolve()
+    try:
+        rel = source.resolve().relative_to(root).with_suffix("")
+    except ValueError:
+        return None
+    return rel.parts[-1] if len(rel.parts) == 2 and rel.parts[0] == rel.parts[1] else rel.as_posix()
+
+
+def tuned_recipe_dir(source: Path, directory: Path | None = None) -> tuple[Path, str]:
+    """Where the tuned recipe goes, and why: the directory asked for; else beside the recipe
+    that was tuned; for a shipped recipe (never edited in place: it belongs to the install)
+    the current directory."""
+    if directory is not None:
+        return Path(directory), "--recipe-dir"
+    shipped = _shipped_name(source)
+    if shipped is not None:
+        return Path.cwd(), f"the current directory: {shipped} is a shipped recipe"
+    return source.resolve().parent, f"beside {source.name}"
+
+
+def write_best_recipe(source: Path, overrides: list[str], summary: str, directory: Path | None = None, label: str = "best") -> Path:
+    """A recipe that `extends` the original and sets the winning values, in a new file in
+    `tuned_recipe_dir(source, directory)`."""
+    import yaml
+
+    target = new_recipe_path(source, label, tuned_recipe_dir(source, directory)[0])
     tree: dict[str, Any] = {}
     for assignment in overrides:
         key, _, raw = assignment.partition("=")
@@ -221,7 +238,10 @@ def write_best_recipe(source: Path, overrides: list[str], summary: str, director
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = yaml.safe_load(raw)
-    extends = source.name if target.parent.resolve() == source.parent.resolve() else str(source.resolve())
+    # A shipped recipe by its name (it moves with the install), a file beside it by its name, any
+    # other by its absolute path.
+    shipped = _shipped_name(source)
+    extends = shipped or (source.name if target.parent.resolve() == source.parent.resolve() else str(source.resolve()))
     body = {"extends": extends, "description": f"tuned from {source.name}: {summary}"[:200], **tree}
     header = f"# Written by `sparkit tune` ({_dt.datetime.now().isoformat(timespec='seconds')}).\n"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +299,8 @@ def run_tune(
         "interleaved": interleave,
         "points": [],
         "ranking": None,
-        "best_recipe": None,
+        "best_recipe": None,  # the new recipe file, once a best point is known
+        "best_recipe_where": None,  # why it is in that directory
         "complete": False,
     }
     previous = _previous_points(out_path, doc)
@@ -380,6 +401,7 @@ def run_tune(
         best = points[ranking.best]
         summary = f"{best.label} (TPOT {best.figures.get('tpot_mean_ms', math.nan):.3f} ms); {ranking.verdict}"
         doc["best_recipe"] = str(write_best_recipe(Path(base.path), best.overrides, summary, write_recipe_dir, best.label))
+        doc["best_recipe_where"] = tuned_recipe_dir(Path(base.path), write_recipe_dir)[1]
     doc["complete"] = True
     _write_json(out_path, doc)
     return doc

@@ -249,8 +249,9 @@ def judge(baseline: SideResult, candidate: SideResult, rounding: list[str], max_
             fix=None if ok else "the draft no longer matches the target as before: check that the draft shares the lm_head",
         ))
     else:
-        why = "not both configurations speculate" if not (baseline.speculative and candidate.speculative) else "no spec_verify_ct reported"
-        results.append(CheckResult("accept_length", "accept length vs baseline", Status.SKIP, f"not compared: {why}", data=acc_data))
+        why = _accept_not_compared_because(baseline, candidate)
+        results.append(CheckResult("accept_length", "accept length vs baseline", Status.SKIP, f"not compared: {why}",
+                                   data={**acc_data, "skipped_because": why}))
 
     if candidate.rerun:
         same = sum(1 for a, b in zip(candidate.greedy, candidate.rerun) if a.text == b.text)
@@ -267,6 +268,37 @@ def judge(baseline: SideResult, candidate: SideResult, rounding: list[str], max_
     return results
 
 
+def _accept_not_compared_because(baseline: SideResult, candidate: SideResult) -> str:
+    if not baseline.speculative and not candidate.speculative:
+        return "neither configuration has speculative decoding"
+    if not baseline.speculative:
+        return "the baseline has no speculative decoding"
+    if not candidate.speculative:
+        return "the candidate has no speculative decoding"
+    silent = [name for name, side in (("baseline", baseline), ("candidate", candidate)) if side.accept_length is None]
+    return f"the {' and the '.join(silent)} server reported no spec_verify_ct"
+
+
+def describe_judgement(rounding: list[str], checks: list[CheckResult]) -> str:
+    """What the gate judged by, in words, from the checks that ran: byte-exactness, or (for a
+    rounding-changing optimisation) token agreement and accept length; a skipped gate says why."""
+    by_name = {c.name: c for c in checks}
+    accept = by_name.get("accept_length")
+    accept_compared = accept is not None and accept.status != Status.SKIP
+    if rounding:
+        basis = "token agreement" + (" and accept length" if accept_compared else "")
+        text = f"judged by {basis}, not byte-exactness ({'; '.join(rounding)} changes rounding)"
+    else:
+        basis = "byte-exact greedy outputs" + (" and accept length within 0.05" if accept_compared else "")
+        text = f"judged by {basis}"
+    if accept is not None and not accept_compared:
+        text += f"; accept length not compared: {accept.data.get('skipped_because') or accept.detail}"
+    pollution = by_name.get("state_pollution")
+    if pollution is not None and pollution.status != Status.SKIP:
+        text += "; the greedy re-run after sampled requests must be byte-exact"
+    return text
+
+
 @dataclass
 class VerifyReport:
     recipe: str
@@ -280,11 +312,22 @@ class VerifyReport:
     def passed(self) -> bool:
         return all(c.status != Status.FAIL for c in self.checks)
 
+    @property
+    def judged_by(self) -> str:
+        return describe_judgement(self.rounding_changes, self.checks)
+
+    @property
+    def summary(self) -> str:
+        """The one line a reader needs: the verdict and what it was judged by."""
+        return f"verify {'passed' if self.passed else 'failed'} ({self.recipe} against {self.baseline}): {self.judged_by}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe,
             "baseline": self.baseline,
             "passed": self.passed,
+            "summary": self.summary,
+            "judged_by": self.judged_by,
             "rounding_changes": self.rounding_changes,
             "checks": [c.to_dict() for c in self.checks],
             "candidate": self.candidate,

@@ -9,6 +9,7 @@ because both expose the same evidence.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -521,13 +522,18 @@ def check_acceptance(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     causes = []
     if accept < 1.15:
         rep = ev.report
+        loaded_draft = None
         if rep and rep.draft and rep.target:
             if not (rep.draft.lm_head.shared_with_target or rep.draft.lm_head.module_id == rep.target.lm_head.module_id):
                 causes.append("the draft does not share the target's lm_head (with an FP8 head it decodes garbage drafts)")
-            if rep.speculative.draft_model_path:
-                causes.append(f"the draft model {rep.speculative.draft_model_path} may not belong to this target (wrong draft)")
-        if exp.draft_model:
-            causes.append(f"the draft model {exp.draft_model} may not match the target (wrong draft model)")
+            loaded_draft = rep.speculative.draft_model_path
+        # One sentence for a wrong draft: the one the engine reports it loaded, else the one the
+        # recipe asks for (both name the same suspect; only a different one is worth naming too).
+        draft = loaded_draft or exp.draft_model
+        if draft:
+            differs = exp.draft_model and loaded_draft and os.path.normpath(exp.draft_model) != os.path.normpath(loaded_draft)
+            asked = f" (the recipe asks for {exp.draft_model})" if differs else ""
+            causes.append(f"the draft model {draft}{asked} may not belong to this target (wrong draft)")
         if not causes:
             causes = ["an unshared FP8 lm_head (the draft reads FP8 bytes through a BF16 method)", "a wrong draft model"]
         detail = f"accept length {accept:.2f} is ~1: the draft is useless, every verify step commits only the bonus token"

@@ -58,9 +58,17 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 @contextlib.contextmanager
 def progress_reporter(enabled: bool = True) -> Iterator[Any]:
-    """A (phase, done, total) callback drawing a rich progress bar on stderr."""
+    """A (phase, done, total) callback: a rich progress bar on a terminal's stderr, else a line
+    per finished request (ProgressLines), so a CI log shows the benchmark moving."""
+    import sys
+
+    from sparkit.cli.common import ProgressLines, is_terminal
+
     if not enabled:
         yield lambda phase, done, total: None
+        return
+    if not is_terminal(sys.stderr):
+        yield ProgressLines().update
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -167,6 +175,9 @@ def bench(
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
     )
     out_path = writable_file(out, "--out") or _default_out(label)
+    from sparkit.cli.common import require_server
+
+    require_server(target.url, target.api_key)  # after the usage checks, before a results file or a progress bar
     try:
         with progress_reporter() as on_progress:
             doc = run_async(
@@ -261,8 +272,6 @@ def render_sweep(doc: dict[str, Any]) -> None:
     console().print(table)
     if ranking.get("verdict"):
         console().print(ranking["verdict"])
-    if doc.get("best_recipe"):
-        console().print(f"best recipe written to {doc['best_recipe']}")
     rate = ("output tokens / the time that point's own requests took (interleaved run)" if doc.get("interleaved")
             else "output tokens / wall time")
     console().print(f"step time = mean TPOT x mean accept length (an estimate, not a measurement); tok/s = {rate}.")
@@ -273,7 +282,7 @@ def tune(
     param: list[str] = typer.Option(..., "--param", help="KEY=V1,V2,... e.g. speculative.num_steps=1,2,3,4 (repeatable: a grid)."),
     set_: list[str] = typer.Option([], "--set", help="Extra KEY=VALUE override applied to every point."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
-    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; cwd for shipped ones)."),
+    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; the current directory for a shipped one)."),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
@@ -305,7 +314,12 @@ def tune(
         doc = run_tune(recipe, param, config, out_path=out_path, base_overrides=set_,
                        write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress,
                        interleave=not sequential)
-    err_console().print(f"sweep saved to {out_path}")
+    err_console().print(f"sweep saved to {out_path}", highlight=False, soft_wrap=True)
+    if doc.get("best_recipe"):  # on stderr in both modes: where a new file appeared is never a surprise
+        err_console().print(f"best recipe written to {doc['best_recipe']} ({doc.get('best_recipe_where')})",
+                            highlight=False, soft_wrap=True)
+    elif doc.get("ranking"):
+        err_console().print("no recipe written: no point finished", highlight=False)
     if as_json:
         print_json(doc)
     else:
@@ -322,7 +336,8 @@ def verify(
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution."""
+    """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution
+    (for a rounding-changing optimisation such as an FP8 lm_head: token agreement and accept length)."""
     from rich.table import Table
 
     from sparkit.bench.verify import run_verify
@@ -348,6 +363,7 @@ def verify(
         for check in report.checks:
             for line in check.evidence:
                 console().print(f"  {check.name}: {line}", highlight=False)
+        console().print(report.summary, highlight=False, markup=False, soft_wrap=True)
     if not report.passed:
         failed = [c.name for c in report.checks if c.status.value == "fail"]
         raise CheckFailed(f"verify failed: {', '.join(failed)}", hint="see the table above (or --json) for where outputs differ")

@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
         if open_id is not None:
             _require_saved_chat(open_id)
         target = resolve_server(run, url, api_key)
+        from sparkit.cli.common import require_server
+
+        require_server(target.url, target.api_key)  # exit 7 here, not a chat screen that cannot chat
         from sparkit.tui.app import create_app
 
         create_app(

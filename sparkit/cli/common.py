@@ -36,6 +36,35 @@ def err_console():
     return _err_console
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether a person watches `stream` (sys.stdout or sys.stderr). Decided by the stream
+    itself, not rich's guess (FORCE_COLOR in CI makes rich draw for a terminal that is a log)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams: not a terminal
+        return False
+
+
+class ProgressLines:
+    """Progress for a log or CI, where a progress bar shows nothing until it ends: one stderr line
+    per step of finished items (`bench: 3/8`, `gsm8k: 140/1319 acc 71.4%`). Steps are counts, not
+    seconds, so a log reads the same however fast the machine is: every item up to 100 of them,
+    else every hundredth of the total, and always the first and the last."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._shown: dict[str, int] = {}
+
+    def update(self, phase: str, done: int, total: int, note: str = "") -> None:
+        last = self._shown.get(phase)
+        step = max(1, -(-total // 100)) if total else 1
+        if last is not None and (done == last or (done - last < step and done != total)):
+            return
+        self._shown[phase] = done
+        self.stream.write(f"{phase}: {done}/{total}" + (f" {note}" if note else "") + "\n")
+        self.stream.flush()
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output: one JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
@@ -44,6 +73,18 @@ def print_json(data: Any) -> None:
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
+
+
+def require_server(url: str, api_key: str | None) -> None:
+    """Before any work (a dataset download, a results file, the chat screen): a server that does
+    not answer is exit 7 with one message, `no server answered at URL`, not a failure later."""
+    from sparkit.client import EngineClient
+
+    async def probe() -> None:
+        async with EngineClient(url, api_key=api_key, timeout=10.0) as client:
+            await client.models()
+
+    run_async(probe())
 
 
 def writable_file(path: Path | None, flag: str) -> Path | None:

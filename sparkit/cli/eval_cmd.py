@@ -37,15 +37,21 @@ def _latest_results() -> Path:
 
 def _load_dataset(data: Optional[Path], need_train: bool) -> Any:
     """The dataset, with a progress bar on stderr while a first run downloads it from the hub."""
+    import sys
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sparkit.cli.common import err_console
+    from sparkit.cli.common import ProgressLines, err_console, is_terminal
     from sparkit.evals import gsm8k as core
 
     bar: Optional[Progress] = None
+    lines = None if is_terminal(sys.stderr) else ProgressLines()
 
     def on_download(p: Any) -> None:
         nonlocal bar
+        if lines is not None:
+            lines.update(f"GSM8K from the hub {p.split}", p.done, p.total)
+            return
         if bar is None:
             bar = Progress(TextColumn("[bold]GSM8K from the hub[/] {task.fields[split]}"), BarColumn(),
                            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console())
@@ -96,7 +102,13 @@ def gsm8k(
         top_p = 0.95 if top_p is None else top_p
         top_k = 29 if top_k is None else top_k
 
+    from sparkit.cli.common import require_server, writable_file
+
+    out = writable_file(out, "--out")
+    if out is None:
+        out = _latest_results() if resume else _default_out()
     target = resolve_server(run, url, api_key)
+    require_server(target.url, target.api_key)  # after the usage checks, before a dataset download
     dataset = _load_dataset(data, need_train=shots > 0)
     questions = dataset.test[:limit] if limit else dataset.test
     exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
@@ -111,11 +123,6 @@ def gsm8k(
         seed=seed,
         exemplar_ids=[e.id for e in exemplars],
     )
-    from sparkit.cli.common import writable_file
-
-    out = writable_file(out, "--out")
-    if out is None:
-        out = _latest_results() if resume else _default_out()
     recipe = None
     if target.run is not None:
         recipe = target.run.read_meta().recipe_name
@@ -133,31 +140,28 @@ def gsm8k(
         data_path=str(dataset.test_path),
     )
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    import contextlib
+    import sys
+
+    from sparkit.cli.common import ProgressLines, is_terminal
 
     err = err_console()
     err.print(f"GSM8K: {len(questions)} questions, {shots}-shot {fmt}, "
               f"{'greedy' if greedy else f'T={temperature} top_p={top_p} top_k={top_k}'}, "
-              f"concurrency {concurrency} -> {out}", highlight=False)
-    bar = Progress(
-        TextColumn("[bold]gsm8k"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("acc {task.fields[acc]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-    task = bar.add_task("gsm8k", total=len(questions), acc="-")
+              f"concurrency {concurrency} -> {out}", highlight=False, soft_wrap=True)
+    if not is_terminal(sys.stderr):  # a log or CI: a line per finished question, not a bar drawn at the end
+        lines = ProgressLines()
 
-    def on_progress(p: core.Progress) -> None:
-        acc = f"{100 * p.correct_flexible / p.done:.1f}%" if p.done else "-"
-        bar.update(task, completed=p.done, acc=acc)
+        def on_progress(p: core.Progress) -> None:
+            acc = f"acc {100 * p.correct_flexible / p.done:.1f}%" if p.done else ""
+            lines.update("gsm8k", p.done, p.total, acc)
+
+        display: Any = contextlib.nullcontext()
+    else:
+        display, on_progress = _progress_bar(err, len(questions))
 
     try:
-        with bar:
+        with display:
             summary = run_async(core.run_eval(request, on_progress))
     except KeyboardInterrupt:
         err.print(f"interrupted; finished questions are saved in {out}\n  resume with: sparkit eval gsm8k ... --out {out} --resume",
@@ -169,6 +173,32 @@ def gsm8k(
     else:
         render_summary(summary)
         err.print(f"results: {out}\nsummary: {core.summary_path_for(out)}", highlight=False)
+
+
+def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
+    """The terminal's progress bar of a GSM8K run and its callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from sparkit.evals import gsm8k as core
+
+    bar = Progress(
+        TextColumn("[bold]gsm8k"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    task = bar.add_task("gsm8k", total=total, acc="-")
+
+    def on_progress(p: core.Progress) -> None:
+        acc = f"{100 * p.correct_flexible / p.done:.1f}%" if p.done else "-"
+        bar.update(task, completed=p.done, acc=acc)
+
+    return bar, on_progress
 
 
 def _pct(p: dict[str, Any]) -> str:

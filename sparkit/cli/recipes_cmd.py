@@ -131,11 +131,20 @@ def show_cmd(
         print_json({"name": loaded.name, "path": str(loaded.path), "chain": [str(p) for p in loaded.chain],
                     "recipe": data})
         return
+    import sys
+
     import yaml
 
-    chain = " <- ".join(display_path(p) for p in loaded.chain)
-    console().print(f"# {loaded.name}: {chain}", markup=False, highlight=False)
-    console().print(yaml.safe_dump(data, sort_keys=False).rstrip(), markup=False, highlight=False)
+    # Plain YAML, never rich: `recipes show X > mine.yaml` must load back as a recipe. Every key
+    # is resolved already, so `extends` would only re-read the base (from a path relative to
+    # wherever the file lands): the chain is kept as a comment instead.
+    data.pop("extends", None)
+    chain = " <- ".join(str(display_path(p)) for p in loaded.chain)
+    header = f"# {loaded.name}: {chain}\n"
+    if loaded.overrides:
+        header += "# with " + " ".join(f"--set {o}" for o in loaded.overrides) + "\n"
+    sys.stdout.write(header + yaml.safe_dump(data, sort_keys=False, width=1000))
+    sys.stdout.flush()
 
 
 @recipes_app.command("validate")

@@ -194,24 +194,83 @@ def status(
     if not rows:
         err_console().print("no servers running" + (f" (pruned {len(removed)})" if removed else "") + "; start one with `sparkit up`")
         return
+    from sparkit.cli.common import is_terminal
+
+    if not is_terminal(sys.stdout):
+        _print_status_plain(rows)
+    else:
+        _print_status_table(rows)
+
+
+_STATUS_COLUMNS = ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks")
+
+
+def _status_cells(r: Any) -> dict[str, str]:
+    """One run as plain strings, one per column; '-' for what is not known (never empty, so a
+    line splits on whitespace into exactly one field per column)."""
+    return {
+        "run": r.id, "recipe": r.recipe or "-", "engine": r.engine or "-", "url": r.url, "pid": str(r.pid or "-"),
+        "state": r.state, "uptime": _duration(r.uptime_s),
+        "health": "-" if r.healthy is None else ("ok" if r.healthy else "down"),
+        "tok/s": f"{r.decode_tok_s:.1f}" if r.decode_tok_s else "-",
+        "accept": f"{r.accept_length:.2f}" if r.accept_length else "-",
+        "checks": r.checks or "-",
+    }
+
+
+def _print_status_plain(rows: list) -> None:
+    """Piped or redirected: a header and one run per line, columns aligned with spaces, no value
+    cut or wrapped (scripts split it with awk/cut; people read it in a log)."""
+    cells = [_status_cells(r) for r in rows]
+    widths = {c: max(len(c), *(len(row[c]) for row in cells)) for c in _STATUS_COLUMNS}
+    for row in [dict(zip(_STATUS_COLUMNS, _STATUS_COLUMNS)), *cells]:
+        sys.stdout.write("  ".join(row[c].ljust(widths[c]) for c in _STATUS_COLUMNS).rstrip() + "\n")
+    sys.stdout.flush()
+
+
+def _print_status_table(rows: list) -> None:
+    """On a terminal: a table when every column fits on one line; else two lines per run, the
+    run id and URL first and whole (they are copied into the next command), the rest after."""
+    from rich.markup import escape
     from rich.table import Table
 
-    # No borders and the URL without its scheme keep a row on one line in 120 columns:
-    # run ids and URLs are copied into the next command and must not be split.
-    table = Table(title="servers", title_justify="left", box=None, padding=(0, 2, 0, 0), pad_edge=False, header_style="bold")
-    for col in ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("run", "url", "pid", "state", "uptime"))
-    for r in rows:
-        health = "-" if r.healthy is None else ("[green]ok[/]" if r.healthy else "[red]down[/]")
-        table.add_row(
-            r.id, r.recipe, r.engine, r.url.removeprefix("http://"), str(r.pid or "-"),
-            r.state if r.state == "running" else f"[yellow]{r.state}[/]",
-            _duration(r.uptime_s), health,
-            f"{r.decode_tok_s:.1f}" if r.decode_tok_s else "-",
-            f"{r.accept_length:.2f}" if r.accept_length else "-",
-            r.checks or "-",
-        )
-    console().print(table)
+    out = console()
+    cells = [_status_cells(r) for r in rows]
+    for row in cells:
+        row["url"] = row["url"].removeprefix("http://")  # the scheme says nothing here; room does
+    widths = {c: max(len(c), *(len(row[c]) for row in cells)) for c in _STATUS_COLUMNS}
+    styles = {"state": lambda v: v if v == "running" else f"[yellow]{v}[/]",
+              "health": lambda v: {"ok": "[green]ok[/]", "down": "[red]down[/]"}.get(v, v)}
+    if sum(widths.values()) + 2 * (len(_STATUS_COLUMNS) - 1) <= out.width:
+        table = Table(title="servers", title_justify="left", box=None, padding=(0, 2, 0, 0), pad_edge=False, header_style="bold")
+        for column in _STATUS_COLUMNS:
+            table.add_column(column, no_wrap=True, min_width=widths[column])
+        for row in cells:
+            table.add_row(*(styles.get(c, escape)(row[c]) if c in styles else escape(row[c]) for c in _STATUS_COLUMNS))
+        out.print(table)
+        return
+    out.print("[italic]servers[/]")
+    for row in cells:
+        if len(row["run"]) + 2 + len(row["url"]) <= out.width:
+            out.print(f"[bold]{escape(row['run'])}[/]  {escape(row['url'])}", soft_wrap=True, highlight=False)
+        else:
+            out.print(f"[bold]{escape(row['run'])}[/]", soft_wrap=True, highlight=False)
+            out.print(f"  {escape(row['url'])}", soft_wrap=True, highlight=False)
+        # Packed by hand into lines: a figure and its label never end up on different lines.
+        line: list[tuple[str, str]] = []
+        for column in (c for c in _STATUS_COLUMNS if c not in ("run", "url")):
+            if line and 2 + sum(len(c) + 1 + len(v) + 3 for c, v in line) + len(column) + 1 + len(row[column]) > out.width:
+                _print_status_details(out, line, styles)
+                line = []
+            line.append((column, row[column]))
+        _print_status_details(out, line, styles)
+
+
+def _print_status_details(out: Any, items: list[tuple[str, str]], styles: dict) -> None:
+    from rich.markup import escape
+
+    text = " · ".join(f"{c} {styles[c](v) if c in styles else escape(v)}" for c, v in items)
+    out.print("  " + text, soft_wrap=True, highlight=False)
 
 
 def _duration(seconds: float | None) -> str:
@@ -292,6 +351,7 @@ def check(
     """Run the activation checks again against a live server."""
     from sparkit.checks.results import Status, worst
     from sparkit.checks.runner import run_activation_checks
+    from sparkit.cli.common import require_server
     from sparkit.errors import CheckFailed, EngineError, UsageError
     from sparkit.recipes.plan import LaunchPlan
     from sparkit.runs import is_live, resolve_server
@@ -313,7 +373,7 @@ def check(
         run_path = None
     else:
         raise UsageError("--url needs --recipe RECIPE: the checks compare the server with what a recipe asks for")
-    _require_reachable(target.url, target.api_key)
+    require_server(target.url, target.api_key)  # unreachable: one message, not a table of failed checks
     results = run_activation_checks(target.url, plan, run_path, api_key=target.api_key)
     if json_out:
         print_json({"url": target.url, "run": target.run.id if target.run else None, "checks": [r.to_dict() for r in results]})
@@ -321,25 +381,6 @@ def check(
         render_checks(results, title=f"checks of {target.url}")
     if worst(results) == Status.FAIL:
         raise CheckFailed("startup check(s) failed: " + ", ".join(r.title for r in results if r.status == Status.FAIL))
-
-
-def _require_reachable(url: str, api_key: str | None) -> None:
-    """An unreachable server is exit 7 with one message, not a table of failed checks."""
-    from sparkit.cli.common import run_async
-    from sparkit.client import EngineClient
-    from sparkit.errors import EngineError
-
-    async def probe() -> None:
-        async with EngineClient(url, api_key=api_key, timeout=10.0) as client:
-            await client.models()
-
-    try:
-        run_async(probe())
-    except EngineError as exc:
-        raise EngineError(
-            f"cannot check {url}: {exc.message}",
-            hint=exc.hint or "`sparkit status` lists the running servers; check the URL, port and API key",
-        ) from None
 
 
 def register(app: typer.Typer) -> None:

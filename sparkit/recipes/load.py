@@ -269,6 +269,7 @@ def apply_override(data: dict[str, Any], origins: dict[KeyPath, Origin], assignm
     parts = tuple(key.split("."))
     if not key or any(not p for p in parts):
         raise UsageError(f"--set {assignment!r}: empty key path", hint="e.g. --set server.port=30001")
+    _check_set_path(key, parts)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -289,6 +290,42 @@ def apply_override(data: dict[str, Any], origins: dict[KeyPath, Origin], assignm
     for p in [p for p in origins if p[: len(parts)] == parts]:
         del origins[p]
     origins[parts] = Origin("--set")
+
+
+def _check_set_path(key: str, parts: KeyPath) -> None:
+    """A --set key that the schema does not have is a mistake on the command line (exit 2),
+    found before the value is applied; a bad value for a real key stays a recipe error (exit 3)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from sparkit.recipes.schema import Recipe
+
+    model: Any = Recipe
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        section = ".".join(parts[:i])
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
+            raise UsageError(
+                f"--set {key}: unknown key '{part}'" + (f"; did you mean '{close[0]}'?" if close else ""),
+                hint=f"keys {'in ' + section if section else 'at the top level'}: " + ", ".join(fields)
+                + " (docs/recipe-reference.md lists them all)",
+            )
+        if parts == ("extends",):
+            raise UsageError("--set extends: the base of a recipe is chosen in its file, not on the command line",
+                             hint="write a recipe with `extends: BASE` and pass that file")
+        annotation = fields[part].annotation
+        candidates = [annotation, *typing.get_args(annotation)]
+        sub = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if sub is not None:
+            model = sub
+            continue
+        if any(typing.get_origin(c) is dict or c is dict for c in candidates):
+            return  # a free-form mapping (server.env, model.overrides): its keys are the user's
+        if i < len(parts) - 1:
+            raise UsageError(f"--set {key}: '{'.'.join(parts[: i + 1])}' is a value, not a section")
+        return
 
 
 # ---------------------------------------------------------------- validation

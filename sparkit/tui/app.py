@@ -38,7 +38,7 @@ from sparkit.tui.history import ChatStore
 from sparkit.tui.metrics import ReplyMetrics, SessionMetrics
 from sparkit.tui.server_summary import ServerSummary, merge, summarize_run, summarize_server_info
 from sparkit.tui.settings import ChatSettings
-from sparkit.tui.widgets import HistoryScreen, MessageView, MetricsBar, ServerPanel, SettingsScreen
+from sparkit.tui.widgets import HistoryScreen, MessageView, MetricsBar, Pane, ServerPanel, SettingsScreen
 
 LIVE_REPLIES = 1  # the newest replies stay Markdown widgets; older ones are settled (MessageView.settle)
 RENDER_INTERVAL_S = 0.05  # at most 20 screen updates a second while streaming
@@ -136,6 +136,9 @@ class ChatApp(App):
         Binding("ctrl+t", "settings", "Settings"),
         Binding("ctrl+b", "toggle_panel", "Server panel"),
         Binding("ctrl+q", "quit", "Quit"),
+        # Ctrl-C is how a terminal program is left: quit as Ctrl+Q does (Textual would only say
+        # "press ctrl+q"; the prompt would take it as copy). Priority: whatever has the focus.
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
 
     def __init__(
@@ -163,6 +166,7 @@ class ChatApp(App):
         self.initial_conversation = open_conversation
         self.request_extra: dict[str, Any] = {}  # extra request fields, e.g. {"ignore_eos": True} in tests
         self.connection_state = "connecting"
+        self.server_answered = False  # once anything came back: later failures mean it went away
         self.conversation_id: int | None = None
         self.session = SessionMetrics()
         self.server_summary: ServerSummary | None = None
@@ -175,6 +179,7 @@ class ChatApp(App):
         self._frame_pending = False
         self._next_write_at = 0.0
         self._reply_message_id: int | None = None
+        self._unsaved_reply: tuple[ReplyMetrics, MessageView, int] | None = None  # finished, not yet in the store
         self._md_stream = None
         self._render_timer = None
         self._draining = False
@@ -190,7 +195,7 @@ class ChatApp(App):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="main"):
-            yield VerticalScroll(id="conversation")
+            yield Pane(id="conversation")
             yield ServerPanel(id="server-panel")
         yield MetricsBar(id="metrics-bar")
         yield Input(placeholder="Message (Enter sends, Esc stops a reply)", id="prompt")
@@ -241,11 +246,13 @@ class ChatApp(App):
             self._last_health_check = now
             healthy = await self._client.health()
             if healthy and self.connection_state != "online":
-                was_offline = self.connection_state == "offline"
+                was_offline, had_answered = self.connection_state == "offline", self.server_answered
+                self.server_answered = True
                 self._set_connection("online")
                 await self._fetch_server_info()
                 if was_offline:
-                    self.notify("server is back: reconnected", title="reconnected")
+                    self.notify("server is back: reconnected" if had_answered else f"connected to {self.url}",
+                                title="reconnected" if had_answered else "connected")
             elif not healthy and self.connection_state != "offline":
                 self._set_connection("offline")
         finally:
@@ -405,26 +412,38 @@ class ChatApp(App):
             pass
         view.content = self._reply_text
         view.set_status(status, error=error, metrics=reply)
-        self.session.add(reply)
+        if reply.t_first is not None or status == "complete":
+            self.server_answered = True
+        self.session.add(reply, message_id=self._reply_message_id)
         self.finished_replies.append(reply)
         bar = self.query_one(MetricsBar)
         bar.show_reply(reply)
         bar.show_session(self.session.tok_s_series, self.session.mean_tok_s, self.session.mean_accept_length)
         if error is not None:
-            self.notify(f"{error}\nthe partial reply is kept; reconnecting when the server is back",
-                        title="server went away", severity="error", timeout=8)
+            if self.server_answered:
+                self.notify(f"{error}\nthe partial reply is kept; reconnecting when the server is back",
+                            title="server went away", severity="error", timeout=8)
+            else:  # it never answered: nothing went away, nothing is there
+                self.notify(f"{error}\nyour message is kept; the chat connects once a server answers there",
+                            title=f"no server answered at {self.url}", severity="error", timeout=8)
             self._set_connection("offline")
         elif self.connection_state != "online" and status == "complete":
             self._set_connection("online")
+        self._unsaved_reply = (reply, view, self._reply_message_id)
         self.call_after_refresh(self._painted, reply, view, self._reply_message_id)
 
     def _painted(self, reply: ReplyMetrics, view: MessageView, message_id: int) -> None:
         # The streamed text is complete and painted: that is when the user has the final text.
         if reply.t_last is not None:
             self.display_latencies.append(time.perf_counter() - reply.t_last)
-        # Saved after the paint: a commit (fsync) must not delay the final text.
-        self.store.update_message(message_id, content=view.content, status=view.status, metrics=reply.to_dict())
+        self._save_reply(reply, view, message_id)
         self.run_worker(self._full_update(view), group="markdown-final")
+
+    def _save_reply(self, reply: ReplyMetrics, view: MessageView, message_id: int) -> None:
+        # Saved after the paint: a commit (fsync) must not delay the final text.
+        if self._unsaved_reply is not None and self._unsaved_reply[2] == message_id:
+            self._unsaved_reply = None
+        self.store.update_message(message_id, content=view.content, status=view.status, metrics=reply.to_dict())
 
     async def _full_update(self, view: MessageView) -> None:
         # One full parse of the final text after the paint, so a long reply is never held back
@@ -440,6 +459,14 @@ class ChatApp(App):
             await view.settle()
 
     # -- actions ----------------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        """Ctrl+Q and Ctrl-C: a reply still streaming is stopped and kept (marked partial), the
+        last reply is in the store, then the app exits (`sparkit chat` exits 0)."""
+        await self._stop_and_wait()
+        if self._unsaved_reply is not None:  # finished but its paint (and save) did not come yet
+            self._save_reply(*self._unsaved_reply)
+        self.exit()
+
     def action_stop(self) -> None:
         if isinstance(self.screen, (SettingsScreen, HistoryScreen)):
             self.screen.dismiss(None)
@@ -490,7 +517,9 @@ class ChatApp(App):
                 assistant_left -= 1
             metrics = ReplyMetrics.from_dict(message.metrics) if message.metrics else None
             if metrics is not None:
-                self.session.add(metrics)
+                # Counted once per saved reply: a chat reopened (again, or after its replies were
+                # made in this session) adds nothing twice to the figures.
+                self.session.add(metrics, message_id=message.id)
                 last = metrics
             views.append(MessageView(message.role, message.content, status=message.status, metrics=metrics,
                                      settled=message.role == "assistant" and assistant_left >= LIVE_REPLIES))

@@ -74,9 +74,17 @@ class SessionMetrics:
     """Figures across the replies of one chat session (what the sparkline plots)."""
 
     replies: list[ReplyMetrics] = field(default_factory=list)
+    counted_messages: set[int] = field(default_factory=set)  # stored message ids already in `replies`
 
-    def add(self, reply: ReplyMetrics) -> None:
+    def add(self, reply: ReplyMetrics, *, message_id: int | None = None) -> bool:
+        """Count a reply once: a stored message already counted (its chat reopened) is skipped.
+        Returns whether it was added."""
+        if message_id is not None:
+            if message_id in self.counted_messages:
+                return False
+            self.counted_messages.add(message_id)
         self.replies.append(reply)
+        return True
 
     @property
     def tok_s_series(self) -> list[float]:

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.scrollbar import ScrollBarRender
 from textual.widgets import Button, Input, Label, Markdown, OptionList, Sparkline, Static
 from textual.widgets.option_list import Option
 
@@ -21,8 +22,34 @@ STATUS_MARKS = {
     "complete": "",
     "streaming": "streaming…",
     "stopped": "stopped (partial)",
-    "interrupted": "interrupted: server went away (partial)",
+    "interrupted": "interrupted (partial)",  # the error is shown live; a reopened chat no longer knows it
 }
+
+
+class WholeCellScrollBarRender(ScrollBarRender):
+    """A scrollbar thumb of whole cells only. Textual ends the thumb with eighth-block glyphs
+    (▂▄▆, two columns wide); copied or captured as text (tmux capture-pane, a screenshot of
+    the text) they are a stray `▂▂` beside the server panel."""
+
+    VERTICAL_BARS = [" "] * len(ScrollBarRender.VERTICAL_BARS)
+    HORIZONTAL_BARS = [" "] * len(ScrollBarRender.HORIZONTAL_BARS)
+
+
+class Pane(VerticalScroll):
+    """A scrolling pane of the chat (transcript, server panel) with a whole-cell scrollbar."""
+
+    def on_mount(self) -> None:
+        self.vertical_scrollbar.renderer = WholeCellScrollBarRender
+
+
+class SpeedSparkline(Sparkline):
+    """tok/s over the session's replies; a dash until there are two to compare (with none,
+    Textual draws a row of ▁, with one a full bar: neither says anything)."""
+
+    def render(self):
+        if len(self.data or []) < 2:
+            return Text("–", style="dim")
+        return super().render()
 
 
 class MessageView(Vertical):
@@ -101,7 +128,7 @@ class MetricsBar(Horizontal):
 
     def compose(self) -> ComposeResult:
         yield Static("no reply yet", id="reply-metrics", markup=False)
-        yield Sparkline([], id="tok-s-spark", summary_function=max)
+        yield SpeedSparkline([], id="tok-s-spark", summary_function=max)
         yield Static("", id="session-metrics", markup=False)
         yield Static("connecting…", id="connection", markup=False)
 
@@ -125,7 +152,7 @@ class MetricsBar(Horizontal):
         label.tooltip = url
 
 
-class ServerPanel(VerticalScroll):
+class ServerPanel(Pane):
     """The server's recipe and startup-check status."""
 
     def compose(self) -> ComposeResult:

@@ -52,3 +52,25 @@ def test_tune_sweeps_depth_ranks_it_and_writes_a_new_recipe(tiny_model_dir, tmp_
                      base_overrides=[f"model.path={tiny_model_dir}"], write_recipe_dir=tmp_path)
     assert [p["figures"] for p in again["points"]] == [p["figures"] for p in points]
     assert again["best_recipe"] != doc["best_recipe"]  # a new file again, never an overwrite
+
+
+def test_tune_cli_writes_a_shipped_recipes_tuning_to_the_current_directory_and_says_where(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "SPARKIT_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "tune", "tiny", "--param", "speculative.num_steps=1,2",
+         "--set", f"model.path={tiny_model_dir}", "--input-len", "16", "--output-len", "16", "--num-prompts", "2",
+         "--warmup", "0", "--out", str(tmp_path / "sweep.json"), "--json"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    written = [p for p in work.iterdir() if p.suffix == ".yaml"]
+    assert len(written) == 1 and written[0].name.startswith("tiny-tuned-num_steps")
+    assert doc["best_recipe"] == str(written[0]) and doc["best_recipe_where"] == "the current directory: tiny is a shipped recipe"
+    assert f"best recipe written to {written[0]} (the current directory: tiny is a shipped recipe)" in done.stderr

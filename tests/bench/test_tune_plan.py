@@ -93,6 +93,44 @@ def test_tuned_recipe_for_a_shipped_recipe_loads_and_carries_the_winning_depth(t
     assert tuned.recipe.stack.lm_head == base.recipe.stack.lm_head  # everything else inherited
 
 
+def test_a_tuned_shipped_recipe_goes_to_the_current_directory_and_extends_it_by_name(tmp_path, monkeypatch):
+    from _shared import REPO_DIR
+
+    from sparkit.bench.tune import tuned_recipe_dir
+    from sparkit.recipes.load import load_recipe
+
+    before = set(REPO_DIR.iterdir()), set((REPO_DIR / "recipes" / "tiny").iterdir())
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    base = load_recipe("tiny")
+    assert tuned_recipe_dir(base.path) == (elsewhere, "the current directory: tiny is a shipped recipe")
+    written = write_best_recipe(base.path, ["stack.speculative.num_steps=2", "stack.speculative.num_draft_tokens=3"],
+                                "num_steps=2", label="num_steps=2")
+    assert written.parent == elsewhere and written.name == "tiny-tuned-num_steps2.yaml"
+    import yaml
+
+    assert yaml.safe_load(written.read_text())["extends"] == "tiny"  # by name: it moves with the install
+    assert load_recipe(str(written)).recipe.stack.speculative.num_steps == 2
+    assert (set(REPO_DIR.iterdir()), set((REPO_DIR / "recipes" / "tiny").iterdir())) == before  # nothing in the repo
+
+
+def test_a_tuned_recipe_file_goes_beside_it_wherever_the_command_runs(tmp_path, monkeypatch):
+    from sparkit.bench.tune import tuned_recipe_dir
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    source = mine / "my.yaml"
+    source.write_text("extends: tiny\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert tuned_recipe_dir(source) == (mine, "beside my.yaml")
+    written = write_best_recipe(source, ["stack.speculative.num_steps=2"], "s", label="num_steps=2")
+    assert written.parent == mine and list(cwd.iterdir()) == []
+    assert tuned_recipe_dir(source, tmp_path / "out") == (tmp_path / "out", "--recipe-dir")
+
+
 def test_an_invalid_value_is_refused_before_any_server_starts(tmp_path):
     from sparkit.bench.runner import BenchConfig
     from sparkit.bench.tune import run_tune

@@ -63,3 +63,25 @@ def test_a_wrong_draft_fails_the_accept_length_gate_but_not_the_greedy_one(tiny_
     assert checks["accept_length"].status == Status.FAIL
     assert checks["accept_length"].data["candidate"] < checks["accept_length"].data["baseline"] - 0.5
     assert not report.passed
+
+
+def test_the_readme_example_says_what_it_was_judged_by(tiny_model_dir, tmp_path):
+    """`sparkit verify tiny --against tiny-baseline`, the README's tour: an FP8 head against a
+    bf16 one without MTP is judged by token agreement, and says why accept length is not."""
+    import os
+    import subprocess
+    import sys
+
+    model = f"model.path={tiny_model_dir}"
+    env = {**os.environ, "SPARKIT_HOME": str(tmp_path / "home"), "COLUMNS": "100"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkit", "verify", "tiny", "--against", "tiny-baseline", "--set", model,
+         "--against-set", model, "--num-prompts", "2", "--max-new-tokens", "32"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("verify passed"))
+    assert summary == (
+        "verify passed (tiny against tiny/tiny-baseline): judged by token agreement, not byte-exactness "
+        "(stack.lm_head: bf16 -> fp8 changes rounding); accept length not compared: the baseline has no "
+        "speculative decoding; the greedy re-run after sampled requests must be byte-exact")

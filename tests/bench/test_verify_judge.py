@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkit.bench.verify import GreedyOutput, SideResult, judge, rounding_changes, token_agreement
+from sparkit.bench.verify import GreedyOutput, SideResult, VerifyReport, judge, rounding_changes, token_agreement
 from sparkit.checks.results import Status
 
 
@@ -71,3 +71,44 @@ def test_token_agreement_counts_tokens_before_first_divergence():
     b = [GreedyOutput(0, "", [1, 2, 0, 4], 4, None), GreedyOutput(1, "", [5, 6], 2, None)]
     rate, unit = token_agreement(a, b)
     assert rate == (2 + 2) / 6 and unit == "tokens"
+
+
+def test_a_skipped_accept_length_gate_says_why():
+    spec = side(["a"], verify_ct=4, speculative=True)
+    plain = side(["a"])
+    silent = side(["a"], speculative=True)  # speculates, but its server reported no spec_verify_ct
+    cases = [
+        (plain, spec, "not compared: the baseline has no speculative decoding"),
+        (spec, plain, "not compared: the candidate has no speculative decoding"),
+        (plain, plain, "not compared: neither configuration has speculative decoding"),
+        (spec, silent, "not compared: the candidate server reported no spec_verify_ct"),
+    ]
+    for baseline, candidate, detail in cases:
+        check = by_name(judge(baseline, candidate, rounding=[]))["accept_length"]
+        assert check.status == Status.SKIP and check.detail == detail
+
+
+def report(baseline, candidate, rounding) -> VerifyReport:
+    return VerifyReport("tiny", "tiny-baseline", rounding, judge(baseline, candidate, rounding), {}, {})
+
+
+def test_the_summary_says_a_rounding_change_was_judged_by_agreement_not_byte_exactness():
+    rounding = ["stack.lm_head: bf16 -> fp8"]
+    both = report(side(["abcd"], ids=[[1, 2, 3, 4]], verify_ct=4, speculative=True),
+                  side(["abXY"], ids=[[1, 2, 9, 9]], verify_ct=4, speculative=True, rerun_texts=["abXY"]), rounding)
+    assert both.summary == (
+        "verify passed (tiny against tiny-baseline): judged by token agreement and accept length, not "
+        "byte-exactness (stack.lm_head: bf16 -> fp8 changes rounding); the greedy re-run after sampled "
+        "requests must be byte-exact")
+    # The README's `verify tiny --against tiny-baseline`: an FP8 head against a baseline without MTP.
+    no_mtp = report(side(["abcd"], ids=[[1, 2, 3, 4]]),
+                    side(["abXY"], ids=[[1, 2, 9, 9]], verify_ct=4, speculative=True, rerun_texts=["abXY"]), rounding)
+    assert no_mtp.to_dict()["judged_by"] == (
+        "judged by token agreement, not byte-exactness (stack.lm_head: bf16 -> fp8 changes rounding); "
+        "accept length not compared: the baseline has no speculative decoding; the greedy re-run after "
+        "sampled requests must be byte-exact")
+    exact = report(side(["abc"], verify_ct=4, speculative=True),
+                   side(["abc"], verify_ct=4, speculative=True, rerun_texts=["abc"]), [])
+    assert exact.summary.startswith("verify passed (tiny against tiny-baseline): judged by byte-exact greedy "
+                                    "outputs and accept length within 0.05;")
+    assert "not byte-exactness" not in exact.summary

@@ -219,6 +219,22 @@ def test_acceptance_near_one_names_the_likely_causes():
     assert "wrong draft" in check_acceptance(make_plan(), ev).cause
 
 
+def test_a_wrong_draft_is_named_once_when_the_report_and_the_recipe_both_name_it():
+    ev = ServerEvidence("embedded", probe=probe(1.0), reports=[report(draft_path="sparkit:tiny-ling:seed=1")])
+    cause = check_acceptance(make_plan(draft_model="sparkit:tiny-ling:seed=1"), ev).cause
+    assert cause == "likely: the draft model sparkit:tiny-ling:seed=1 may not belong to this target (wrong draft)"
+    ev = ServerEvidence("embedded", probe=probe(1.0), reports=[report(draft_path="/cache/models/tiny-ling-s1/")])
+    cause = check_acceptance(make_plan(draft_model="/cache/models/tiny-ling-s1"), ev).cause
+    assert cause == "likely: the draft model /cache/models/tiny-ling-s1/ may not belong to this target (wrong draft)"
+    # The recipe alone (no activation report) names it too, once.
+    cause = check_acceptance(make_plan(draft_model="/models/d"), ServerEvidence("embedded", probe=probe(1.0))).cause
+    assert cause == "likely: the draft model /models/d may not belong to this target (wrong draft)"
+    # A loaded draft other than the one asked for: both named, in one sentence.
+    ev = ServerEvidence("embedded", probe=probe(1.0), reports=[report(draft_path="/models/other")])
+    cause = check_acceptance(make_plan(draft_model="/models/d"), ev).cause
+    assert cause == "likely: the draft model /models/other (the recipe asks for /models/d) may not belong to this target (wrong draft)"
+
+
 def test_acceptance_below_the_recipe_minimum_fails():
     result = check_acceptance(make_plan(min_accept_length=2.5), ServerEvidence("embedded", probe=probe(2.0)))
     assert result.status == Status.FAIL and "2.50" in result.detail

@@ -76,6 +76,34 @@ def test_recipes_list_show_validate(tmp_path):
     assert runner.invoke(app, ["recipes", "validate", "ling-3.0-flash/tp4-nextn"]).exit_code == 0
 
 
+def test_recipes_show_redirected_is_yaml_that_loads_back_as_the_same_recipe(tmp_path):
+    """`sparkit recipes show X > mine.yaml` then `sparkit recipes validate mine.yaml`: the
+    output is plain YAML (comments as # lines, no markup, no wrapping at 80 columns)."""
+    import yaml
+
+    from sparkit.recipes.load import load_recipe
+
+    names = [r["name"] for r in json.loads(runner.invoke(app, ["recipes", "list", "--json"]).stdout)]
+    for name in names:
+        shown = runner.invoke(app, ["recipes", "show", name])
+        assert shown.exit_code == 0, shown.output
+        text = shown.stdout
+        assert text.startswith(f"# {load_recipe(name).name}: ") and "\x1b" not in text
+        assert isinstance(yaml.safe_load(text), dict), text  # the chain line is a comment
+        saved = tmp_path / f"{name.replace('/', '_')}.yaml"
+        saved.write_text(text)
+        validated = runner.invoke(app, ["recipes", "validate", str(saved)])
+        assert validated.exit_code == 0, (name, validated.output)
+        original = load_recipe(name).resolved()
+        original.pop("extends")
+        again = load_recipe(saved).resolved()
+        assert again.pop("extends") is None  # fully resolved: nothing left to inherit
+        assert again == original, name
+    # Overrides are applied and said in a comment.
+    shown = runner.invoke(app, ["recipes", "show", "tiny", "--set", "server.port=31001"]).stdout
+    assert "# with --set server.port=31001\n" in shown and yaml.safe_load(shown)["server"]["port"] == 31001
+
+
 def test_doctor_reports_a_host_without_gpu_cleanly():
     result = runner.invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output

@@ -114,6 +114,82 @@ async def test_a_message_to_an_unreachable_server_is_marked_and_the_app_goes_on(
         await wait_until(pilot, lambda: app.reply_finished.is_set())
         reply = app.message_views()[-1]
         assert reply.status == "interrupted"
-        assert "cannot reach" in str(reply.query_one(".role").render()) or "broke off" in str(reply.query_one(".role").render())
+        assert f"no server answered at {DEAD_URL}" in str(reply.query_one(".role").render())
+        # It never answered: the notice says so, not that a server went away.
+        titles = [n.title for n in app._notifications]
+        assert f"no server answered at {DEAD_URL}" in titles and "server went away" not in titles
         await pilot.press(*"still here")
         assert app.query_one("#prompt").value == "still here"
+
+
+def chat_with_figures(tmp_path) -> tuple:
+    """A saved chat of two replies with their figures: 100 tok/s (accept 2.0) and 10 tok/s (3.0)."""
+    store_path = tmp_path / "chat.sqlite3"
+    store = ChatStore(store_path)
+    cid = store.new_conversation("speeds")
+    for tokens, accept in ((101, 2.0), (11, 3.0)):
+        store.add_message(cid, "user", "go")
+        store.add_message(cid, "assistant", "ok " * 5, metrics={"t_start": 0.0, "t_first": 0.05, "t_last": 1.05,
+                                                               "output_tokens": tokens, "accept_length": accept,
+                                                               "exact": True, "status": "done"})
+    return store_path, cid
+
+
+@run_async
+async def test_reopening_a_saved_chat_counts_each_reply_once(tmp_path):
+    store_path, cid = chat_with_figures(tmp_path)
+    app = create_app(DEAD_URL, store_path=store_path, health_interval=None, open_conversation=cid)
+    async with app.run_test(size=SIZE) as pilot:
+        first = (len(app.session.replies), app.session.mean_tok_s, app.session.mean_accept_length)
+        assert first == (2, 110 / 2.0, 2.5)
+        for _ in range(2):  # new chat, then the same one again from the history, twice
+            await pilot.press("ctrl+n")
+            await wait_until(pilot, lambda: app.message_views() == [])
+            await pilot.press("ctrl+o")
+            await wait_until(pilot, lambda: type(app.screen).__name__ == "HistoryScreen")
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: len(app.message_views()) == 4)
+        assert (len(app.session.replies), app.session.mean_tok_s, app.session.mean_accept_length) == first
+        assert len(app.query_one("#tok-s-spark").data) == 2
+        assert "█" in screen_rows(app, "tok-s-spark")[0]  # two replies to compare: the sparkline draws
+        assert str(app.query_one("#session-metrics").render()) == "2 replies · mean 55 tok/s · acc 2.50"
+
+
+@run_async
+async def test_ctrl_c_quits_like_ctrl_q(tmp_path):
+    for key in ("ctrl+c", "ctrl+q"):
+        store_path, cid = chat_with_figures(tmp_path / key)
+        app = create_app(DEAD_URL, store_path=store_path, health_interval=None, open_conversation=cid)
+        async with app.run_test(size=SIZE) as pilot:
+            app.query_one("#prompt").focus()  # the prompt has the focus, where Textual binds Ctrl-C to copy
+            await pilot.press(*"draft")
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.return_code == 0 and not app.is_running, key
+        assert len(ChatStore(store_path).load(cid).messages) == 4  # the history is untouched
+
+
+def screen_rows(app, widget_id: str) -> list[str]:
+    region = app.query_one(f"#{widget_id}").region
+    strips = app.screen._compositor.render_strips()
+    rows = ["".join(segment.text for segment in strip) for strip in strips]
+    return [row[region.x:region.right] for row in rows[region.y:region.bottom]]
+
+
+@run_async
+async def test_no_stray_block_glyphs_beside_the_server_panel_and_no_sparkline_without_data(tmp_path):
+    store_path = tmp_path / "chat.sqlite3"
+    store = ChatStore(store_path)
+    cid = store.new_conversation("long")
+    for i in range(12):  # longer than the screen: the transcript scrolls
+        store.add_message(cid, "user", f"question {i}")
+        store.add_message(cid, "assistant", f"answer {i}\n\n" + "word " * 40)
+    app = create_app(DEAD_URL, store_path=store_path, health_interval=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert screen_rows(app, "tok-s-spark")[0].strip() == "–"  # no reply yet: a dash, not ▁▁▁▁
+        await app.open_conversation(cid)
+        await pilot.pause()
+        assert app.conversation_view.max_scroll_y > 0  # there is a scrollbar to draw
+        main = "\n".join(screen_rows(app, "main"))
+        assert not set(main) & set("▁▂▃▄▅▆▇"), main  # the thumb is whole cells
+        assert screen_rows(app, "tok-s-spark")[0].strip() == "–"  # replies without figures: still a dash

@@ -97,6 +97,53 @@ async def test_escape_stops_a_long_reply_and_the_server_frees_the_slot(embedded_
 
 
 @run_async
+async def test_ctrl_c_mid_reply_quits_and_keeps_the_partial_reply(embedded_server, tmp_path):
+    store_path = tmp_path / "chat.sqlite3"
+    app = create_app(embedded_server.url, store_path=store_path, settings=ChatSettings(temperature=0.8, max_tokens=1500))
+    app.request_extra = {"ignore_eos": True}
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.connection_state == "online", what="connection")
+        await type_and_send(pilot, "tell me a very long story")
+        await wait_until(pilot, lambda: app._reply is not None and app._reply.output_tokens >= 5, what="first tokens")
+        conversation_id = app.conversation_id
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not app.is_running, what="the app to quit")
+        assert app.return_code == 0
+    reply = ChatStore(store_path).load(conversation_id).messages[-1]
+    assert reply.role == "assistant" and reply.status == "stopped" and reply.content  # kept, marked partial
+    assert reply.metrics and 5 <= reply.metrics["output_tokens"] < 1500
+
+
+def test_sparkit_chat_exits_0_on_ctrl_c(embedded_server, tmp_path):
+    """The real command on a real terminal: Ctrl-C (the byte a terminal sends) ends it with 0."""
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPARKIT_HOME": str(tmp_path / "home"), "TERM": "xterm-256color"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "sparkit", "chat", "--url", embedded_server.url],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True, start_new_session=True)
+    os.close(slave)
+    drawn = b""
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while b"online" not in drawn and time.monotonic() < deadline:  # the app is up and connected
+            if select.select([master], [], [], 0.5)[0]:
+                drawn += os.read(master, 65536)
+        assert b"online" in drawn, drawn[-2000:]
+        os.write(master, b"\x03")
+        code = proc.wait(timeout=30)
+        assert code == 0, drawn[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+
+
+@run_async
 async def test_history_reopens_after_a_restart(embedded_server, tmp_path):
     store_path = tmp_path / "chat.sqlite3"
     first = create_app(embedded_server.url, store_path=store_path, settings=ChatSettings(temperature=0.0, max_tokens=16))
@@ -151,6 +198,7 @@ async def test_a_server_killed_mid_reply_keeps_the_partial_text_and_reconnects(s
         assert view.status == "interrupted"
         assert view.content, "the partial reply was dropped"
         assert "interrupted" in str(view.query_one(".role").render())
+        assert "server went away" in [n.title for n in app._notifications]  # it had answered: it went away
         assert app.connection_state == "offline"
         stored = ChatStore(tmp_path / "chat.sqlite3").load(app.conversation_id)
         assert stored.messages[-1].status == "interrupted" and stored.messages[-1].content == view.content

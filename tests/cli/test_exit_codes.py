@@ -1,0 +1,86 @@
+"""The README's exit-code table is what the commands do: real `sparkit` processes, their exit
+status and their one `error:` line, for the mistakes a newcomer makes first."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _shared import GSM8K_DIR, REPO_DIR
+
+from sparkit import errors
+
+
+def sparkit(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPARKIT_HOME": str(home), "COLUMNS": "200"}
+    env.pop("SPARKIT_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def assert_one_error(done: subprocess.CompletedProcess, code: int) -> None:
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert done.stderr.startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def dead_url() -> str:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_the_readme_table_lists_exactly_the_codes_of_the_error_classes():
+    readme = (REPO_DIR / "README.md").read_text()
+    table = readme.split("## Exit codes", 1)[1].split("\n\n", 2)[1]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
+    classes = {c.exit_code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SparkitError)}
+    assert documented == classes | {0, errors.EXIT_INTERRUPTED}
+
+
+@pytest.mark.parametrize("assignment", ["stack.nonexistent=1", "notakey", "nonexistent.x=1", "stack.lm_head.x=1",
+                                        "stack.speculative.nonexistent=1", "extends=tiny"])
+def test_a_bad_set_path_is_usage_exit_2(sparkit_home, assignment):
+    for command in (["plan", "tiny"], ["recipes", "show", "tiny"], ["up", "tiny"]):
+        done = sparkit(sparkit_home, *command, "--set", assignment)
+        assert_one_error(done, 2)
+        assert "--set " in done.stderr and done.stdout == ""
+
+
+def test_a_bad_value_for_a_real_key_stays_a_recipe_error_exit_3_naming_the_key(sparkit_home):
+    done = sparkit(sparkit_home, "plan", "tiny", "--set", "stack.lm_head=fp16")
+    assert_one_error(done, 3)
+    assert "error: --set stack.lm_head: 'fp16' is not one of bf16, fp32, fp8" in done.stderr
+
+
+def test_no_server_found_reads_the_same_for_every_command_that_needs_one(sparkit_home):
+    outcomes = {}
+    for command in (["chat"], ["bench"], ["eval", "gsm8k", "--data", str(GSM8K_DIR), "--limit", "1"], ["check"]):
+        done = sparkit(sparkit_home, *command)
+        assert_one_error(done, 7)
+        outcomes[command[0]] = done.stderr
+    assert len(set(outcomes.values())) == 1, outcomes
+    assert outcomes["chat"] == "error: no running server found\nhint: start one with `sparkit up`, or pass --url URL\n"
+
+
+def test_a_url_where_nothing_listens_is_exit_7_saying_no_server_answered(sparkit_home, tmp_path):
+    url = dead_url()
+    commands = {
+        "chat": ["chat", "--url", url],
+        "bench": ["bench", "--url", url, "--out", str(tmp_path / "bench.json")],
+        "eval": ["eval", "gsm8k", "--url", url, "--data", str(GSM8K_DIR), "--limit", "1", "--out", str(tmp_path / "e.jsonl")],
+        "check": ["check", "--url", url, "--recipe", "tiny", "--json"],
+    }
+    for name, command in commands.items():
+        done = sparkit(sparkit_home, *command)
+        assert_one_error(done, 7)
+        assert done.stderr.startswith(f"error: no server answered at {url}\n"), (name, done.stderr)
+        assert "went away" not in done.stderr and "broke off" not in done.stderr
+        assert done.stdout == "", name
+    assert not (tmp_path / "e.jsonl").exists()  # refused before a results file was started
