@@ -42,10 +42,8 @@ echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp
 for p in $(echo "$pieces" | head -n -1); do
   echo "  run(command=\"mkdir -p /tmp/acc && cp $p/* /tmp/acc/\", carry=[\"$p\"])"
 done
-echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && OUT=\$OUT PART=1 bash benchmarks/sglang_h200/session.sh\","
+echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
 echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"], timeout_s=600)"
-echo "  run(command=\"OUT=\$OUT PART=2 bash benchmarks/sglang_h200/session.sh\", timeout_s=600)"
-echo "  run(command=\"OUT=\$OUT PART=3 bash benchmarks/sglang_h200/session.sh\", timeout_s=600)"
 tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
 for p in $pieces; do
   size=$(du -sb "$p" | cut -f1)

@@ -125,7 +125,7 @@ def test_transformers_reads_the_config_with_every_key_sglang_bailing_code_reads(
         ("use_qk_norm", True, "use_qk_norm=True"),
         ("score_function", "sigmoid", "score_function='sigmoid'"),
         ("first_k_dense_replace", 1, "first_k_dense_replace=1"),
-        ("num_key_value_heads", 2, "num_key_value_heads=2"),
+        ("num_key_value_heads", 1, "num_key_value_heads=1"),
         ("partial_rotary_factor", 0.5, "partial_rotary_factor=0.5"),
         ("n_group", 2, "n_group=2"),
     ],

@@ -37,7 +37,7 @@ from sparkit.errors import LaunchError, UsageError
 
 # Bump when the model code, the corpus, the tokenizer or the training procedure changes what a
 # spec builds (tests/embedded/test_builder.py fails when the shipped checkpoint was not rebuilt).
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 MARKER = ".sparkit-build.json"
 WEIGHTS = "model.safetensors"
 BUILTIN_MODELS = ("tiny-ling",)

@@ -62,7 +62,7 @@ class BailingMoeV2Config(PretrainedConfig):
 
 _DEFAULTS = {
     "vocab_size": 264, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "hidden_act": "silu",
+    "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64, "hidden_act": "silu",
     "use_qkv_bias": False, "use_bias": False, "use_qk_norm": False, "rms_norm_eps": 1e-6,
     "embedding_dropout": 0.0, "max_position_embeddings": 2048, "num_experts": 8,
     "num_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 0, "topk_group": 0,

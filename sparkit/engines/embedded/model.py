@@ -38,8 +38,12 @@ class TinyLingConfig:
     # MTP on CPU (deeper models with narrow top-1 experts raise the MTP/plain ratio, but only by
     # slowing plain decoding down more than MTP gains).
     num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    head_dim: int = 32
+    # 2 heads of 64: SGLang 0.5.23's CUDA RoPE kernel takes head sizes 64/128/256/512 only; with
+    # 32, its BailingMoeV2 fuses the KV-cache write into a fallback RoPE that cannot do it and the
+    # first forward fails ("save kv cache is not supported for fallback_rotary_embedding", seen
+    # on the H200).
+    num_attention_heads: int = 2
+    head_dim: int = 64
     num_experts: int = 8
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 192
