@@ -148,7 +148,9 @@ if has main; then
     timeout 30 python3 -m sparkit.cli.main status > "$W/main-status.txt" 2>&1
     timeout 30 python3 -m sparkit.cli.main logs "$RUN" --lines 40 > "$W/main-logs.txt" 2>&1; stamp "logs rc=$?"
     curl -s "$URL/server_info" > "$W/main-server_info.json"; curl -s "$URL/model_info" > "$W/main-model_info.json"
-    timeout 90 python3 benchmarks/cross_engine_capture.py "$URL" "$W/tiny-ling-hf" "$W/capture-fp8-nextn.json" 2>&1 | tail -n 2 | tee -a "$OUT/summary.txt"
+    # the tokenizer of the checkpoint the server loaded (the export; the shipped build when rehearsing)
+    tok_dir=$(json_field "$W/export.json" path); [ -d "$tok_dir" ] || tok_dir=$REPO/sparkit/engines/embedded/checkpoints/tiny-ling-s0
+    timeout 90 python3 benchmarks/cross_engine_capture.py "$URL" "$tok_dir" "$W/capture-fp8-nextn.json" 2>&1 | tail -n 2 | tee -a "$OUT/summary.txt"
     timeout 120 python3 -m sparkit.cli.main check "$RUN" --json > "$W/main-check.json" 2> "$W/main-check.err"; stamp "check rc=$?"
     timeout 150 python3 -m sparkit.cli.main bench "$RUN" --input-len 256 --output-len 256 --num-prompts 6 --json \
       --out "$W/main-bench-result.json" > "$W/main-bench.json" 2> "$W/main-bench.err"; stamp "bench rc=$?"
@@ -192,7 +194,7 @@ timeout 90 python3 -m sparkit.cli.main status --all --json > "$W/status-all.json
 timeout 90 python3 -m sparkit.cli.main down --all --json > "$W/down-all.json" 2>&1; stamp "down --all rc=$?"
 sleep 2
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$W/end-gpu.txt" 2>&1
-ps -eo pid,ppid,cmd | grep -E "sglang|sparkit" | grep -v grep > "$W/end-ps.txt"
+ps -eo pid,ppid,cmd | grep -E "sglang|sparkit" | grep -v -E "grep|sglang_h200/session.sh" > "$W/end-ps.txt"
 stamp "GPU processes left: $(($(wc -l < "$W/end-gpu.txt") - 1)); sglang/sparkit processes left: $(wc -l < "$W/end-ps.txt")"
 save
 stamp "done"
