@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparkit.checks.evidence import LogEvidence, ServerInfo
@@ -36,6 +36,13 @@ class ProbeResult:
 
     requests: list[ProbeRequest] = field(default_factory=list)
     error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
+        """What to_dict() wrote (probe.json in a run directory); derived figures are recomputed."""
+        names = {f.name for f in fields(ProbeRequest)}
+        return cls(requests=[ProbeRequest(**{k: v for k, v in r.items() if k in names}) for r in data.get("requests", [])],
+                   error=data.get("error"))
 
     @property
     def completion_tokens(self) -> int:
@@ -471,8 +478,13 @@ def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
     if exp.draft_shares_lm_head:
         cause = "the draft reads its own copy of the head"
-        if normalise_dtype(target.weight_dtype) == "fp8" and normalise_dtype(draft.weight_dtype) != "fp8":
-            cause = "the target's head was quantised to FP8 but the draft still reads it through a BF16 method: its drafts are garbage (accept length ~1.0)"
+        unquantised_method = draft.quant_method.startswith("Unquantized") and not target.quant_method.startswith("Unquantized")
+        if normalise_dtype(target.weight_dtype) == "fp8" and (normalise_dtype(draft.weight_dtype) != "fp8" or unquantised_method):
+            # Embedded engine: a BF16 copy of the FP8 bytes. Real SGLang 0.5.23: the same FP8
+            # storage under the draft's UnquantizedEmbeddingMethod (a crash at the first draft
+            # matmul or graph capture, seen on an H200; the Ling patch's variant decodes garbage).
+            cause = ("the target's head was quantised to FP8 but the draft still reads it through a BF16 method "
+                     f"({draft.quant_method}): its drafts are garbage (accept length ~1.0) or the engine fails on them")
         where = f" on TP rank(s) {unshared_ranks}" if rank0_shared else ""
         return _result(
             name, title, Status.FAIL, "the draft does not use the target's lm_head module" + where,
@@ -594,11 +606,16 @@ def check_ignored_settings(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         for d in compare_args(plan, ev.args):
             if d.kind == "rewritten":
                 evidence.append(f"engine rewrote {d.key}: {d.note}")
+    # A rewrite counts when it touches a setting the plan passed; SGLang also resets defaults the
+    # recipe never set (0.5.23: "Max running requests is reset to 48 for speculative decoding"),
+    # which is recorded but is not the recipe's setting being ignored.
+    notes = []
     if ev.log is not None:
-        evidence += [f"log: {line}" for line in ev.log.rewrites]
+        for line in ev.log.rewrites:
+            (evidence if _mentions_a_planned_flag(plan, line) else notes).append(f"log: {line}")
     ignored_vars = {v for w in plan.warnings for v in _ENV_NAME.findall(w)}
     relied = [p for p in plan.provisions if p.provider == "sglang-env" and any(v in p.detail for v in ignored_vars)]
-    data = {"ignored_env": sorted(ignored_vars), "count": len(evidence)}
+    data = {"ignored_env": sorted(ignored_vars), "count": len(evidence), "engine_defaults_rewritten": notes}
     if relied:
         return _result(
             name, title, Status.FAIL,
@@ -613,7 +630,17 @@ def check_ignored_settings(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
             evidence=evidence, data=data,
             fix="remove them from the recipe, or pin the engine version that knows them",
         )
-    return _result(name, title, Status.PASS, "the engine took every setting as given", data=data)
+    detail = "the engine took every setting as given"
+    if notes:
+        detail += f" (it reset {len(notes)} default(s) the recipe does not set)"
+    return _result(name, title, Status.PASS, detail, evidence=notes, data=data)
+
+
+def _mentions_a_planned_flag(plan: LaunchPlan, line: str) -> bool:
+    """Does a log line name a setting the launch passed ("Max running requests" ~ --max-running-requests)?"""
+    words = "_".join(re.findall(r"[a-z0-9]+", line.lower()))
+    flags = {a[2:].replace("-", "_") for a in plan.argv if a.startswith("--")}
+    return any(flag in words for flag in flags if len(flag) > 3)
 
 
 ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [

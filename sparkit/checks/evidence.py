@@ -355,6 +355,19 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         "pick another port with `--port N`, or `--port auto`; `sparkit status` shows running servers",
     ),
     (
+        # A BF16 kernel handed an FP8 tensor. Seen on the H200 (SGLang 0.5.23 + sparkit's FP8 head
+        # with SPARKIT_SHARE_LM_HEAD=0): the NEXTN draft, given only the target head's weight
+        # tensor, computes with it through UnquantizedEmbeddingMethod, and the draft's CUDA-graph
+        # capture stops with 'Capture cuda graph failed: "addmm_cuda" not implemented for
+        # 'Float8_e4m3fn''. Before the capture-failure pattern below: that line matches both.
+        re.compile(r"not implemented for 'Float8_e4m3fn'|not implemented for 'Float8_e5m2'"),
+        "FP8 weight read by a BF16 kernel",
+        "a module holds FP8 weights but computes with an unquantised (BF16) method; with an FP8 "
+        "lm_head and NEXTN this is the draft reading the target head's FP8 tensor: the shared-head trap",
+        "let the draft share the target's lm_head module (sparkit's plugin does, unless "
+        "SPARKIT_SHARE_LM_HEAD=0), or set stack.lm_head: bf16",
+    ),
+    (
         re.compile(r"Capture (?:\w+ )?(?:cuda|CUDA) graph failed"),
         "CUDA graph capture failed",
         "capturing CUDA graphs failed",
@@ -403,7 +416,8 @@ _MODULE_FIXES = {
                  "or set server.cuda_graph.enabled: false",
     "humming": "pip install humming-kernels (the humming MoE backend and quantization)",
     "cuda": "pip install cuda-bindings (humming compiles its kernels through NVRTC)",
-    "flashinfer": "pip install flashinfer-python, or choose another attention / MoE / sampling backend",
+    "flashinfer": "pip install flashinfer-python: SGLang 0.5.23's speculative verify imports its sampling "
+                  "kernels for any request with temperature > 0 (greedy requests do not need it)",
     "cutlass": "pip install nvidia-cutlass-dsl (SGLang's CuTe DSL kernels)",
 }
 # The exception that ended a traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".

@@ -145,6 +145,15 @@ def check_engine_packages(plan: LaunchPlan, host: Host) -> CheckResult:
     if missing:
         hint = "pip install sglang" if plan.engine == "sglang" else "pip install 'sparkit[embedded]'"
         return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing), fix=hint)
+    if plan.engine == "sglang" and plan.expectations.speculative and importlib.util.find_spec("flashinfer") is None:
+        # Seen on the H200: SGLang 0.5.23's EAGLE/NEXTN verify calls flashinfer's top_p_renorm_prob
+        # for sampled requests, and without flashinfer the scheduler dies on the first one.
+        return CheckResult(
+            "engine_packages", "engine packages", Status.WARN,
+            "flashinfer is not installed: with speculative decoding, the first request with temperature > 0 "
+            "will crash this SGLang server (its verify step imports flashinfer's sampling kernels)",
+            evidence=["importable: " + ", ".join(needed), "flashinfer: not importable"],
+            fix="pip install flashinfer-python, or send only greedy requests (temperature 0)")
     return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(needed))
 
 

@@ -115,8 +115,15 @@ def test_the_checks_on_the_real_evidence_of_that_run():
     assert check_shared_lm_head(plan, ev).status == Status.PASS
     accept = check_acceptance(plan, ev)  # random weights: 1.00, from /server_info's internal state
     assert accept.status == Status.FAIL and "1.00" in accept.detail
+    # SGLang reset a default the recipe does not set: recorded, not a warning about the recipe
     ignored = check_ignored_settings(plan, ev)
-    assert ignored.status == Status.WARN and any("Max running requests is reset" in e for e in ignored.evidence)
+    assert ignored.status == Status.PASS and "reset 1 default" in ignored.detail
+    assert any("Max running requests is reset" in e for e in ignored.data["engine_defaults_rewritten"])
+    import dataclasses
+
+    asked = dataclasses.replace(plan, argv=plan.argv + ["--max-running-requests", "64"])
+    rewritten = check_ignored_settings(asked, ev)  # the same line, now about a setting the plan passed
+    assert rewritten.status == Status.WARN and any("Max running requests is reset" in e for e in rewritten.evidence)
 
 
 def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_otherwise():
@@ -128,3 +135,92 @@ def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_ot
     result = check_resolved_args(plan, ev)  # the recipe says NEXTN 3/1/4; the real server ran 2/1/3
     assert result.status == Status.FAIL
     assert "speculative_num_steps: asked 3, server runs 2" in result.detail
+
+
+# -- sparkit's own session on the H200 (benchmarks/sglang_h200/session.sh): tiny-ling, trained ------
+
+
+def _evidence_of(run: str) -> tuple:
+    """(plan, evidence, recorded checks) of a real run directory captured on the H200."""
+    from sparkit.checks.activation import ProbeResult
+    from sparkit.engines.activation import load_reports
+    from sparkit.recipes.plan import LaunchPlan
+
+    directory = FIXTURES / run
+    plan = LaunchPlan.from_dict(json.loads((directory / "plan.json").read_text()))
+    info = directory / "server_info.json"
+    ev = ServerEvidence(
+        engine="sglang",
+        server_info=parse_server_info(json.loads(info.read_text())) if info.exists() else None,
+        log=parse_log((directory / "server.log").read_text(errors="replace")),
+        reports=load_reports(directory),
+        probe=ProbeResult.from_dict(json.loads((directory / "probe.json").read_text())) if (directory / "probe.json").exists() else None,
+    )
+    recorded = json.loads((directory / "checks.json").read_text())["results"] if (directory / "checks.json").exists() else []
+    return plan, ev, recorded
+
+
+@pytest.mark.parametrize("run", ["sparkit-main", "sparkit-wrong-draft", "sparkit-v3"])
+def test_the_checks_give_what_they_gave_on_the_real_engine(run):
+    from sparkit.checks.activation import evaluate
+
+    plan, ev, recorded = _evidence_of(run)
+    now = {r.name: r.status.value for r in evaluate(plan, ev)}
+    then = {r["name"]: r["status"] for r in recorded}
+    # Changed since the session, following what the engine wrote: SGLang's reset of a default the
+    # recipe does not set ("Max running requests is reset to 48") no longer makes this a warning.
+    assert then.pop("ignored_settings") == "warn" and now.pop("ignored_settings") == "pass"
+    assert now == then
+
+
+def test_the_trained_tiny_ling_on_real_sglang_passes_every_check_it_should():
+    plan, ev, _ = _evidence_of("sparkit-main")
+    assert check_lm_head_dtype(plan, ev).status == Status.PASS
+    assert check_shared_lm_head(plan, ev).status == Status.PASS
+    accept = check_acceptance(plan, ev)
+    assert accept.status == Status.PASS and accept.data["accept_length"] == pytest.approx(144 / 40)
+    assert ev.server_info.args["speculative_algorithm"] == "EAGLE" and ev.server_info.version == "0.5.23"
+    assert ev.log.startup_timings["cuda_graph.target_verify"] == pytest.approx(34.38)
+    assert [p for p, _ in phase_timeline((FIXTURES / "sparkit-main" / "server.log").read_text())][-1] == "ready"
+    assert ev.reports[0].draft.model_class == "BailingMoeForCausalLMNextN"
+
+
+def test_a_wrong_draft_on_real_sglang_fails_acceptance_naming_the_draft():
+    plan, ev, _ = _evidence_of("sparkit-wrong-draft")
+    result = check_acceptance(plan, ev)
+    assert result.status == Status.FAIL and result.data["accept_length"] < 1.1
+    assert "tiny-ling-s1-n40-hf-bfloat16" in result.cause and "wrong draft" in result.cause
+
+
+def test_the_trap_on_real_sglang_fails_loudly_and_is_named():
+    """Stock SGLang leaves the NEXTN draft the target head's FP8 *tensor*: it does not decode
+    garbage silently, its draft graph capture fails ('"addmm_cuda" not implemented for
+    'Float8_e4m3fn''). sparkit names the trap from the log, and the report the plugin wrote
+    before the crash already shows the unshared head."""
+    from sparkit.engines.activation import load_reports
+
+    directory = FIXTURES / "sparkit-trap"
+    log = (directory / "server.log").read_text(errors="replace")
+    diagnosis = diagnose_failure(log, returncode=1)
+    assert diagnosis.cause == "FP8 weight read by a BF16 kernel" and "shared-head trap" in diagnosis.detail
+    assert "Float8_e4m3fn" in diagnosis.line and "SPARKIT_SHARE_LM_HEAD" in diagnosis.hint
+    plan, ev, _ = _evidence_of("sparkit-trap")
+    ev.reports = load_reports(directory)
+    shared = check_shared_lm_head(plan, ev)
+    assert shared.status == Status.FAIL and "BF16 method" in shared.cause
+
+
+def test_a_sampled_request_without_flashinfer_is_diagnosed():
+    """Seen on the H200: `sparkit verify`'s sampled requests killed the NEXTN server (its verify
+    step imports flashinfer's top_p_renorm_prob for temperature > 0)."""
+    log = (FIXTURES / "sparkit-verify-sampled" / "server.log").read_text(errors="replace")
+    assert "top_p_renorm_prob" in log
+    diagnosis = diagnose_failure(log, returncode=1)
+    assert diagnosis.cause == "missing Python module" and "flashinfer" in diagnosis.detail
+    assert "temperature > 0" in diagnosis.hint
+
+
+def test_humming_online_quantization_fails_in_the_pinned_versions_and_the_cause_is_named():
+    log = (FIXTURES / "sparkit-humming" / "server.log").read_text(errors="replace")
+    diagnosis = diagnose_failure(log, returncode=1)
+    assert diagnosis.cause == "engine error" and "has_global_scale" in diagnosis.detail

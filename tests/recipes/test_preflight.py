@@ -100,3 +100,18 @@ def test_engine_packages(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
     result = by_name(run_preflight(plan, gb10_host()))["engine_packages"]
     assert result.status == Status.FAIL and result.fix == "pip install sglang"
+
+
+def test_speculative_sglang_without_flashinfer_warns_that_sampled_requests_crash(monkeypatch):
+    """Seen on the H200: SGLang 0.5.23's NEXTN verify imports flashinfer for temperature > 0."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+    nextn = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
+    result = by_name(run_preflight(nextn, gb10_host()))["engine_packages"]
+    assert result.status == Status.WARN and "temperature > 0" in result.detail and "flashinfer" in result.fix
+    plain = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
+    assert by_name(run_preflight(plain, gb10_host()))["engine_packages"].status == Status.PASS
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real(name, *a))
+    assert by_name(run_preflight(nextn, gb10_host()))["engine_packages"].status == Status.PASS
