@@ -398,10 +398,24 @@ def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float
     deadline = t0 + timeout
     key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    phase_index = 0
-    last_emit = 0.0
-    last_line = ""
-    pending = ""  # a partial line at the end of what was read so far
+    state = {"phase": 0, "last_emit": 0.0, "last_line": "", "pending": ""}  # pending: a partial last line
+
+    def read_phases(log) -> None:
+        # Read only what was appended: SGLang logs can grow large while it starts.
+        chunk = state["pending"] + log.read()
+        complete, _, state["pending"] = chunk.rpartition("\n")
+        now = time.monotonic()
+        for line in complete.splitlines():
+            if not line.strip():
+                continue
+            state["last_line"] = line.strip()[:100]
+            # "ready" is reported once /health answers; the log line alone ends warm-up.
+            index = min(PHASES.index(detect_phase(line)), PHASES.index("warming up"))
+            if index > state["phase"]:  # every phase crossed is shown, in order
+                state["phase"] = index
+                emit(PHASES[index], state["last_line"])
+                state["last_emit"] = now
+
     with open(run.log_path, "r", errors="replace") as log, httpx.Client(
         base_url=plan.url, headers=headers, timeout=httpx.Timeout(3.0, connect=1.0)
     ) as http:
@@ -409,25 +423,16 @@ def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float
             code = proc.poll()
             if code is not None:
                 raise _launch_failure(run, "the engine exited during start", code)
-            # Read only what was appended: SGLang logs can grow large while it starts.
-            chunk = pending + log.read()
-            complete, _, pending = chunk.rpartition("\n")
+            read_phases(log)
             now = time.monotonic()
-            for line in complete.splitlines():
-                if not line.strip():
-                    continue
-                last_line = line.strip()[:100]
-                # "ready" is reported once /health answers; the log line alone ends warm-up.
-                index = min(PHASES.index(detect_phase(line)), PHASES.index("warming up"))
-                if index > phase_index:  # every phase crossed is shown, in order
-                    phase_index = index
-                    emit(PHASES[phase_index], last_line)
-                    last_emit = now
-            if now - last_emit >= 1.0:
-                emit(PHASES[phase_index], last_line)
-                last_emit = now
+            if now - state["last_emit"] >= 1.0:
+                emit(PHASES[state["phase"]], state["last_line"])
+                state["last_emit"] = now
             try:
                 if http.get("/health").status_code == 200:
+                    # What the engine logged between the read above and its first 200 is shown too
+                    # (under load a whole start can fit in that gap).
+                    read_phases(log)
                     return
             except httpx.HTTPError:
                 pass

@@ -102,13 +102,15 @@ def gsm8k(
         top_p = 0.95 if top_p is None else top_p
         top_k = 29 if top_k is None else top_k
 
-    from sparkit.cli.common import require_server, writable_file
+    from sparkit.cli.common import writable_file
 
     out = writable_file(out, "--out")
     if out is None:
         out = _latest_results() if resume else _default_out()
+    # No up-front probe of the server: the local inputs (the data, the results file and its
+    # header, --resume's settings) are checked and kept first, so that a run against a server that
+    # is not up yet can be resumed; the first request names the server that did not answer (exit 7).
     target = resolve_server(run, url, api_key)
-    require_server(target.url, target.api_key)  # after the usage checks, before a dataset download
     dataset = _load_dataset(data, need_train=shots > 0)
     questions = dataset.test[:limit] if limit else dataset.test
     exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
