@@ -20,6 +20,8 @@ from sparkit.errors import DataError
 from sparkit.evals import gsm8k as core
 from sparkit.evals import hub
 
+if not (GSM8K_DIR / "train.jsonl").is_file():  # the hub stand-in serves the real files
+    pytest.skip(f"GSM8K data not found in {GSM8K_DIR} (set SPARKIT_SHARED_DIR)", allow_module_level=True)
 SPLITS = {split: [json.loads(line) for line in (GSM8K_DIR / f"{split}.jsonl").read_text().splitlines()] for split in ("test", "train")}
 
 
