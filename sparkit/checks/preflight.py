@@ -111,6 +111,9 @@ def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
     bind_host = "127.0.0.1" if plan.host in ("", "localhost") else plan.host
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As the servers bind it (uvicorn sets SO_REUSEADDR): connections of a server just stopped,
+        # left in TIME_WAIT, do not keep the port from being used; only a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((bind_host, plan.port))
         except OSError as exc:

@@ -115,3 +115,36 @@ def test_speculative_sglang_without_flashinfer_warns_that_sampled_requests_crash
     assert by_name(run_preflight(plain, gb10_host()))["engine_packages"].status == Status.PASS
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real(name, *a))
     assert by_name(run_preflight(nextn, gb10_host()))["engine_packages"].status == Status.PASS
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_is_free():
+    """`up` right after `down` on the same port: the stopped server's connections linger in
+    TIME_WAIT (the server closed them first); the port is free for the next server, as uvicorn
+    binds it (SO_REUSEADDR). A live listener still fails the check."""
+    import time
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's listener (and SGLang's)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    clients = []
+    for _ in range(3):
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        clients.append(client)
+    time.sleep(0.1)
+    for client in clients:
+        client.close()
+    plan = compile_plan(load_recipe("tiny"), port=port)
+    assert by_name(run_preflight(plan, detect_host()))["port"].status == Status.FAIL  # still listening
+    listener.close()
+    with socket.socket() as plain:  # what the check used to do: a bind without SO_REUSEADDR fails
+        try:
+            plain.bind(("127.0.0.1", port))
+            time_wait_blocks_a_plain_bind = False
+        except OSError:
+            time_wait_blocks_a_plain_bind = True
+    assert time_wait_blocks_a_plain_bind, "no TIME_WAIT socket was left: the test did not reproduce the case"
+    assert by_name(run_preflight(plan, detect_host()))["port"].status == Status.PASS
