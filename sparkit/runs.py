@@ -169,9 +169,16 @@ class ServerTarget:
 
 
 def resolve_server(run: str | None = None, url: str | None = None, api_key: str | None = None) -> ServerTarget:
-    """Where to send requests: --url wins, else a run (latest live by default)."""
+    """Where to send requests: --url wins, else a run (latest live by default). A --url that is a
+    live run's own URL is that run (its recipe, its startup checks, its key)."""
     if url:
-        return ServerTarget(url=url.rstrip("/"), api_key=api_key)
+        url = url.rstrip("/")
+        same = [r for r in live_runs() if _meta_url(r) == url]
+        if not same:
+            return ServerTarget(url=url, api_key=api_key)
+        meta = same[-1].read_meta()
+        key = api_key or (os.environ.get(meta.api_key_env) if meta.api_key_env else None)
+        return ServerTarget(url=url, api_key=key, run=same[-1])
     found = find_run(run)
     meta = found.read_meta()
     key = api_key or (os.environ.get(meta.api_key_env) if meta.api_key_env else None)
@@ -618,6 +625,13 @@ def prune_runs() -> list[str]:
             shutil.rmtree(run.path, ignore_errors=True)
             removed.append(run.id)
     return removed
+
+
+def _meta_url(run: RunDir) -> str | None:
+    try:
+        return run.read_meta().url.rstrip("/")
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def live_runs() -> list[RunDir]:

@@ -121,6 +121,10 @@ def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_i
         assert status.state == "running" and status.healthy is True and status.pid == meta.pid
         assert find_run(None).id == run.id
         assert resolve_server().url == plan.url
+        # a --url that is this run's own URL is this run (chat then shows its recipe and checks)
+        by_url = resolve_server(url=plan.url + "/")
+        assert by_url.url == plan.url and by_url.run is not None and by_url.run.id == run.id
+        assert resolve_server(url="http://127.0.0.1:9").run is None
         kid = child_pid(run)
         assert psutil.pid_exists(kid)
     finally:
