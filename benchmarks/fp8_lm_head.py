@@ -180,6 +180,8 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
+    import fp8_kernel_variants as sweep  # beside this script
+
     from sparkit.kernels import fp8_gemv_triton as fk
     from sparkit.kernels.fp8_linear import quantize_fp8_per_row
 
@@ -263,10 +265,10 @@ def main(argv=None):
 
     if args.sweep:
         sweep_ms = [m for m in ms if m in (1, 2, 4, 8, 16)] or ms
-        cands_all = (list(fk.PACKED_CONFIGS) + list(fk.TMA16_CONFIGS) + list(fk.TMA_CONFIGS[:1]))
+        cands_all = (list(sweep.PACKED_CONFIGS) + list(sweep.TMA16_CONFIGS) + list(sweep.TMA_CONFIGS[:1]))
         for m in sweep_ms:
             x = hidden[:m].contiguous()
-            cands = cands_all + (list(fk.CC_CONFIGS[:1]) if m <= 2 else [])
+            cands = cands_all + (list(sweep.CC_CONFIGS[:1]) if m <= 2 else [])
             times = {}
             # Grouped by weight layout so that only one packed layout is resident at a time.
             for cfg in sorted(cands, key=lambda c: (c.kind in fk.PACKED_MODES, c.block_n, c.block_k)):

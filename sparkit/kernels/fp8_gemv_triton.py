@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkit.kernels.fp8_linear import TOKENS_PER_STRETCH
+from sparkit.kernels.rescoring import TOKENS_PER_STRETCH
 
 
 @dataclass(frozen=True)
@@ -48,57 +48,7 @@ class KernelConfig:
         return f"{self.kind}:n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
 
 
-# Candidate configs swept by benchmarks/fp8_lm_head.py --sweep.
-DOT_CONFIGS = [
-    KernelConfig("dot", bn, bk, w, s)
-    for bn, bk, w, s in [
-        (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 4, 4), (64, 512, 4, 3),
-        (128, 128, 4, 4), (128, 128, 8, 4), (128, 256, 4, 3), (128, 256, 8, 3),
-        (128, 256, 8, 4), (128, 512, 8, 2), (128, 512, 8, 3), (256, 128, 8, 3),
-        (256, 256, 8, 3), (32, 256, 4, 4), (32, 512, 4, 3), (64, 512, 4, 4),
-    ]
-]
-TMA_CONFIGS = [
-    KernelConfig("tma", bn, bk, w, s)
-    for bn, bk, w, s in [
-        (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 4),
-        (128, 128, 4, 6), (128, 256, 4, 3), (128, 256, 8, 4), (256, 128, 8, 4), (256, 128, 8, 3),
-        (64, 256, 4, 6), (128, 256, 4, 5),
-    ]
-]
-CCR_CONFIGS = [
-    KernelConfig("ccr", bn, bk, w, s)
-    for bn, bk, w, s in [
-        (16, 512, 4, 3), (32, 512, 4, 3), (32, 512, 8, 3), (64, 512, 8, 3), (32, 256, 4, 4),
-        (64, 256, 8, 4), (16, 512, 4, 4), (64, 512, 8, 2),
-    ]
-]
 PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4}
-PACKED_CONFIGS = [
-    KernelConfig(kind, bn, bk, w, s)
-    for kind in ("pk16x", "pk16t")
-    for bn, bk, w, s in [
-        (64, 128, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (128, 128, 4, 3), (128, 128, 8, 5),
-        (128, 128, 8, 6), (256, 128, 8, 3), (256, 128, 8, 4), (128, 256, 8, 3),
-    ]
-]
-# pk16p reads activations that _prescale_rows_kernel already scaled and rounded to fp16: the main
-# loop is the plain chained fp16 MMA, with no per-tile work on the activations.
-PRESCALED_CONFIGS = [
-    KernelConfig("pk16p", bn, bk, w, s)
-    for bn, bk, w, s in [(128, 256, 4, 3), (128, 256, 8, 3), (128, 128, 8, 4), (256, 128, 8, 3)]
-]
-TMA16_CONFIGS = [
-    KernelConfig("tma16", bn, bk, w, s)
-    for bn, bk, w, s in [(64, 128, 4, 4), (128, 128, 8, 4), (128, 128, 4, 3), (64, 256, 4, 3)]
-]
-CC_CONFIGS = [
-    KernelConfig("cc", bn, bk, w, s)
-    for bn, bk, w, s in [
-        (16, 128, 4, 3), (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 8, 3),
-        (8, 256, 4, 3), (16, 512, 8, 3), (64, 128, 8, 3), (32, 128, 4, 4),
-    ]
-]
 
 # Shipped choice (H200, N=157184, K=2560; benchmarks/gpu_session.sh, all candidates interleaved in
 # the same rounds): weights packed as 128 x 256 tiles, read by pk16p (activations pre-scaled to fp16

@@ -28,10 +28,7 @@ copy (memory, not bandwidth: 2 * k * K * 2 bytes more read per row, 40 KB for k 
 
 from __future__ import annotations
 
-# Stretches (CUDA) re-scored per row unless a recipe says otherwise (lm_head_exact_top_k), and
-# tokens re-scored in each.
-DEFAULT_EXACT_TOP_K = 4
-TOKENS_PER_STRETCH = 2
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K, TOKENS_PER_STRETCH  # noqa: F401 (re-exported)
 
 FP8_E4M3_MAX = 448.0
 

@@ -48,14 +48,21 @@ def test_default_dispatch_matches_exact_dequantised_product(head, m, out_dtype):
 
 
 def test_every_candidate_config_is_correct(head):
+    import sys
+
+    from _shared import REPO_DIR
+
+    sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+    import fp8_kernel_variants as sweep  # the benchmark's candidate configs
+
     from sparkit.kernels import fp8_gemv_triton as fk
 
     q, s = head
     for m in (1, 3, 16):
         x = torch.randn(m, 2560, device="cuda").to(torch.bfloat16)
         exact = _exact(x, q, s)
-        cands = (fk.TMA_CONFIGS[:2] + fk.TMA16_CONFIGS + fk.DOT_CONFIGS[:2] + (fk.CC_CONFIGS[:2] if m <= 4 else [])
-                 + (fk.CCR_CONFIGS[:1] if m <= 2 else []))
+        cands = (sweep.TMA_CONFIGS[:2] + sweep.TMA16_CONFIGS + sweep.DOT_CONFIGS[:2] + (sweep.CC_CONFIGS[:2] if m <= 4 else [])
+                 + (sweep.CCR_CONFIGS[:1] if m <= 2 else []))
         for cfg in cands:
             y = fk.fp8_linear(x, q, s, torch.float32, config=cfg)
             rel = ((y.double() - exact).norm() / exact.norm()).item()

@@ -329,20 +329,6 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LmHead(nn.Module):
-    """The output projection. Its `quant_method` decides how `weight` is used (SGLang's design):
-    UnquantizedLinearMethod for fp32/bf16, Fp8LmHeadMethod for an e4m3 weight + row scale."""
-
-    def __init__(self, weight, quant_method, weight_scale=None):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.weight_scale = weight_scale
-        self.quant_method = quant_method
-
-    def forward(self, x):
-        return self.quant_method.apply(self, x)
-
-
 class NextNLayer(nn.Module):
     """The MTP layer's own weights: norms for the embedding and the hidden state, the projection
     of their concatenation, one decoder layer, and the norm before the shared lm_head."""

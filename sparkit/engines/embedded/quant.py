@@ -13,6 +13,8 @@ activation report shows.
 
 from __future__ import annotations
 
+from torch import nn
+
 EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")
 LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
 MX_BLOCK = 32
@@ -22,6 +24,21 @@ E2M1_EMAX = 2  # exponent of the largest normal e2m1 value (6 = 1.5 * 2^2)
 E8M0_BIAS = 127
 E8M0_NAN = 255
 FP8_E4M3_MAX = 448.0
+
+
+class LmHead(nn.Module):
+    """The output projection (built here, where its quant methods live). Its `quant_method`
+    decides how `weight` is used (SGLang's design): UnquantizedLinearMethod for fp32/bf16,
+    Fp8LmHeadMethod for an e4m3 weight + row scale."""
+
+    def __init__(self, weight, quant_method, weight_scale=None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale = weight_scale
+        self.quant_method = quant_method
+
+    def forward(self, x):
+        return self.quant_method.apply(self, x)
 
 
 # ---------------------------------------------------------------- e2m1 / e8m0 / mxfp4
@@ -333,8 +350,6 @@ def make_lm_head(weight, dtype: str, exact_top_k: int = 0):
     head would hold) and re-scores each row's best FP8 candidates exactly from it."""
     import torch
 
-    from sparkit.engines.embedded.model import LmHead
-
     if dtype == "fp8":
         from sparkit.kernels.fp8_linear import quantize_fp8_per_row
 
@@ -360,8 +375,6 @@ def lm_head_from_raw_tensor(weight, compute_dtype):
     garbage and the accept length falls to about 1.0. For a bf16/fp32 head the copy is harmless."""
     import torch
 
-    from sparkit.engines.embedded.model import LmHead
-
     if weight.dtype == torch.float8_e4m3fn:
         # The stored bytes, read as plain numbers by an unquantised method: sign bits become
         # large magnitudes and no scale is applied.
@@ -369,3 +382,4 @@ def lm_head_from_raw_tensor(weight, compute_dtype):
     else:
         raw = weight.detach().clone()
     return LmHead(raw, UnquantizedLinearMethod())
+
