@@ -37,7 +37,7 @@ def _ids(record: dict) -> list[int]:
 def main() -> int:
     import torch
 
-    from sparkit.engines.embedded.builder import load_checkpoint
+    from sparkit.engines.embedded.checkpoint import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("capture")

@@ -42,11 +42,11 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from sparkit.engines.embedded import builder, corpus
+    from sparkit.engines.embedded import checkpoint, corpus
     from sparkit.engines.embedded.tokenizer import load_tokenizer
     from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K, fp8_linear, prepare_fp8_weight, quantize_fp8_per_row
 
-    _, model = builder.load_checkpoint(args.model)
+    _, model = checkpoint.load_checkpoint(args.model)
     model.eval()
     tok = load_tokenizer(args.model)
     states = []

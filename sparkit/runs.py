@@ -261,7 +261,7 @@ def _build_models(plan: Any, emit: Callable[..., None]) -> None:
         directory = ensure_model(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"))
         export = build.get("export_hf")
         if export:
-            from sparkit.engines.embedded.hf_checkpoint import ensure_hf_export
+            from sparkit.engines.embedded.checkpoint import ensure_hf_export
 
             emit("building model", f"{name}: writing its Hugging Face export to {export['dir']}", 1.0)
             ensure_hf_export(directory, export["dir"], export.get("dtype", "bfloat16"))

@@ -30,7 +30,8 @@ def make_tiny(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkit.cli.common import console, err_console, print_json
-    from sparkit.engines.embedded.builder import MARKER, ensure_model
+    from sparkit.engines.embedded.builder import ensure_model
+    from sparkit.engines.embedded.checkpoint import MARKER
 
     with Progress(
         TextColumn("[bold]tiny-ling[/]"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
@@ -68,13 +69,13 @@ def export_hf_cmd(
     model code (`--trust-remote-code`), NextN layer and tokenizer included. The embedded engine
     loads the export too."""
     from sparkit.cli.common import console, print_json
-    from sparkit.engines.embedded import hf_checkpoint
+    from sparkit.engines.embedded import checkpoint, hf_checkpoint
     from sparkit.engines.embedded.builder import ensure_model
 
     if source is None:
         source = ensure_model("tiny-ling", seed=seed)
-    destination = directory or hf_checkpoint.hf_export_dir(source, dtype)
-    marker = hf_checkpoint.export_hf(source, destination, dtype)
+    destination = directory or checkpoint.hf_export_dir(source, dtype)
+    marker = checkpoint.export_hf(source, destination, dtype)
     result = {"path": str(destination), **marker}
     if as_json:
         print_json(result)

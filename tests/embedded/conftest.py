@@ -20,7 +20,8 @@ def _few_torch_threads():
 
 @pytest.fixture(scope="session")
 def untrained_model_dir(tmp_path_factory):
-    from sparkit.engines.embedded.builder import BUILDER_VERSION, MARKER, save_checkpoint
+    from sparkit.engines.embedded.builder import BUILDER_VERSION
+    from sparkit.engines.embedded.checkpoint import MARKER, save_checkpoint
     from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
     from sparkit.engines.embedded.tokenizer import save_tokenizer
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.engines.embedded import builder  # noqa: E402
+from sparkit.engines.embedded import builder, checkpoint  # noqa: E402
 from sparkit.engines.embedded.builder import BuildSpec  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
 
@@ -31,14 +31,14 @@ def quick_build(tmp_path_factory):
 def _weights(directory):
     from safetensors.torch import load_file
 
-    return load_file(str(directory / builder.WEIGHTS))
+    return load_file(str(directory / checkpoint.WEIGHTS))
 
 
 def test_the_shipped_build_is_the_default_spec_and_passed_the_gate():
     shipped = builder.SHIPPED_DIR / BuildSpec().dir_name
     assert builder.is_complete(shipped, BuildSpec()), f"rebuild it: sparkit model make-tiny {shipped}"
     assert builder.builtin_model_dir() == shipped
-    marker = builder.read_marker(shipped)
+    marker = checkpoint.read_marker(shipped)
     quality, gate = marker["quality"], builder.DEFAULT_GATE
     assert marker["train_steps"] == builder.DEFAULT_TRAIN_STEPS and marker["seed"] == 0
     assert quality["heldout_loss"] <= gate.max_heldout_loss
@@ -50,7 +50,7 @@ def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
     """The first TRAJECTORY_STEPS[0] steps of the default build, bit for bit: a change to the model,
     the corpus, the tokenizer or the training that was not followed by a rebuild (and a
     BUILDER_VERSION bump) fails here."""
-    shipped = builder.read_marker(builder.SHIPPED_DIR / BuildSpec().dir_name)
+    shipped = checkpoint.read_marker(builder.SHIPPED_DIR / BuildSpec().dir_name)
     first = builder.TRAJECTORY_STEPS[0]
     marker = builder.build_model(tmp_path, BuildSpec(), stop_after=first)
     assert marker["train_steps"] == first
@@ -73,7 +73,7 @@ def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_pa
     assert idle.keys() == loaded.keys()
     assert all(torch.equal(idle[k], loaded[k]) for k in idle)
     assert not torch.equal(idle["embed_tokens.weight"], other["embed_tokens.weight"])
-    assert (tmp_path / "idle" / builder.MARKER).read_text() != ""
+    assert (tmp_path / "idle" / checkpoint.MARKER).read_text() != ""
 
 
 def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
@@ -124,14 +124,14 @@ def test_chat_template_renders_turns_and_the_generation_prompt(quick_build):
 
 def test_build_has_the_documented_files_and_config(quick_build):
     path, messages = quick_build
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", builder.MARKER):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", checkpoint.MARKER):
         assert (path / name).is_file(), name
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["TinyLingForCausalLM"]
     assert config["num_experts"] == 8 and config["top_k"] == 2 and config["num_nextn_predict_layers"] == 1
     assert config["torch_dtype"] == "bfloat16"
     assert all(t.dtype == torch.bfloat16 for t in _weights(path).values())
-    marker = builder.read_marker(path)
+    marker = checkpoint.read_marker(path)
     assert {k: marker[k] for k in ("builder_version", "name", "seed", "steps")} == BuildSpec("tiny-ling", 3, 2).key()
     assert messages[0][0] == 0.0 and messages[-1][0] == 1.0
     fractions = [f for f, _ in messages]
@@ -153,8 +153,8 @@ def test_a_build_of_another_spec_or_version_is_rebuilt(quick_build, tmp_path):
     path = tmp_path / "old"
     shutil.copytree(quick_build[0], path)
     assert not builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))  # other steps
-    marker = builder.read_marker(path)
-    (path / builder.MARKER).write_text(json.dumps({**marker, "builder_version": builder.BUILDER_VERSION - 1}))
+    marker = checkpoint.read_marker(path)
+    (path / checkpoint.MARKER).write_text(json.dumps({**marker, "builder_version": builder.BUILDER_VERSION - 1}))
     assert not builder.is_complete(path)
     builder.ensure_model(directory=path, seed=3, steps=1)
     assert builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))
@@ -193,12 +193,12 @@ def test_garbage_config_and_missing_directory_fail_clearly(quick_build, tmp_path
     shutil.copytree(quick_build[0], path)
     (path / "config.json").write_text("{not json")
     with pytest.raises(LaunchError, match="config.json"):
-        builder.load_checkpoint(path)
+        checkpoint.load_checkpoint(path)
     (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(LaunchError, match="TinyLingForCausalLM"):
-        builder.load_checkpoint(path)
+        checkpoint.load_checkpoint(path)
     with pytest.raises(LaunchError, match="does not exist"):
-        builder.load_checkpoint(tmp_path / "nowhere")
+        checkpoint.load_checkpoint(tmp_path / "nowhere")
 
 
 def test_weights_that_do_not_match_the_config_are_named(quick_build, tmp_path):
@@ -208,7 +208,7 @@ def test_weights_that_do_not_match_the_config_are_named(quick_build, tmp_path):
     config["num_experts"] = 4
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(LaunchError, match="does not match"):
-        builder.load_checkpoint(path)
+        checkpoint.load_checkpoint(path)
 
 
 def test_make_tiny_cli_builds_and_reports_json(tmp_path):

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 
 
 def _model(untrained_model_dir, experts: str):
-    from sparkit.engines.embedded import builder
+    from sparkit.engines.embedded import checkpoint
 
-    _, model = builder.load_checkpoint(untrained_model_dir)
+    _, model = checkpoint.load_checkpoint(untrained_model_dir)
     for module in model.modules():
         if type(module).__name__ == "MoE":
             module.quantize_experts(experts, torch.float32)
@@ -26,7 +26,7 @@ def narrow_experts_model_dir(tmp_path_factory):
     """Routed experts narrower than the shared expert (each width a config key of its own), top-1."""
     import json
 
-    from sparkit.engines.embedded.builder import MARKER, save_checkpoint
+    from sparkit.engines.embedded.checkpoint import MARKER, save_checkpoint
     from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
     from sparkit.engines.embedded.tokenizer import save_tokenizer
 

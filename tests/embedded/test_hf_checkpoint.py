@@ -13,14 +13,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sparkit.engines.embedded import hf_checkpoint  # noqa: E402
-from sparkit.engines.embedded.builder import load_checkpoint  # noqa: E402
+from sparkit.engines.embedded import checkpoint  # noqa: E402
+from sparkit.engines.embedded.checkpoint import load_checkpoint  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def export(tiny_model_dir, tmp_path_factory):
     destination = tmp_path_factory.mktemp("hf") / "tiny-ling-hf"
-    marker = hf_checkpoint.export_hf(tiny_model_dir, destination, "bfloat16")
+    marker = checkpoint.export_hf(tiny_model_dir, destination, "bfloat16")
     return destination, marker
 
 
@@ -148,14 +149,14 @@ def test_export_refuses_a_directory_that_is_not_an_export_and_reexports_one(expo
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
     with pytest.raises(UsageError, match="not a sparkit export"):
-        hf_checkpoint.export_hf(tiny_model_dir, mine)
+        checkpoint.export_hf(tiny_model_dir, mine)
     assert (mine / "notes.txt").read_text() == "keep"
     again = tmp_path / "again"
-    hf_checkpoint.export_hf(tiny_model_dir, again, "float32")
-    hf_checkpoint.export_hf(tiny_model_dir, again, "bfloat16")  # over a previous export: fine
+    checkpoint.export_hf(tiny_model_dir, again, "float32")
+    checkpoint.export_hf(tiny_model_dir, again, "bfloat16")  # over a previous export: fine
     assert hf_checkpoint.is_export(again, dtype="bfloat16") and not hf_checkpoint.is_export(again, dtype="float32")
     with pytest.raises(UsageError, match="is the source checkpoint"):
-        hf_checkpoint.export_hf(tiny_model_dir, tiny_model_dir)
+        checkpoint.export_hf(tiny_model_dir, tiny_model_dir)
 
 
 def test_export_hf_cli_writes_the_default_export_and_reports_json(sparkit_home):

@@ -28,7 +28,7 @@ def accept_length(engine, prompts=12, max_new_tokens=48) -> float:
 
 
 def test_the_model_has_learned_its_corpus(tiny_model_dir):
-    from sparkit.engines.embedded.builder import load_checkpoint
+    from sparkit.engines.embedded.checkpoint import load_checkpoint
     from sparkit.engines.embedded.corpus import encode_document, documents
     from sparkit.engines.embedded.tokenizer import load_tokenizer
 

@@ -62,7 +62,7 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
     else:
         build["dir"] = str(builtin_model_dir(name, seed))
     if export_dtype is not None:
-        from sparkit.engines.embedded.hf_checkpoint import hf_export_dir
+        from sparkit.engines.embedded.checkpoint import hf_export_dir
 
         build["export_hf"] = {"dtype": export_dtype, "dir": str(hf_export_dir(build["dir"], export_dtype))}
     if build not in builds:

@@ -16,9 +16,9 @@ A full-length build must pass a quality gate before it is cached (held-out loss 
 NEXTN accept length of the saved checkpoint): a weak model is refused with the figures, instead
 of being cached and failing every later startup check.
 
-Checkpoint layout: config.json, model.safetensors (bf16 weights), tokenizer.json,
-tokenizer_config.json (+ chat_template.jinja), .sparkit-build.json (the marker: the spec, the
-training figures, the gate's figures, the trajectory hashes).
+The checkpoint's layout and its reading and writing are sparkit.engines.embedded.checkpoint's;
+the builder adds the marker (.sparkit-build.json: the spec, the training figures, the gate's
+figures, the trajectory hashes).
 
 Module top-level stays light: torch is imported inside the functions.
 """
@@ -33,13 +33,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sparkit.engines.embedded.checkpoint import MARKER, WEIGHTS, load_checkpoint, read_marker, save_checkpoint
 from sparkit.errors import LaunchError, UsageError
 
 # Bump when the model code, the corpus, the tokenizer or the training procedure changes what a
 # spec builds (tests/embedded/test_builder.py fails when the shipped checkpoint was not rebuilt).
 BUILDER_VERSION = 4
-MARKER = ".sparkit-build.json"
-WEIGHTS = "model.safetensors"
 BUILTIN_MODELS = ("tiny-ling",)
 DEFAULT_TRAIN_STEPS = 2000
 # One thread: deterministic, and a 4M-parameter model gains little from a second core while
@@ -109,14 +108,6 @@ def builtin_model_dir(name: str = "tiny-ling", seed: int = 0, steps: int = DEFAU
     from sparkit.paths import cache_dir
 
     return cache_dir() / "models" / spec.dir_name
-
-
-def read_marker(directory: str | Path) -> dict | None:
-    try:
-        data = json.loads((Path(directory) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def is_complete(directory: str | Path, spec: BuildSpec | None = None) -> bool:
@@ -358,71 +349,6 @@ def greeting_probes() -> list[str]:
         for text in prompts:
             out += [text, text + "!", text + "?", text.lower()]
     return out
-
-
-def save_checkpoint(model, directory: Path, dtype: str = "bfloat16") -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.config.torch_dtype = dtype
-    model.config.save(directory)
-    target = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    state = {k: v.detach().to(target).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
-
-
-def load_checkpoint(directory: str | Path):
-    """(config, model on CPU in float32) from a checkpoint directory: sparkit's own layout, or a
-    Hugging Face BailingMoeV2 export of it (sparkit.engines.embedded.hf_checkpoint). Unreadable
-    or inconsistent files raise LaunchError naming the file."""
-    import torch
-
-    from sparkit.engines.embedded import hf_checkpoint
-    from sparkit.engines.embedded.model import MODEL_CLASS, TinyLingConfig, TinyLingForCausalLM
-
-    directory = Path(directory)
-    config_path = directory / "config.json"
-    if not directory.is_dir():
-        raise LaunchError(f"model directory {directory} does not exist", hint="build one with `sparkit model make-tiny`")
-    try:
-        raw = json.loads(config_path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError("not a JSON object")
-        architectures = raw.get("architectures") or []
-        is_hf = hf_checkpoint.HF_ARCHITECTURE in architectures
-        if not is_hf and MODEL_CLASS not in architectures:
-            raise ValueError(f"architectures {architectures} includes neither {MODEL_CLASS} nor {hf_checkpoint.HF_ARCHITECTURE}")
-        cfg = hf_checkpoint.tiny_config_from_hf(raw) if is_hf else TinyLingConfig.from_dict(raw)
-    except (OSError, ValueError, TypeError) as exc:
-        raise LaunchError(f"cannot read model config {config_path}: {exc}") from None
-    try:
-        from safetensors.torch import load_file
-
-        weights_files = sorted(directory.glob("*.safetensors")) if is_hf else [directory / WEIGHTS]
-        if not weights_files:
-            raise FileNotFoundError(f"no *.safetensors file in {directory}")
-        state = {}
-        for path in weights_files:
-            weights_path = path
-            state.update(load_file(str(path)))
-    except Exception as exc:  # safetensors raises several types for truncated/garbled files
-        where = weights_path if "weights_path" in locals() else directory
-        raise LaunchError(f"cannot read checkpoint {where}: {exc}", hint="rebuild it with `sparkit model make-tiny`") from None
-    if is_hf:
-        try:
-            state = hf_checkpoint.state_dict_from_hf(state, cfg)
-        except KeyError as exc:
-            raise LaunchError(f"checkpoint {directory} lacks the tensor {exc.args[0]} that {config_path} implies") from None
-    model = TinyLingForCausalLM(cfg)
-    try:
-        model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0:3]
-        raise LaunchError(f"checkpoint {weights_files[0]} does not match {config_path}: {' '.join(first)}") from None
-    model.eval()
-    return cfg, model
 
 
 def _check_name(name: str) -> None:

@@ -47,7 +47,7 @@ class EngineConfig:
 
 class EmbeddedEngine:
     def __init__(self, config: EngineConfig):
-        from sparkit.engines.embedded import builder, quant
+        from sparkit.engines.embedded import checkpoint, quant
         from sparkit.engines.embedded.model import TinyLingForCausalLMNextN
         from sparkit.engines.embedded.tokenizer import load_tokenizer
 
@@ -61,7 +61,7 @@ class EmbeddedEngine:
         self.load_seconds: dict[str, float] = {}
 
         started = time.monotonic()
-        self.model_config, model = builder.load_checkpoint(config.model_path)
+        self.model_config, model = checkpoint.load_checkpoint(config.model_path)
         try:
             self.tokenizer = load_tokenizer(config.model_path)
         except Exception as exc:
@@ -89,7 +89,7 @@ class EmbeddedEngine:
             started = time.monotonic()
             nextn = model.mtp
             if config.speculative_draft_model_path:
-                draft_cfg, draft_model = builder.load_checkpoint(config.speculative_draft_model_path)
+                draft_cfg, draft_model = checkpoint.load_checkpoint(config.speculative_draft_model_path)
                 if (draft_cfg.hidden_size, draft_cfg.vocab_size) != (self.model_config.hidden_size, self.model_config.vocab_size):
                     raise LaunchError(
                         f"draft model {config.speculative_draft_model_path} (hidden {draft_cfg.hidden_size}, vocab "

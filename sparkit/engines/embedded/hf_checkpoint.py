@@ -1,5 +1,7 @@
-"""tiny-ling as a Hugging Face BailingMoeV2 checkpoint: what stock SGLang loads with its own
-model code (sglang/srt/models/bailing_moe.py and bailing_moe_nextn.py), and back.
+"""tiny-ling in the Hugging Face BailingMoeV2 format: what stock SGLang loads with its own model
+code (sglang/srt/models/bailing_moe.py and bailing_moe_nextn.py), and back. Pure format: config
+dicts, tensor names, the configuration class's source, the export marker; the files are written
+and read by sparkit.engines.embedded.checkpoint.
 
 BailingMoeV2 is the closest architecture SGLang 0.5.23 has to Ling-3.0's MoE + shared expert +
 NextN layout with ordinary attention. tiny-ling computes exactly its function for the config
@@ -29,7 +31,6 @@ an HF config back, any key at a value tiny-ling does not implement is an error n
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 HF_ARCHITECTURE = "BailingMoeV2ForCausalLM"
@@ -262,77 +263,3 @@ def is_export(directory: str | Path, source_marker: dict | None = None, dtype: s
 
 def _source_key(marker: dict) -> dict:
     return {k: marker.get(k) for k in ("builder_version", "name", "seed", "steps", "trajectory")}
-
-
-def export_hf(source: str | Path, destination: str | Path, dtype: str = "bfloat16") -> dict:
-    """Write tiny-ling at `source` (sparkit's layout) as an HF BailingMoeV2 checkpoint into
-    `destination` (created; must be empty or a previous export). Returns the export marker."""
-    import torch
-    from safetensors.torch import save_file
-
-    from sparkit.engines.embedded.builder import load_checkpoint, read_marker
-    from sparkit.errors import UsageError
-
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    source, destination = Path(source), Path(destination)
-    if destination.resolve() == source.resolve():
-        raise UsageError(f"the export directory {destination} is the source checkpoint", hint="choose another directory")
-    if destination.exists() and any(destination.iterdir()) and not (destination / EXPORT_MARKER).exists():
-        raise UsageError(f"{destination} exists and is not a sparkit export; refusing to overwrite it",
-                         hint="choose an empty or new directory")
-    cfg, model = load_checkpoint(source)
-    target_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    state = {k: v.detach().to(target_dtype).contiguous() for k, v in model.state_dict().items()}
-    hf_state = {k: v.contiguous() for k, v in state_dict_to_hf(state, cfg).items()}
-    tmp = destination.with_name(f".{destination.name}.exporting")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = hf_config(cfg)
-        config["torch_dtype"] = dtype
-        source_marker = read_marker(source) or {}
-        config["sparkit"] = {"exported_from": _source_key(source_marker)}
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / f"{CONFIG_MODULE}.py").write_text(CONFIG_SOURCE)
-        generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, tmp / name)
-        marker = {"export_version": EXPORT_VERSION, "dtype": dtype, "architecture": HF_ARCHITECTURE,
-                  "source": _source_key(source_marker), "source_path": str(source), "tensors": len(hf_state)}
-        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if destination.exists():
-            shutil.rmtree(destination)
-        tmp.rename(destination)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return marker
-
-
-def hf_export_dir(native_dir: str | Path, dtype: str = "bfloat16") -> Path:
-    """Where the cached HF export of a built-in build lives (next to the builds in the cache)."""
-    from sparkit.paths import cache_dir
-
-    return cache_dir() / "models" / f"{Path(native_dir).name}-hf-{dtype}"
-
-
-def ensure_hf_export(source: str | Path, destination: str | Path, dtype: str = "bfloat16") -> Path:
-    """An HF export of the build at `source` in `destination`, made once (under a file lock) and
-    reused while the source build is the same."""
-    import fcntl
-
-    from sparkit.engines.embedded.builder import read_marker
-
-    source, destination = Path(source), Path(destination)
-    marker = read_marker(source) or {}
-    if is_export(destination, marker, dtype):
-        return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with open(destination.parent / f".{destination.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_export(destination, marker, dtype):
-            export_hf(source, destination, dtype)
-    return destination
