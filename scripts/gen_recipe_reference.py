@@ -69,6 +69,7 @@ def _section(model, prefix: str, lines: list[str]) -> None:
 
 def render() -> str:
     sys.path.insert(0, str(REPO))
+    from sparkit.engines.base import registry
     from sparkit.recipes.rules import RULES
     from sparkit.recipes.schema import TARGETS, Recipe
 
@@ -92,6 +93,9 @@ def render() -> str:
     lines += ["", "## Rules", "", "| rule | why | fix |", "|---|---|---|"]
     for r in RULES:
         lines.append(f"| `{r.name}` | {r.reason} | {r.fix} |")
+    for name, adapter in registry().items():
+        for r in adapter.rules():
+            lines.append(f"| `{r.name}` ({name} only) | {r.reason} | {r.fix} |")
     lines += ["", "The sglang adapter also rejects pass-through flags the installed sglang's parser does not accept",
               "(e.g. `--cuda-graph-max-bs` in 0.5.23) and flags that a recipe key already sets, and warns about",
               "`SGLANG_*` variables missing from the installed `sglang.srt.environ.envs` registry.", ""]

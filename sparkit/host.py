@@ -178,13 +178,14 @@ def _links(nvml: Any, handles: list[Any]) -> list[str]:
 
 
 def target_fit(host: Host, target: str, engine: str = "sglang") -> tuple[bool, str]:
-    """Can this host run a recipe written for `target`? (ok, why)."""
+    """Can this host run a recipe written for `target` on `engine`? (ok, why)."""
+    from sparkit.engines.base import get_adapter
     from sparkit.recipes.schema import TARGETS
 
     profile = TARGETS[target]
     if profile.gpu_count == 0:
-        if target == "auto" and engine == "sglang" and not host.gpus:
-            return False, "sglang needs an NVIDIA GPU and none was found"
+        if target == "auto" and get_adapter(engine).needs_gpu and not host.gpus:
+            return False, f"{engine} needs an NVIDIA GPU and none was found"
         return True, "no GPU needed" if target == "cpu" else "runs on what this host has"
     if host.gpu_count < profile.gpu_count:
         return False, f"needs {profile.gpu_count} GPU(s), found {host.gpu_count}" + (

@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, LaunchError, UsageError
 from sparkit.paths import runs_dir
 
@@ -190,7 +191,6 @@ def resolve_server(run: str | None = None, url: str | None = None, api_key: str 
 # killpg reaches all of them, and Ctrl-C in the terminal does not hit the engine
 # before sparkit has had a chance to stop it cleanly.
 
-API_KEY_ENV_EMBEDDED = "SPARKIT_API_KEY"
 # Engines we started in this process, by pid, so that stop() can reap them (no zombies).
 _children: dict[int, subprocess.Popen] = {}
 
@@ -225,11 +225,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _secret_env(plan: Any, run: RunDir) -> tuple[dict[str, str], list[str]]:
-    """How the API key reaches the engine without appearing in argv or plan.json.
-
-    The embedded engine reads SPARKIT_API_KEY. SGLang has no env var for it, so it
-    gets a 0600 YAML file passed with --config (SGLang merges it into its args)."""
+def _secret_delivery(plan: Any, adapter: Any, run: RunDir) -> tuple[dict[str, str], list[str]]:
+    """How the API key reaches the engine without appearing in argv or plan.json (the engine's
+    adapter knows: an environment variable, or a private file)."""
     if not plan.api_key_env:
         return {}, []
     secret = os.environ.get(plan.api_key_env)
@@ -238,37 +236,11 @@ def _secret_env(plan: Any, run: RunDir) -> tuple[dict[str, str], list[str]]:
             f"the recipe asks for an API key from ${plan.api_key_env}, which is not set",
             hint=f"export {plan.api_key_env}=... before `sparkit up`",
         )
-    if plan.engine == "embedded":
-        return {API_KEY_ENV_EMBEDDED: secret}, []
-    path = run.path / "secrets.yaml"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"api-key: {json.dumps(secret)}\n")
-    return {}, ["--config", str(path)]
-
-
-def _build_models(plan: Any, emit: Callable[..., None]) -> None:
-    if not plan.model_builds:
-        return
-    from sparkit.engines.embedded.builder import ensure_model
-
-    for build in plan.model_builds:
-        name = build.get("name", "tiny-ling")
-
-        def report(fraction: float, message: str, _name: str = name) -> None:
-            emit("building model", f"{_name}: {message}", fraction)
-
-        directory = ensure_model(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"))
-        export = build.get("export_hf")
-        if export:
-            from sparkit.engines.embedded.checkpoint import ensure_hf_export
-
-            emit("building model", f"{name}: writing its Hugging Face export to {export['dir']}", 1.0)
-            ensure_hf_export(directory, export["dir"], export.get("dtype", "bfloat16"))
+    return adapter.deliver_secret(secret, run.path)
 
 
 def _tail(path: Path, n: int = 25) -> list[str]:
-    from sparkit.checks.evidence import tail_lines
+    from sparkit.engines.sglang.log import tail_lines
 
     try:
         return tail_lines(path.read_text(errors="replace"), n)
@@ -277,10 +249,8 @@ def _tail(path: Path, n: int = 25) -> list[str]:
 
 
 def _launch_failure(run: RunDir, summary: str, returncode: int | None) -> LaunchError:
-    from sparkit.checks.evidence import diagnose_failure
-
     text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
-    diagnosis = diagnose_failure(text, returncode)
+    diagnosis = get_adapter(run.read_meta().engine).diagnose(text, returncode)
     last = _tail(run.log_path)
     meta = run.read_meta()
     meta.extra.update({"state": "failed", "failure": diagnosis.cause, "stopped_at": _now()})
@@ -343,8 +313,9 @@ def launch(
     )
     run.write_meta(meta)
 
-    _build_models(plan, emit)
-    secret_env, extra_argv = _secret_env(plan, run)
+    adapter = get_adapter(plan.engine)
+    adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
+    secret_env, extra_argv = _secret_delivery(plan, adapter, run)
     env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
     argv = list(plan.argv) + extra_argv
@@ -379,7 +350,8 @@ def launch(
         raise
     finally:
         # SGLang read its --config file at start; the key need not stay on disk.
-        (run.path / "secrets.yaml").unlink(missing_ok=True)
+        for name in adapter.secret_files:
+            (run.path / name).unlink(missing_ok=True)
     meta = run.read_meta()
     meta.extra["state"] = "running"
     meta.extra["ready_s"] = round(time.monotonic() - t0, 2)
@@ -400,8 +372,9 @@ def _create_time(pid: int) -> float | None:
 def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float, emit: Callable[..., None], t0: float) -> None:
     import httpx
 
-    from sparkit.checks.evidence import PHASES, detect_phase
+    from sparkit.engines.base import STARTUP_PHASES as PHASES
 
+    adapter = get_adapter(plan.engine)
     deadline = t0 + timeout
     key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -417,7 +390,7 @@ def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float
                 continue
             state["last_line"] = line.strip()[:100]
             # "ready" is reported once /health answers; the log line alone ends warm-up.
-            index = min(PHASES.index(detect_phase(line)), PHASES.index("warming up"))
+            index = min(PHASES.index(adapter.startup_phase(line)), PHASES.index("warming up"))
             if index > state["phase"]:  # every phase crossed is shown, in order
                 state["phase"] = index
                 emit(PHASES[index], state["last_line"])

@@ -112,7 +112,7 @@ def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_i
         assert f"report dir={run.path}" in run.log_path.read_text()
         phases = [e.phase for e in events]
         assert phases[0] == "starting" and phases[-1] == "ready"
-        from sparkit.checks.evidence import PHASES
+        from sparkit.engines.sglang.log import PHASES
 
         order = [PHASES.index(p) for p in phases]
         assert order == sorted(order)  # the phase line never goes backwards

@@ -28,7 +28,7 @@ def _json(path: Path):
 
 
 def run_section(run: Path) -> list[str]:
-    from sparkit.checks.evidence import parse_log, phase_timeline
+    from sparkit.engines.sglang.log import parse_log, phase_timeline
     from sparkit.engines.activation import load_reports
 
     meta = _json(run / "meta.json") or {}
@@ -81,7 +81,7 @@ def run_section(run: Path) -> list[str]:
         out.append(f"probe: accept length {probe.get('accept_length')}, decode {probe.get('decode_tok_s')} tok/s "
                    f"({probe.get('completion_tokens')} tokens / {probe.get('spec_verify_ct')} verify steps)")
     if state == "failed" or (not checks and log):
-        from sparkit.checks.evidence import diagnose_failure
+        from sparkit.engines.sglang.log import diagnose_failure
 
         d = diagnose_failure(log, None)
         out.append(f"diagnosis: {d.cause}: {d.detail} (line: `{(d.line or '')[:200]}`)")

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sparkit.checks.evidence import LogEvidence, ServerInfo
+from sparkit.checks.evidence import ServerInfo
+from sparkit.engines.sglang.log import LogEvidence
 from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.activation import ActivationReport
 from sparkit.recipes.plan import LaunchPlan

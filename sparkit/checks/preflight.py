@@ -75,7 +75,7 @@ def weight_bytes(model: str) -> tuple[int | None, str]:
 
 def check_memory(plan: LaunchPlan, host: Host) -> CheckResult:
     title = "memory fits"
-    if plan.engine == "embedded":
+    if plan.model.startswith("sparkit:"):
         return CheckResult("memory", title, Status.PASS, "built-in tiny model: a few MB",
                            evidence=[f"host RAM {host.ram_available_bytes / GIB:.1f} GiB available"])
     size, source = weight_bytes(plan.model)
@@ -142,27 +142,25 @@ def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
                        fix="fix model.path (a directory, or org/name on the hub)")
 
 
-def check_engine_packages(plan: LaunchPlan, host: Host) -> CheckResult:
-    needed = ["sglang"] if plan.engine == "sglang" else ["torch", "safetensors", "transformers"]
-    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+def packages_check(adapter) -> CheckResult:
+    """Are the engine's packages importable here (without importing them)?"""
+    missing = [m for m in adapter.packages if importlib.util.find_spec(m) is None]
     if missing:
-        hint = "pip install sglang" if plan.engine == "sglang" else "pip install 'sparkit[embedded]'"
-        return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing), fix=hint)
-    if plan.engine == "sglang" and plan.expectations.speculative and importlib.util.find_spec("flashinfer") is None:
-        # Seen on the H200: SGLang 0.5.23's EAGLE/NEXTN verify calls flashinfer's top_p_renorm_prob
-        # for sampled requests, and without flashinfer the scheduler dies on the first one.
-        return CheckResult(
-            "engine_packages", "engine packages", Status.WARN,
-            "flashinfer is not installed: with speculative decoding, the first request with temperature > 0 "
-            "will crash this SGLang server (its verify step imports flashinfer's sampling kernels)",
-            evidence=["importable: " + ", ".join(needed), "flashinfer: not importable"],
-            fix="pip install flashinfer-python, or send only greedy requests (temperature 0)")
-    return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(needed))
+        return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing),
+                           fix=adapter.install_hint)
+    return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(adapter.packages))
 
 
-PREFLIGHT_CHECKS = [check_gpus, check_memory, check_port, check_model, check_engine_packages]
+def check_engine(plan: LaunchPlan, host: Host) -> list[CheckResult]:
+    """The engine's own checks of this host (its adapter's `preflight`)."""
+    from sparkit.engines.base import get_adapter
+
+    return get_adapter(plan.engine).preflight(plan)
+
+
+PREFLIGHT_CHECKS = [check_gpus, check_memory, check_port, check_model]
 
 
 def run_preflight(plan: LaunchPlan, host: Host) -> list[CheckResult]:
-    """Every preflight check, in a stable order."""
-    return [check(plan, host) for check in PREFLIGHT_CHECKS]
+    """Every preflight check, in a stable order: the general ones, then the engine's."""
+    return [check(plan, host) for check in PREFLIGHT_CHECKS] + check_engine(plan, host)

@@ -13,7 +13,8 @@ import asyncio
 from pathlib import Path
 
 from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
-from sparkit.checks.evidence import parse_log, parse_server_info
+from sparkit.checks.evidence import parse_server_info
+from sparkit.engines.sglang.log import parse_log
 from sparkit.checks.results import CheckResult
 from sparkit.errors import EngineError
 from sparkit.recipes.plan import LaunchPlan

@@ -74,11 +74,10 @@ def render_plan(plan) -> None:
 
 
 def _validation_hint(plan) -> str:
-    if plan.engine == "sglang":
-        from sparkit.engines.sglang.adapter import PARSER_INSTALL_HINT
+    from sparkit.engines.base import get_adapter
 
-        return f"to validate here: {PARSER_INSTALL_HINT}; `--strict` makes this an error"
-    return "install the engine's package to validate the plan; `--strict` makes this an error"
+    how = get_adapter(plan.engine).validation_hint or "install the engine's package"
+    return f"to validate here: {how}; `--strict` makes this an error"
 
 
 @recipes_app.command("list")
@@ -182,11 +181,11 @@ def validate_cmd(
 
 def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr).")) -> None:
     """Host and engine report, and which shipped recipe targets this host can run."""
-    from sparkit.engines.base import get_adapter
+    from sparkit.engines.base import registry
     from sparkit.host import detect_host, target_fit
 
     host = detect_host()
-    engines = [get_adapter(n).probe() for n in ("sglang", "embedded")]
+    engines = [adapter.probe() for adapter in registry().values()]
     targets = []
     for name, engine, recipes in _shipped_targets():
         ok, why = target_fit(host, name, engine)

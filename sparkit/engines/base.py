@@ -1,18 +1,40 @@
-"""The engine adapter protocol: one adapter per engine (sglang, embedded).
+"""The engine seam: one adapter per engine, found through one registry.
 
-An adapter detects what the installed engine supports and compiles a loaded
-recipe into a LaunchPlan (argv + env + expectations). Adding an engine is
-adding one adapter and one entry in `get_adapter`, not touching the CLI.
+An adapter turns a loaded recipe into its engine's part of a launch (`EngineLaunch`: argv, env,
+which path provides each optimisation, warnings, the expectations only the engine can state,
+builds to run first) and owns the engine's quirks: its recipe rules, the packages it needs,
+whether it needs a GPU, how an API key reaches it, what it prepares before starting, how its
+startup log reads. sparkit.recipes.compile assembles the LaunchPlan from it; nothing outside an
+adapter branches on an engine's name.
+
+Engines are entry points of the group `sparkit.engines` (name = "module:Class"). The two built-ins
+are registered the same way, in sparkit's own pyproject.toml; the same loader reads them from
+BUILTIN_ENGINES when sparkit runs from a source tree without installed metadata (a checkout on
+PYTHONPATH). A third-party package adds an engine by declaring an entry point in that group.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from sparkit.checks.results import CheckResult
+    from sparkit.engines.sglang.log import Diagnosis
     from sparkit.recipes.load import LoadedRecipe
-    from sparkit.recipes.plan import LaunchPlan
+    from sparkit.recipes.plan import LaunchPlan, Provision
+    from sparkit.recipes.rules import Rule
+
+ENTRY_POINT_GROUP = "sparkit.engines"
+# The phases of a start, in order, as `sparkit up` shows them; an adapter's startup_phase() names one.
+STARTUP_PHASES = ("starting", "loading weights", "capturing CUDA graphs", "warming up", "ready")
+# What sparkit's pyproject.toml registers in ENTRY_POINT_GROUP (tests/test_engines.py keeps them equal).
+BUILTIN_ENGINES = {
+    "sglang": "sparkit.engines.sglang.adapter:SGLangAdapter",
+    "embedded": "sparkit.engines.embedded.adapter:EmbeddedAdapter",
+}
 
 
 @dataclass
@@ -26,29 +48,94 @@ class EngineInfo:
     extras: dict[str, str | None] = field(default_factory=dict)  # package -> version (None = missing)
 
 
+@dataclass
+class EngineLaunch:
+    """An adapter's part of a LaunchPlan (compile adds the recipe's own parts)."""
+
+    argv: list[str]  # argv[0] is the executable
+    env: dict[str, str]  # only what the engine needs set (merged over os.environ at start)
+    served_model_name: str
+    provisions: list["Provision"] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # Expectations fields only the engine can state (e.g. speculative_algorithm_reported: SGLang
+    # reports NEXTN as EAGLE; server_args: the resolved-args names and values to verify).
+    expectations: dict[str, Any] = field(default_factory=dict)
+    model_builds: list[dict[str, Any]] = field(default_factory=list)  # see sparkit.engines.builtin_models
+    validated_by: str | None = None  # what checked argv/env against the engine that will run them
+    validation_note: str | None = None  # why nothing could, and how to get it
+
+
 class EngineAdapter(Protocol):
     name: str
+    needs_gpu: bool  # a target of `auto` needs a GPU on the host
+    packages: tuple[str, ...]  # import names the engine needs on the serving host
+    install_hint: str  # how to get them
+    validation_hint: str  # how to get a plan validated by the engine's own parser where it is not
+    secret_files: tuple[str, ...]  # run-directory files deliver_secret writes, removed once the engine is up
 
     def probe(self) -> EngineInfo:
         """Is the engine installed, which version, which optional kernels. Never raises."""
         ...
 
-    def compile(self, loaded: "LoadedRecipe", *, port: int | None = None) -> "LaunchPlan":
-        """The exact launch for a recipe whose engine-independent rules already passed.
-        Raises RecipeError for what only the installed engine can reject."""
+    def rules(self) -> list["Rule"]:
+        """The engine's own recipe rules (what it cannot run), checked with the general ones."""
+        ...
+
+    def launch(self, loaded: "LoadedRecipe", *, port: int) -> EngineLaunch:
+        """The engine's part of the launch of a recipe whose rules passed. Raises RecipeError for
+        what only the installed engine can reject."""
+        ...
+
+    def preflight(self, plan: "LaunchPlan") -> list["CheckResult"]:
+        """Engine-specific checks of the serving host (its packages and what they imply)."""
+        ...
+
+    def deliver_secret(self, secret: str, run_dir: Path) -> tuple[dict[str, str], list[str]]:
+        """(environment, extra argv) that hand the engine its API key without it appearing in
+        argv or plan.json."""
+        ...
+
+    def prepare(self, plan: "LaunchPlan", progress) -> None:
+        """What must exist before the engine starts (built-in model builds and exports)."""
+        ...
+
+    def startup_phase(self, line: str) -> str:
+        """The furthest startup phase (one of STARTUP_PHASES) the log text shows."""
+        ...
+
+    def diagnose(self, log_text: str, returncode: int | None) -> "Diagnosis":
+        """The most likely cause of a failed start, from the engine's log."""
         ...
 
 
+@functools.cache
+def registry() -> dict[str, EngineAdapter]:
+    """Every engine, by name: the installed entry points of ENTRY_POINT_GROUP, and the built-ins
+    from the same table when they are not installed (a source tree on PYTHONPATH)."""
+    from importlib import metadata
+
+    specs = {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    for name, value in BUILTIN_ENGINES.items():
+        specs.setdefault(name, value)
+    return {name: _load(value) for name, value in sorted(specs.items())}
+
+
+def _load(value: str) -> EngineAdapter:
+    import importlib
+
+    module, _, attr = value.partition(":")
+    return getattr(importlib.import_module(module), attr)()
+
+
+def engine_names() -> list[str]:
+    return list(registry())
+
+
 def get_adapter(engine: str) -> EngineAdapter:
-    if engine == "sglang":
-        from sparkit.engines.sglang.adapter import SGLangAdapter
-
-        return SGLangAdapter()
-    if engine == "embedded":
-        from sparkit.engines.embedded.adapter import EmbeddedAdapter
-
-        return EmbeddedAdapter()
-    raise ValueError(f"unknown engine {engine!r}")
+    adapters = registry()
+    if engine not in adapters:
+        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(adapters)})")
+    return adapters[engine]
 
 
 def package_version(name: str) -> str | None:

@@ -1,16 +1,20 @@
 """compile_plan: a loaded recipe -> the exact LaunchPlan (argv, env, expectations).
 
-Engine-independent rules run first (sparkit.recipes.rules); then the engine's
-adapter compiles and checks what only the installed engine can judge (its flag
-parser, its environment registry). Planning never needs the target hardware.
+The general rules and the engine's own (its adapter's `rules()`) run first; then the engine's
+adapter turns the recipe into its part of the launch (`EngineLaunch`), checking what only the
+installed engine can judge (its flag parser, its environment registry); compile alone assembles
+the plan from it. Planning never needs the target hardware.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
 
+from sparkit.engines.base import EngineLaunch, get_adapter
 from sparkit.recipes.load import LoadedRecipe
-from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
+from sparkit.recipes.plan import Expectations, LaunchPlan
+from sparkit.recipes.rules import check_rules, raise_for_errors
+from sparkit.recipes.schema import Recipe
 
 DEFAULT_MIN_ACCEPT_LENGTH = 1.5
 
@@ -18,22 +22,38 @@ DEFAULT_MIN_ACCEPT_LENGTH = 1.5
 def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan:
     """Compile a loaded recipe. Raises RecipeError (rule broken, flag refused by the
     installed engine); warnings travel in plan.warnings."""
-    from sparkit.engines.base import get_adapter
-    from sparkit.recipes.rules import check_rules, raise_for_errors
-
     warnings = raise_for_errors(loaded, check_rules(loaded))
-    plan = get_adapter(loaded.recipe.engine).compile(loaded, port=port)
-    plan.warnings = warnings + plan.warnings
-    return plan
+    r = loaded.recipe
+    port = port if port is not None else r.server.port
+    launch = get_adapter(r.engine).launch(loaded, port=port)
+    return LaunchPlan(
+        engine=r.engine,
+        argv=launch.argv,
+        env=launch.env,
+        host=r.server.host,
+        port=port,
+        model=r.model.path,
+        served_model_name=launch.served_model_name,
+        recipe_name=loaded.name,
+        recipe_path=str(loaded.path) if loaded.path else None,
+        expectations=_expectations(r, launch),
+        provisions=launch.provisions,
+        warnings=warnings + launch.warnings,
+        model_builds=launch.model_builds,
+        api_key_env=r.server.api_key_env,
+        recipe=loaded.resolved(),
+        validated_by=launch.validated_by,
+        validation_note=launch.validation_note,
+    )
 
 
-def base_expectations(recipe: Any) -> Expectations:
-    """The expectations every engine shares; adapters add engine-specific ones."""
+def _expectations(recipe: Recipe, launch: EngineLaunch) -> Expectations:
+    """What the recipe asks of every engine, then what only the engine can state."""
     stack, spec = recipe.stack, recipe.stack.speculative
     min_accept = recipe.checks.min_accept_length
     if min_accept is None and spec.enabled:
         min_accept = DEFAULT_MIN_ACCEPT_LENGTH
-    return Expectations(
+    expectations = Expectations(
         weights=stack.weights,
         moe_backend=stack.moe_backend,
         lm_head=stack.lm_head,
@@ -51,37 +71,13 @@ def base_expectations(recipe: Any) -> Expectations:
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
     )
+    known = {f.name for f in fields(Expectations)}
+    unknown = set(launch.expectations) - known
+    if unknown:  # an adapter's mistake, not the user's
+        raise TypeError(f"engine adapter sets unknown expectations: {', '.join(sorted(unknown))}")
+    for name, value in launch.expectations.items():
+        setattr(expectations, name, value)
+    return expectations
 
 
-def build_plan(
-    loaded: LoadedRecipe,
-    *,
-    engine: str,
-    argv: list[str],
-    env: dict[str, str],
-    port: int,
-    expectations: Expectations,
-    provisions: list[Provision],
-    warnings: list[str],
-    served_model_name: str,
-) -> LaunchPlan:
-    r = loaded.recipe
-    return LaunchPlan(
-        engine=engine,  # type: ignore[arg-type]
-        argv=argv,
-        env=env,
-        host=r.server.host,
-        port=port,
-        model=r.model.path,
-        served_model_name=served_model_name,
-        recipe_name=loaded.name,
-        recipe_path=str(loaded.path) if loaded.path else None,
-        expectations=expectations,
-        provisions=provisions,
-        warnings=warnings,
-        api_key_env=r.server.api_key_env,
-        recipe=loaded.resolved(),
-    )
-
-
-__all__ = ["compile_plan", "base_expectations", "build_plan"]
+__all__ = ["compile_plan", "DEFAULT_MIN_ACCEPT_LENGTH"]

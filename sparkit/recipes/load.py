@@ -375,6 +375,8 @@ def _recipe_error(err: dict[str, Any], loc: KeyPath, origins: dict[KeyPath, Orig
         expected = err.get("ctx", {}).get("expected", "")
         allowed = ", ".join(v.strip().strip("'") for v in expected.replace(" or ", ", ").split(","))
         message = f"{value!r} is not one of {allowed}"
+    elif kind == "value_error":  # a validator's own sentence, which names the value
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
     elif kind == "missing":
         message = "is required"
         if loc == ("model",):

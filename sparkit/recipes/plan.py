@@ -11,9 +11,7 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-EngineName = Literal["sglang", "embedded"]
+from typing import Any
 
 
 @dataclass
@@ -54,7 +52,7 @@ class Expectations:
 
 @dataclass
 class LaunchPlan:
-    engine: EngineName
+    engine: str  # a name in sparkit.engines.base.registry()
     argv: list[str]  # argv[0] is the executable (sys.executable for python -m ...)
     env: dict[str, str]  # only the variables sparkit sets (merged over os.environ at start)
     host: str
@@ -66,8 +64,8 @@ class LaunchPlan:
     expectations: Expectations
     provisions: list[Provision] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # For the embedded engine: a built-in model to build before launch (see
-    # sparkit.engines.embedded.builder.ensure_model), e.g. {"name": "tiny-ling", "seed": 0, "dir": "..."}.
+    # Built-in models to build (and export) before launch (sparkit.engines.builtin_models),
+    # e.g. {"name": "tiny-ling", "seed": 0, "dir": "..."}.
     model_builds: list[dict[str, Any]] = field(default_factory=list)
     # Environment variable that carries the API key, when the recipe sets one (never the secret).
     api_key_env: str | None = None

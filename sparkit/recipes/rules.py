@@ -2,8 +2,9 @@
 
 Each rule has a name, a one-sentence reason and a fix. A rule returns the
 violations it finds; `error` violations stop planning, `warning`s are printed
-with the plan. Engine-specific rules that need the installed engine (flags its
-parser no longer has, env names its registry ignores) live in the engine adapters.
+with the plan. What one engine cannot run is that engine's adapter's `rules()`, checked
+with these; what needs the installed engine (flags its parser no longer has, env names its
+registry ignores) its adapter checks while it compiles.
 """
 
 from __future__ import annotations
@@ -212,45 +213,24 @@ def _gb10_mem_fraction(loaded: LoadedRecipe):
     return []
 
 
-@rule(
-    "embedded-moe-backend",
-    "the embedded engine has one MoE implementation (PyTorch); sglang's kernels do not exist there",
-    "use stack.moe_backend: auto (or embedded-torch) with engine: embedded",
-)
-def _embedded_moe(loaded: LoadedRecipe):
-    r = loaded.recipe
-    if r.engine == "embedded" and r.stack.moe_backend not in ("auto", "embedded-torch"):
-        return [("error", "stack.moe_backend",
-                 f"moe_backend {r.stack.moe_backend!r} is not available on the embedded engine (auto or embedded-torch)")]
-    if r.engine == "sglang" and r.stack.moe_backend == "embedded-torch":
-        return [("error", "stack.moe_backend", "moe_backend 'embedded-torch' exists only on engine: embedded")]
-    return []
+def rules_for(engine: str) -> list[Rule]:
+    """The engine-independent rules, then the engine's own (its adapter's `rules()`)."""
+    from sparkit.engines.base import get_adapter
+
+    return RULES + list(get_adapter(engine).rules())
 
 
-@rule(
-    "embedded-speculative-nextn-only",
-    "the embedded engine implements NEXTN MTP only, on one device",
-    "use speculative.method: nextn (or none), tp 1 and ep 1 with engine: embedded",
-)
-def _embedded_limits(loaded: LoadedRecipe):
-    r = loaded.recipe
-    if r.engine != "embedded":
-        return []
-    out = []
-    if r.stack.speculative.method == "dspark":
-        out.append(("error", "stack.speculative.method", "dspark is not available on the embedded engine"))
-    if r.stack.tp != 1 or r.stack.ep != 1:
-        out.append(("error", "stack.tp" if r.stack.tp != 1 else "stack.ep", "the embedded engine runs on one device (tp 1, ep 1)"))
-    if r.target not in ("cpu", "auto"):
-        out.append(("warning", "target", f"the embedded engine is a reference engine: target {r.target} only "
-                    "selects --device cuda, and no published figure applies"))
-    return out
+def every_rule() -> list[Rule]:
+    """Every rule sparkit knows: the general ones and each registered engine's."""
+    from sparkit.engines.base import registry
+
+    return RULES + [r for adapter in registry().values() for r in adapter.rules()]
 
 
 def check_rules(loaded: LoadedRecipe) -> list[Violation]:
-    """Every violation of every engine-independent rule, in rule order."""
+    """Every violation of the rules that apply to the recipe's engine, in rule order."""
     found = []
-    for r in RULES:
+    for r in rules_for(loaded.recipe.engine):
         for severity, key, message in r.check(loaded):
             found.append(Violation(r.name, severity, key, message, r.reason, r.fix))
     return found

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 # The MoE runner backends of sglang 0.5.23 plus the embedded engine's own. The
 # sglang adapter also checks the value against the *installed* sglang's choices.
@@ -226,8 +226,19 @@ class Recipe(_Strict):
     description: str | None = None
     """One line shown by `sparkit recipes list`."""
 
-    engine: Literal["sglang", "embedded"] = "sglang"
-    """Which engine serves the model."""
+    engine: str = "sglang"
+    """Which engine serves the model: `sglang`, `embedded`, or one a plugin registers (entry-point
+    group `sparkit.engines`)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        from sparkit.engines.base import engine_names
+
+        names = engine_names()
+        if value not in names:
+            raise ValueError(f"unknown engine {value!r}; registered engines: {', '.join(names)}")
+        return value
 
     model: ModelSpec
     """The model."""

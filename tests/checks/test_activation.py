@@ -23,7 +23,8 @@ from sparkit.checks.activation import (
     compare_args,
     evaluate,
 )
-from sparkit.checks.evidence import parse_log, parse_server_info
+from sparkit.checks.evidence import parse_server_info
+from sparkit.engines.sglang.log import parse_log
 from sparkit.checks.results import Status
 from sparkit.engines.activation import (
     ActivationReport,

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkit.checks.evidence import (
-    detect_phase,
-    diagnose_failure,
-    parse_log,
-    parse_server_args_payload,
-    parse_server_info,
-)
+from sparkit.checks.evidence import parse_server_info
+from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, parse_server_args_payload
 
 LING_ARGV = [
     "--model-path", "inclusionAI/Ling-3.0-flash-fp4",

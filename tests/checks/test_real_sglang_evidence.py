@@ -17,7 +17,8 @@ from sparkit.checks.activation import (
     check_resolved_args,
     check_shared_lm_head,
 )
-from sparkit.checks.evidence import detect_phase, diagnose_failure, parse_log, parse_server_info, phase_timeline
+from sparkit.checks.evidence import parse_server_info
+from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
 from sparkit.checks.results import Status
 from sparkit.engines.activation import ActivationReport
 

@@ -65,7 +65,7 @@ def test_startup_logs_activation_report_and_info(embedded_server):
     assert "The server is fired up and ready to roll!" in log
     assert "Online FP8 quantization enabled for lm_head." in log
 
-    from sparkit.checks.evidence import parse_log
+    from sparkit.engines.sglang.log import parse_log
 
     evidence = parse_log(log)  # sparkit's own reader of SGLang's log lines reads these too
     assert [w.model_class for w in evidence.weight_loads] == ["TinyLingForCausalLM", "TinyLingForCausalLMNextN"]

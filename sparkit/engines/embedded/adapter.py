@@ -1,23 +1,25 @@
-"""Embedded-engine adapter: compile a recipe to `python -m sparkit.engines.embedded ...`.
+"""Embedded-engine adapter: a recipe -> `python -m sparkit.engines.embedded ...` and what it needs.
 
-Built-in models (`sparkit:tiny-ling[:seed=N][:steps=S]`) are planned, not built: the plan
-lists them in `model_builds` and the launcher builds them before starting (the default build
-ships with sparkit, so only other seeds or step counts train).
+Built-in models (`sparkit:tiny-ling[:seed=N][:steps=S]`) are planned through
+sparkit.engines.builtin_models and built before the launch. The engine writes SGLang's startup
+lines, so its log reads as SGLang's (SGLangLogAdapter).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, package_version
+from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
+from sparkit.engines.sglang.log import SGLangLogAdapter
+from sparkit.recipes.rules import Rule
 
-BUILTIN_PREFIX = "sparkit:"
-_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?(?::steps=(?P<steps>[1-9]\d{0,6}))?$")
-BUILTIN_MODELS = ("tiny-ling",)
+# How the engine reads its API key (sparkit.engines.embedded.server.API_KEY_ENV, which imports
+# nothing heavy, is the one declaration).
+from sparkit.engines.embedded.server import API_KEY_ENV  # noqa: E402
 
 
 def embedded_arg_parser() -> argparse.ArgumentParser:
@@ -33,45 +35,42 @@ def embedded_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_builtin(path: str) -> tuple[str, int, int | None] | None:
-    """('tiny-ling', seed, steps or None) for `sparkit:tiny-ling[:seed=N][:steps=S]`; None for
-    paths that are not of that form."""
-    m = _BUILTIN.match(path)
-    if not m:
-        return None
-    return m.group("name"), int(m.group("seed") or 0), int(m.group("steps")) if m.group("steps") else None
+def _moe_backend_rule(loaded):
+    r = loaded.recipe
+    if r.stack.moe_backend not in ("auto", "embedded-torch"):
+        return [("error", "stack.moe_backend",
+                 f"moe_backend {r.stack.moe_backend!r} is not available on the embedded engine (auto or embedded-torch)")]
+    return []
 
 
-def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]], export_dtype: str | None = None) -> str | None:
-    """For `sparkit:tiny-ling[:seed=N]`: record the build (and, for engines that load Hugging Face
-    checkpoints, its HF export) in `builds` and return the directory the engine will load. None
-    for a path that is not a built-in model."""
-    if not path.startswith(BUILTIN_PREFIX):
-        return None
-    from sparkit.engines.embedded.builder import builtin_model_dir
-
-    parsed = parse_builtin(path)
-    if parsed is None or parsed[0] not in BUILTIN_MODELS:
-        raise loaded.error(key, f"unknown built-in model {path!r}",
-                           hint="built-in models: sparkit:tiny-ling, with :seed=N and :steps=S to build another")
-    name, seed, steps = parsed
-    build: dict[str, Any] = {"name": name, "seed": seed}
-    if steps is not None:
-        build["steps"] = steps
-        build["dir"] = str(builtin_model_dir(name, seed, steps))
-    else:
-        build["dir"] = str(builtin_model_dir(name, seed))
-    if export_dtype is not None:
-        from sparkit.engines.embedded.checkpoint import hf_export_dir
-
-        build["export_hf"] = {"dtype": export_dtype, "dir": str(hf_export_dir(build["dir"], export_dtype))}
-    if build not in builds:
-        builds.append(build)
-    return build["export_hf"]["dir"] if export_dtype is not None else build["dir"]
+def _limits_rule(loaded):
+    r = loaded.recipe
+    out = []
+    if r.stack.speculative.method == "dspark":
+        out.append(("error", "stack.speculative.method", "dspark is not available on the embedded engine"))
+    if r.stack.tp != 1 or r.stack.ep != 1:
+        out.append(("error", "stack.tp" if r.stack.tp != 1 else "stack.ep", "the embedded engine runs on one device (tp 1, ep 1)"))
+    if r.target not in ("cpu", "auto"):
+        out.append(("warning", "target", f"the embedded engine is a reference engine: target {r.target} only "
+                    "selects --device cuda, and no published figure applies"))
+    return out
 
 
-class EmbeddedAdapter:
+RULES = [
+    Rule("embedded-moe-backend", "the embedded engine has one MoE implementation (PyTorch); sglang's kernels do not exist there",
+         "use stack.moe_backend: auto (or embedded-torch) with engine: embedded", _moe_backend_rule),
+    Rule("embedded-speculative-nextn-only", "the embedded engine implements NEXTN MTP only, on one device",
+         "use speculative.method: nextn (or none), tp 1 and ep 1 with engine: embedded", _limits_rule),
+]
+
+
+class EmbeddedAdapter(SGLangLogAdapter):
     name = "embedded"
+    needs_gpu = False
+    packages = ("torch", "safetensors", "transformers")
+    install_hint = "pip install 'sparkit[embedded]'"
+    validation_hint = ""  # its parser ships with sparkit: a plan is always validated
+    secret_files = ()
 
     def probe(self) -> EngineInfo:
         import importlib.util
@@ -84,11 +83,24 @@ class EmbeddedAdapter:
 
         return EngineInfo("embedded", not missing, __version__, detail, extras)
 
+    def rules(self) -> list[Rule]:
+        return RULES
+
+    def preflight(self, plan) -> list:
+        from sparkit.checks.preflight import packages_check
+
+        return [packages_check(self)]
+
+    def prepare(self, plan, progress) -> None:
+        prepare_builds(plan.model_builds, progress)
+
+    def deliver_secret(self, secret: str, run_dir: Path) -> tuple[dict[str, str], list[str]]:
+        return {API_KEY_ENV: secret}, []
+
     def _model_dir(self, loaded, key: str, path: str, builds: list[dict[str, Any]]) -> str:
         return plan_builtin_model(loaded, key, path, builds) or str(Path(path).expanduser())
 
-    def compile(self, loaded, *, port: int | None = None):
-        from sparkit.recipes.compile import base_expectations, build_plan
+    def launch(self, loaded, *, port: int) -> EngineLaunch:
         from sparkit.recipes.plan import Provision
 
         r = loaded.recipe
@@ -97,7 +109,6 @@ class EmbeddedAdapter:
         model_dir = self._model_dir(loaded, "model.path", r.model.path, builds)
         parsed = parse_builtin(r.model.path)
         served = r.model.served_name or (parsed[0] if parsed else Path(model_dir).name)
-        port = port if port is not None else server.port
         device = {"cpu": "cpu", "auto": "auto"}.get(r.target, "cuda")
 
         args = ["--model-path", model_dir, "--served-model-name", served, "--host", server.host, "--port", str(port),
@@ -143,20 +154,18 @@ class EmbeddedAdapter:
                             "draft_lm_head check is expected to fail")
         env = dict(server.env)
 
-        expectations = base_expectations(r)
-        expectations.speculative_algorithm_reported = "NEXTN" if spec.method == "nextn" else None
-        if spec.method == "nextn" and stack.lm_head == "fp8":
-            # The recipe asks for a shared head; the check verifies it (and catches "tensor").
-            expectations.draft_shares_lm_head = True
+        # The embedded engine reports NEXTN as NEXTN; the recipe asks for a shared head and the
+        # check verifies it (and catches --draft-lm-head-sharing tensor).
+        expectations: dict[str, Any] = {"speculative_algorithm_reported": "NEXTN" if spec.method == "nextn" else None}
         if draft_dir:
-            expectations.draft_model = draft_dir
+            expectations["draft_model"] = draft_dir
         sa: dict[str, Any] = {"tp_size": 1, "ep_size": 1}
         if spec.method == "nextn":
             sa["speculative_algorithm"] = "NEXTN"
             for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
                 if getattr(spec, k) is not None:
                     sa[f"speculative_{k}"] = getattr(spec, k)
-        expectations.server_args = sa
+        expectations["server_args"] = sa
 
         provisions = [
             Provision(f"weights={stack.weights}", "embedded", f"--expert-weights {stack.weights} (quantised at load)"),
@@ -172,12 +181,11 @@ class EmbeddedAdapter:
                 provisions.append(Provision("draft_lm_head=shared", "embedded",
                                             f"--draft-lm-head-sharing {sharing or 'module'}"))
 
-        argv = [sys.executable, "-m", "sparkit.engines.embedded", *args]
-        plan = build_plan(loaded, engine="embedded", argv=argv, env=env, port=port, expectations=expectations,
-                          provisions=provisions, warnings=warnings, served_model_name=served)
-        plan.model_builds = builds
-        plan.validated_by = "the embedded server's own argument parser and flag rules"
-        return plan
+        return EngineLaunch(
+            argv=[sys.executable, "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
+            provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
+            validated_by="the embedded server's own argument parser and flag rules",
+        )
 
 
 def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str]) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from sparkit.engines.embedded.api import CancelFlag, SamplingParams, StepOutput
 from sparkit.errors import LaunchError
-from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 ENGINE_VERSION = "0.1.0"
 SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")

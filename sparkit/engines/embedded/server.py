@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import SamplingParams
-from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 API_KEY_ENV = "SPARKIT_API_KEY"
 READY_LINE = "The server is fired up and ready to roll!"

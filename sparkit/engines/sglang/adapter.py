@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, package_version
+from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
+from sparkit.engines.sglang.log import SGLangLogAdapter
+from sparkit.engines.sglang.plugin import (
+    ENABLE_ENV, EXACT_TOP_K_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV, SHARE_ENV, truthy,
+)
+from sparkit.recipes.plan import Provision
+from sparkit.recipes.rules import Rule
 
+# The Ling patch's own FP8 head switch (in the registry of a patched sglang, absent from 0.5.23).
 FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
-PLUGIN_NAME = "sparkit"
-PLUGIN_ENTRY_POINT = "sparkit.engines.sglang.plugin:register"
+SECRETS_FILE = "secrets.yaml"
 
 # Resolved-args names sparkit sets from recipe keys: a pass-through flag with the same
 # destination would fight the recipe, so it is an error naming the key to use instead.
@@ -118,8 +127,26 @@ def _action_for(flag: str):
     return None
 
 
-class SGLangAdapter:
+def _moe_backend_rule(loaded):
+    if loaded.recipe.stack.moe_backend == "embedded-torch":
+        return [("error", "stack.moe_backend", "moe_backend 'embedded-torch' exists only on engine: embedded")]
+    return []
+
+
+RULES = [
+    Rule("sglang-moe-backend", "embedded-torch is the embedded engine's PyTorch MoE; sglang runs its own kernels",
+         "use stack.moe_backend: auto (or one of sglang's --moe-runner-backend choices) with engine: sglang",
+         _moe_backend_rule),
+]
+
+
+class SGLangAdapter(SGLangLogAdapter):
     name = "sglang"
+    needs_gpu = True
+    packages = ("sglang",)
+    install_hint = "pip install sglang"
+    validation_hint = PARSER_INSTALL_HINT
+    secret_files = (SECRETS_FILE,)
 
     def probe(self) -> EngineInfo:
         import importlib.util
@@ -130,17 +157,46 @@ class SGLangAdapter:
         detail = "" if importable else "pip install sglang (GPU machine) to serve real models"
         return EngineInfo("sglang", importable, version, detail, extras)
 
-    def compile(self, loaded, *, port: int | None = None):
-        from sparkit.recipes.compile import base_expectations, build_plan
+    def rules(self) -> list[Rule]:
+        return RULES
 
+    def preflight(self, plan) -> list:
+        import importlib.util
+
+        from sparkit.checks.preflight import packages_check
+        from sparkit.checks.results import CheckResult, Status
+
+        result = packages_check(self)
+        if result.status is Status.PASS and plan.expectations.speculative and importlib.util.find_spec("flashinfer") is None:
+            # Seen on the H200: SGLang 0.5.23's EAGLE/NEXTN verify calls flashinfer's top_p_renorm_prob
+            # for sampled requests, and without flashinfer the scheduler dies on the first one.
+            result = CheckResult(
+                "engine_packages", "engine packages", Status.WARN,
+                "flashinfer is not installed: with speculative decoding, the first request with temperature > 0 "
+                "will crash this SGLang server (its verify step imports flashinfer's sampling kernels)",
+                evidence=["importable: " + ", ".join(self.packages), "flashinfer: not importable"],
+                fix="pip install flashinfer-python, or send only greedy requests (temperature 0)")
+        return [result]
+
+    def prepare(self, plan, progress) -> None:
+        prepare_builds(plan.model_builds, progress)
+
+    def deliver_secret(self, secret: str, run_dir: Path) -> tuple[dict[str, str], list[str]]:
+        """SGLang reads no environment variable for its key: a 0600 YAML file passed with --config
+        (SGLang merges it into its arguments; the run removes it once the server is up)."""
+        path = run_dir / SECRETS_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"api-key: {json.dumps(secret)}\n")
+        return {}, ["--config", str(path)]
+
+    def launch(self, loaded, *, port: int) -> EngineLaunch:
         r = loaded.recipe
         stack, server, spec = r.stack, r.server, r.stack.speculative
         warnings: list[str] = []
         unavailable = parser_unavailable()
         if unavailable is None:
             self._check_choices(loaded)
-
-        from sparkit.engines.embedded.adapter import plan_builtin_model
 
         # sparkit's built-in tiny-ling reaches SGLang as its Hugging Face BailingMoeV2 export, whose
         # configuration class travels with it (hence --trust-remote-code).
@@ -196,7 +252,6 @@ class SGLangAdapter:
             args += ["--cuda-graph-max-bs-prefill", str(server.cuda_graph.max_bs_prefill)]
         if server.enable_metrics:
             args.append("--enable-metrics")
-        port = port if port is not None else server.port
         args += ["--host", server.host, "--port", str(port)]
 
         if unavailable is None:
@@ -210,58 +265,60 @@ class SGLangAdapter:
             except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
                 raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
 
-        env = dict(server.env)
         if unavailable is None:
             warnings += self._check_env(loaded)
-        from sparkit.engines.sglang.plugin import SHARE_ENV, truthy
-
-        if spec.method == "nextn" and stack.lm_head == "fp8" and SHARE_ENV in env and not truthy(env[SHARE_ENV], default=True):
-            warnings.append(f"server.env.{SHARE_ENV}={env[SHARE_ENV]} leaves the NEXTN draft with the target's FP8 head "
+        if (spec.method == "nextn" and stack.lm_head == "fp8" and SHARE_ENV in server.env
+                and not truthy(server.env[SHARE_ENV], default=True)):
+            warnings.append(f"server.env.{SHARE_ENV}={server.env[SHARE_ENV]} leaves the NEXTN draft with the target's FP8 head "
                             "*tensor* only (stock sglang 0.5.23): the shared-head trap; the draft_lm_head and "
                             "acceptance checks are expected to fail")
-        provisions = self._provisions(loaded, env, registry=env_registry() if unavailable is None else frozenset())
+        registry = env_registry() if unavailable is None else frozenset()
+        provisions, head_env = self._provisions(loaded, registry)
+        env = {**server.env, **head_env}
 
-        expectations = base_expectations(r)
-        if stack.lm_head == "fp8" and env.get(FP8_LM_HEAD_ENV) == "1":
+        expectations: dict[str, Any] = {}
+        if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
             # SGLang's own FP8 head (the Ling patch) keeps no bf16 copy and writes no report.
-            expectations.lm_head_exact_top_k = None
+            expectations["lm_head_exact_top_k"] = None
             if stack.lm_head_exact_top_k:
                 warnings.append(f"stack.lm_head_exact_top_k: {stack.lm_head_exact_top_k} is not applied: this sglang's "
                                 f"own FP8 lm_head ({FP8_LM_HEAD_ENV}) has no exact re-scoring, so near-ties may "
                                 "pick a different token than the bf16 head")
-        expectations.speculative_algorithm_reported = {"nextn": "EAGLE", "dspark": "DSPARK"}.get(spec.method)
+        reported = {"nextn": "EAGLE", "dspark": "DSPARK"}.get(spec.method)
+        expectations["speculative_algorithm_reported"] = reported
         sa: dict[str, Any] = {"tp_size": stack.tp, "ep_size": stack.ep,
                               "enable_fp32_lm_head": stack.lm_head == "fp32"}
         if stack.moe_backend != "auto":
             sa["moe_runner_backend"] = stack.moe_backend
         if spec.enabled:
-            sa["speculative_algorithm"] = expectations.speculative_algorithm_reported
+            sa["speculative_algorithm"] = reported
             for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
                 if getattr(spec, k) is not None:
                     sa[f"speculative_{k}"] = getattr(spec, k)
             if draft_path:
                 sa["speculative_draft_model_path"] = draft_path
-                expectations.draft_model = draft_path
+                expectations["draft_model"] = draft_path
         if stack.attention_backend:
             sa["attention_backend"] = stack.attention_backend
         if server.mem_fraction_static is not None:
             sa["mem_fraction_static"] = server.mem_fraction_static
         if r.model.served_name:
             sa["served_model_name"] = r.model.served_name
-        expectations.server_args = sa
+        expectations["server_args"] = sa
 
-        argv = [sys.executable, "-m", "sglang.launch_server", *args]
-        plan = build_plan(loaded, engine="sglang", argv=argv, env=env, port=port, expectations=expectations,
-                          provisions=provisions, warnings=warnings, served_model_name=r.model.served_name or model_path)
-        plan.model_builds = builds
+        launch = EngineLaunch(
+            argv=[sys.executable, "-m", "sglang.launch_server", *args], env=env,
+            served_model_name=r.model.served_name or model_path, provisions=provisions, warnings=warnings,
+            expectations=expectations, model_builds=builds,
+        )
         if unavailable is None:
-            plan.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
+            launch.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
         else:
-            plan.validation_note = (f"not validated by SGLang's own argument parser: it does not import here "
-                                    f"({unavailable}); the flags and environment variables are unchecked "
-                                    f"against the engine version that will run them, and the FP8 lm_head is "
-                                    f"planned through sparkit's plugin as for stock sglang 0.5.23")
-        return plan
+            launch.validation_note = (f"not validated by SGLang's own argument parser: it does not import here "
+                                      f"({unavailable}); the flags and environment variables are unchecked "
+                                      f"against the engine version that will run them, and the FP8 lm_head is "
+                                      f"planned through sparkit's plugin as for stock sglang 0.5.23")
+        return launch
 
     # ------------------------------------------------------------ feature detection
 
@@ -330,11 +387,12 @@ class SGLangAdapter:
                            "(not in sglang.srt.environ.envs); it is passed but has no effect")
         return out
 
-    def _provisions(self, loaded, env: dict[str, str], registry: frozenset[str]):
-        from sparkit.recipes.plan import Provision
-
+    def _provisions(self, loaded, registry: frozenset[str]) -> tuple[list[Provision], dict[str, str]]:
+        """Which path provides each optimisation, and the environment that selects an FP8 head's
+        path (this sglang's own variable when its registry has it, else sparkit's plugin)."""
         r = loaded.recipe
         stack, spec = r.stack, r.stack.speculative
+        env: dict[str, str] = {}
         out = [Provision(f"weights={stack.weights}", "checkpoint", r.model.path)]
         if stack.moe_backend == "auto":
             out.append(Provision("moe_backend=auto", "sglang-default",
@@ -351,12 +409,10 @@ class SGLangAdapter:
                 out.append(Provision("lm_head=fp8", "sglang-env", f"{FP8_LM_HEAD_ENV}=1 (in this sglang's registry)"))
                 provider, detail = "sglang-env", "the patched sglang shares the quantised module (set_lm_head_from_target)"
             else:
-                from sparkit.engines.sglang.plugin import ENABLE_ENV, EXACT_TOP_K_ENV
-
                 env[ENABLE_ENV] = "1"
                 env[EXACT_TOP_K_ENV] = str(stack.lm_head_exact_top_k)
-                plugins = [p for p in env.get("SGLANG_PLUGINS", "").split(",") if p]
-                env["SGLANG_PLUGINS"] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
+                plugins = [p for p in r.server.env.get(PLUGINS_ENV, "").split(",") if p]
+                env[PLUGINS_ENV] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
                 out.append(Provision("lm_head=fp8", "sparkit-plugin",
                                      f"{PLUGIN_ENTRY_POINT} (sglang {installed_version() or '0.5.23, assumed'} has no {FP8_LM_HEAD_ENV})"))
                 out.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "sparkit-plugin",
@@ -369,7 +425,7 @@ class SGLangAdapter:
                                  "--speculative-algorithm NEXTN (an alias of EAGLE; /server_info reports EAGLE)"))
         elif spec.method == "dspark":
             out.append(Provision("speculative=dspark", "sglang-flag", f"--speculative-algorithm DSPARK, draft {spec.draft_model}"))
-        return out
+        return out, env
 
 
 def _takes_value(flag: str) -> bool:

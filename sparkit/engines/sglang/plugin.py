@@ -24,10 +24,15 @@ from __future__ import annotations
 import logging
 import os
 
+# How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
+# group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
+PLUGIN_NAME = "sparkit"
+PLUGIN_ENTRY_POINT = "sparkit.engines.sglang.plugin:register"
+PLUGINS_ENV = "SGLANG_PLUGINS"
 ENABLE_ENV = "SPARKIT_SGLANG_PLUGIN"
 FP8_ENV = "SPARKIT_FP8_LM_HEAD"
 # Candidates per row the FP8 head re-scores exactly from the kept bf16 weight (recipe key
-# stack.lm_head_exact_top_k; unset = sparkit.kernels.fp8_linear.DEFAULT_EXACT_TOP_K; 0 = off).
+# stack.lm_head_exact_top_k; unset = sparkit.kernels.rescoring.DEFAULT_EXACT_TOP_K; 0 = off).
 EXACT_TOP_K_ENV = "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"
 SHARE_ENV = "SPARKIT_SHARE_LM_HEAD"
 
@@ -67,7 +72,7 @@ def sharing_enabled() -> bool:
 
 def exact_top_k() -> int:
     """The re-scoring depth from the environment; a bad value falls back to the default (logged)."""
-    from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K
+    from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
     raw = os.environ.get(EXACT_TOP_K_ENV, "").strip()
     if not raw:

@@ -1,0 +1,445 @@
+"""SGLang's log, read: the evidence lines the startup checks use, the startup phase shown while a
+server starts (`detect_phase`, `phase_timeline`) and the diagnosis of a failed start
+(`diagnose_failure`). The wording is SGLang 0.5.23's (../shared/docs/sglang-facts.md §5; the
+patterns below quote what real servers wrote on an H200: tests/fixtures/sglang-0.5.23-h200); the
+embedded engine writes the same lines, so one reader serves both adapters. Pure text -> data.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkit.engines.base import STARTUP_PHASES as PHASES  # the seam's vocabulary of phases
+
+# -- log line patterns (SGLang's wording; lines carry a "[time TPn] " prefix we ignore) --
+_SERVER_ARGS = re.compile(r"server_args=(.*)$")
+_LOAD_BEGIN = re.compile(r"Load weight begin\b")
+_LOAD_END = re.compile(r"Load weight end\.\s*(?P<rest>.*)$")
+_KV = re.compile(r"(?P<key>[A-Za-z_][\w ]*?)=(?P<value>[^,]*)")
+_MIXED_MXFP4 = re.compile(r"Detected mixed checkpoint layout: routed experts are MXFP4")
+_BAILING_MOE = re.compile(r"Bailing V3 mixed FP8/MXFP4 checkpoint: moe_runner_backend=(?P<backend>\w+)")
+_HUMMING_GEMM = re.compile(r"Using (?P<gemm>\w+) gemm for humming moe")
+_FP8_LM_HEAD = re.compile(r"Online FP8 quantization enabled for lm_head")
+_GRAPH_BEGIN = re.compile(r"Capture (?P<what>.*?)(?:CUDA|cuda|CPU|cpu) graph begin", re.IGNORECASE)
+_GRAPH_END = re.compile(r"Capture (?P<what>.*?)(?:CUDA|cuda|CPU|cpu) graph end", re.IGNORECASE)
+_GRAPH_FAILED = re.compile(r"Capture (?:\w+ )?(?:cuda|CUDA|CPU|cpu) graph failed:?\s*(?P<why>.*)$")
+_DECODE = re.compile(r"Decode batch\b.*?accept len: (?P<accept>[\d.]+)(?:, accept rate: (?P<rate>[\d.]+))?")
+_DECODE_ANY = re.compile(r"Decode batch\b")
+_GEN_TPUT = re.compile(r"gen throughput \(token/s\): (?P<tput>[\d.]+)")
+_GRAPH_FLAG = re.compile(r"(?:cuda graph|cpu graph): (?P<flag>True|False)")
+_READY = re.compile(r"The server is fired up and ready to roll")
+_WARMUP = re.compile(r"Uvicorn running on|Application startup complete|Start(?:ing)? (?:the )?warm ?up\b", re.IGNORECASE)
+_DRAFT_TOKENS_WARN = re.compile(r"speculative_num_draft_tokens.*(?:adjusted|changed|forced|overrid|set to)", re.IGNORECASE)
+_OVERRIDING = re.compile(r"\boverriding\b|\bis changed to\b|\bhas been set to\b|\bforce(?:d|-disabled)\b", re.IGNORECASE)
+# Settings SGLang rewrites and says so at INFO level, e.g. (0.5.23, speculative decoding on):
+# "Max running requests is reset to 48 for speculative decoding. You can override this by ..."
+_RESET = re.compile(r"\b(?:is|are) reset to\b", re.IGNORECASE)
+# "Engine startup timings (s): load_weight=0.14, kv_cache_allocation=2.43, scheduler_e2e=84.40,
+#  cuda_graph={prefill=56.11, decode=0.00, ...}, tokenizer_e2e=113.78" (SGLang 0.5.23)
+_STARTUP_TIMINGS = re.compile(r"Engine startup timings \(s\):\s*(?P<rest>.*)$")
+_TIMING_ITEM = re.compile(r"(?P<key>\w+)=(?:\{(?P<group>[^}]*)\}|(?P<value>[-\d.]+))")
+_TIMESTAMP = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+
+
+@dataclass
+class WeightLoad:
+    """One "Load weight end." line: one per model (target, then the NextN draft)."""
+
+    model_class: str | None
+    quant: str | None
+    elapsed_s: float | None
+    line: str
+
+
+@dataclass
+class DecodeStat:
+    """One periodic "Decode batch ..." line (every 40 decode steps)."""
+
+    accept_length: float | None
+    accept_rate: float | None
+    gen_throughput: float | None
+    graph: bool | None
+    line: str
+
+
+@dataclass
+class LogEvidence:
+    server_args: dict[str, Any] | None = None
+    weight_loads: list[WeightLoad] = field(default_factory=list)
+    mixed_mxfp4_experts: bool = False
+    moe_backend_override: str | None = None  # "Bailing V3 mixed ... moe_runner_backend=X"
+    humming_gemm: str | None = None  # "indexed" | "grouped" when humming MoE ran
+    fp8_lm_head: bool = False
+    graph_captures: int = 0
+    graph_capture_failed: str | None = None
+    decode_stats: list[DecodeStat] = field(default_factory=list)
+    ready: bool = False
+    rewrites: list[str] = field(default_factory=list)  # warnings where the engine changed a setting
+    lines: dict[str, str] = field(default_factory=dict)  # evidence name -> the log line that proves it
+    # SGLang's own "Engine startup timings (s)" line: {"load_weight": 0.14, "cuda_graph.prefill": 56.11, ...}
+    startup_timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def target_load(self) -> WeightLoad | None:
+        return self.weight_loads[0] if self.weight_loads else None
+
+    @property
+    def draft_load(self) -> WeightLoad | None:
+        drafts = [w for w in self.weight_loads if w.model_class and w.model_class.endswith("NextN")]
+        if drafts:
+            return drafts[-1]
+        return self.weight_loads[1] if len(self.weight_loads) > 1 else None
+
+    @property
+    def last_accept_length(self) -> float | None:
+        values = [d.accept_length for d in self.decode_stats if d.accept_length is not None]
+        return values[-1] if values else None
+
+    @property
+    def last_gen_throughput(self) -> float | None:
+        values = [d.gen_throughput for d in self.decode_stats if d.gen_throughput is not None]
+        return values[-1] if values else None
+
+
+def _number(text: str) -> float | None:
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    return float(match.group()) if match else None
+
+
+def parse_server_args_payload(payload: str) -> dict[str, Any] | None:
+    """The text after "server_args=": a Python dict repr (SGLang 0.5.23 logs
+    `resolved_dict()`), JSON, or a `ServerArgs(k=v, ...)` repr (older versions)."""
+    payload = payload.strip()
+    try:
+        value = json.loads(payload)
+        return value if isinstance(value, dict) else None
+    except ValueError:
+        pass
+    try:
+        value = ast.literal_eval(payload)
+        return value if isinstance(value, dict) else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        tree = ast.parse(payload, mode="eval")
+    except SyntaxError:
+        return None
+    node = tree.body
+    result: dict[str, Any] = {}
+    if isinstance(node, ast.Call):
+        for kw in node.keywords:
+            if kw.arg is None:
+                continue
+            try:
+                result[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError:  # an object repr: keep its source text
+                result[kw.arg] = ast.get_source_segment(payload, kw.value)
+    elif isinstance(node, ast.Dict):
+        for key, val in zip(node.keys, node.values):
+            try:
+                k = ast.literal_eval(key) if key is not None else None
+            except ValueError:
+                continue
+            if not isinstance(k, str):
+                continue
+            try:
+                result[k] = ast.literal_eval(val)
+            except ValueError:
+                result[k] = ast.get_source_segment(payload, val)
+    return result or None
+
+
+def parse_load_end(rest: str, line: str) -> WeightLoad:
+    values = {m.group("key").strip(): m.group("value").strip() for m in _KV.finditer(rest)}
+    elapsed = values.get("elapsed")
+    return WeightLoad(
+        model_class=values.get("type"),
+        quant=values.get("quant"),
+        elapsed_s=_number(elapsed) if elapsed else None,
+        line=line.strip(),
+    )
+
+
+def parse_log(text: str) -> LogEvidence:
+    """Read every evidence line of a server log (SGLang's or the embedded engine's)."""
+    ev = LogEvidence()
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line:
+            continue
+        if (m := _SERVER_ARGS.search(line)) and ev.server_args is None:
+            ev.server_args = parse_server_args_payload(m.group(1))
+            continue
+        if m := _LOAD_END.search(line):
+            ev.weight_loads.append(parse_load_end(m.group("rest"), line))
+            continue
+        if _MIXED_MXFP4.search(line):
+            ev.mixed_mxfp4_experts = True
+            ev.lines["mixed_mxfp4"] = line.strip()
+        if m := _BAILING_MOE.search(line):
+            ev.moe_backend_override = m.group("backend")
+            ev.lines["moe_backend_override"] = line.strip()
+        if m := _HUMMING_GEMM.search(line):
+            ev.humming_gemm = m.group("gemm")
+            ev.lines["humming_gemm"] = line.strip()
+        if _FP8_LM_HEAD.search(line):
+            ev.fp8_lm_head = True
+            ev.lines["fp8_lm_head"] = line.strip()
+        if m := _GRAPH_FAILED.search(line):
+            ev.graph_capture_failed = m.group("why").strip() or line.strip()
+            ev.lines["graph_capture_failed"] = line.strip()
+        elif _GRAPH_END.search(line):
+            ev.graph_captures += 1
+        if _DECODE_ANY.search(line):
+            m = _DECODE.search(line)
+            tput = _GEN_TPUT.search(line)
+            flag = _GRAPH_FLAG.search(line)
+            ev.decode_stats.append(
+                DecodeStat(
+                    accept_length=float(m.group("accept")) if m else None,
+                    accept_rate=float(m.group("rate")) if m and m.group("rate") else None,
+                    gen_throughput=float(tput.group("tput")) if tput else None,
+                    graph=(flag.group("flag") == "True") if flag else None,
+                    line=line.strip(),
+                )
+            )
+        if _READY.search(line):
+            ev.ready = True
+        if m := _STARTUP_TIMINGS.search(line):
+            ev.startup_timings = parse_startup_timings(m.group("rest"))
+            ev.lines["startup_timings"] = line.strip()
+        if _DRAFT_TOKENS_WARN.search(line) or _RESET.search(line) or (_OVERRIDING.search(line) and "WARN" in line.upper()):
+            ev.rewrites.append(line.strip())
+    return ev
+
+
+def parse_startup_timings(rest: str) -> dict[str, float]:
+    """`load_weight=0.14, ..., cuda_graph={prefill=56.11, decode=0.00}` -> a flat dict
+    ({"load_weight": 0.14, "cuda_graph.prefill": 56.11, ...})."""
+    out: dict[str, float] = {}
+    for m in _TIMING_ITEM.finditer(rest):
+        if m.group("group") is not None:
+            for inner in _TIMING_ITEM.finditer(m.group("group")):
+                if inner.group("value") is not None:
+                    out[f"{m.group('key')}.{inner.group('key')}"] = float(inner.group("value"))
+        elif m.group("value") is not None:
+            out[m.group("key")] = float(m.group("value"))
+    return out
+
+
+# Where each startup phase begins, by the first log line that shows it (SGLang's wording; the
+# embedded engine writes the same lines).
+_PHASE_MARKS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loading weights", re.compile(r"Load weight begin\b")),
+    ("allocating the KV cache", re.compile(r"KV Cache is allocated|Memory pool end")),
+    ("capturing CUDA graphs", re.compile(r"Capture .*graph begin", re.IGNORECASE)),
+    ("HTTP server up, warming up", re.compile(r"Uvicorn running on|Embedded engine HTTP server listening")),
+    ("ready", _READY),
+)
+
+
+def phase_timeline(text: str) -> list[tuple[str, float]]:
+    """(phase, seconds from the log's first timestamped line) for each startup phase the log
+    reached, in order: what a start spent its time on. Needs SGLang's `[YYYY-mm-dd HH:MM:SS]`
+    line prefix; a log without it gives []."""
+    from datetime import datetime
+
+    first: datetime | None = None
+    marks: list[tuple[str, float]] = []
+    seen: set[str] = set()
+    for line in text.splitlines():
+        ts = _TIMESTAMP.match(line)
+        if not ts:
+            continue
+        when = datetime.fromisoformat(ts.group("ts"))
+        if first is None:
+            first = when
+        if _SERVER_ARGS.search(line):
+            continue
+        for phase, pattern in _PHASE_MARKS:
+            if phase not in seen and pattern.search(line):
+                seen.add(phase)
+                marks.append((phase, (when - first).total_seconds()))
+    return marks
+
+
+# -- startup phase -----------------------------------------------------------------------------
+
+
+def detect_phase(text: str) -> str:
+    """The furthest startup phase the log has reached (one of PHASES)."""
+    phase = 0
+    for line in text.splitlines():
+        if _SERVER_ARGS.search(line):  # the args dump names warmup and graph settings
+            continue
+        if _READY.search(line):
+            phase = max(phase, 4)
+        elif _GRAPH_BEGIN.search(line) or _GRAPH_END.search(line):
+            phase = max(phase, 2)
+        elif _LOAD_BEGIN.search(line) or _LOAD_END.search(line) or "Loading safetensors" in line:
+            phase = max(phase, 1)
+        elif _WARMUP.search(line):
+            phase = max(phase, 3)
+    return PHASES[phase]
+
+
+# -- failed start ------------------------------------------------------------------------------
+@dataclass
+class Diagnosis:
+    cause: str  # short name: "out of memory", "unknown flag", ...
+    detail: str  # one sentence for the user
+    hint: str
+    line: str | None = None  # the log line that gave it away
+
+
+_DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
+    (
+        re.compile(r"No module named '?(sglang|torch|sparkit)\b"),
+        "engine not installed",
+        "the engine's Python package is not installed in this environment",
+        "install it (e.g. `pip install sglang==0.5.23` or `pip install sparkit[embedded]`)",
+    ),
+    (
+        re.compile(r"unrecognized arguments|ambiguous option|error: argument|no such option|invalid choice", re.IGNORECASE),
+        "unknown flag",
+        "the engine rejected a command-line flag",
+        "check the flag against the installed engine version (`sparkit plan` shows the exact argv); remove or rename it in the recipe's engine extras",
+    ),
+    (
+        re.compile(r"Address already in use|address already in use|\[Errno 98\]|port \d+ is (?:already )?in use", re.IGNORECASE),
+        "port in use",
+        "the port is already taken by another process",
+        "pick another port with `--port N`, or `--port auto`; `sparkit status` shows running servers",
+    ),
+    (
+        # A BF16 kernel handed an FP8 tensor. Seen on the H200 (SGLang 0.5.23 + sparkit's FP8 head
+        # with SPARKIT_SHARE_LM_HEAD=0): the NEXTN draft, given only the target head's weight
+        # tensor, computes with it through UnquantizedEmbeddingMethod, and the draft's CUDA-graph
+        # capture stops with 'Capture cuda graph failed: "addmm_cuda" not implemented for
+        # 'Float8_e4m3fn''. Before the capture-failure pattern below: that line matches both.
+        re.compile(r"not implemented for 'Float8_e4m3fn'|not implemented for 'Float8_e5m2'"),
+        "FP8 weight read by a BF16 kernel",
+        "a module holds FP8 weights but computes with an unquantised (BF16) method; with an FP8 "
+        "lm_head and NEXTN this is the draft reading the target head's FP8 tensor: the shared-head trap",
+        "let the draft share the target's lm_head module (sparkit's plugin does, unless "
+        "SPARKIT_SHARE_LM_HEAD=0), or set stack.lm_head: bf16",
+    ),
+    (
+        re.compile(r"Capture (?:\w+ )?(?:cuda|CUDA) graph failed"),
+        "CUDA graph capture failed",
+        "capturing CUDA graphs failed",
+        "lower --cuda-graph-max-bs-decode or mem_fraction_static, or disable CUDA graphs to confirm",
+    ),
+    (
+        re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory|Not enough memory|MemoryError|Cannot allocate memory", re.IGNORECASE),
+        "out of memory",
+        "the engine ran out of memory",
+        "lower mem_fraction_static (0.68 on a DGX Spark), the context length or the CUDA graph batch sizes; stop other GPU processes",
+    ),
+    (
+        re.compile(
+            r"does not appear to have a file named|Repository Not Found|is not a local folder and is not a valid model identifier"
+            r"|No such file or directory.*(?:config\.json|model|safetensors)|model path .* does not exist|not a valid model|"
+            r"(?:FileNotFoundError|OSError).*(?:config\.json|checkpoint|model)",
+            re.IGNORECASE,
+        ),
+        "missing model",
+        "the model (or its draft) could not be found",
+        "check model.path in the recipe (a local directory or a hub id already downloaded); build the tiny model with `sparkit model build`",
+    ),
+    (
+        re.compile(
+            r"cannot load the checkpoint|corrupt safetensors|Error while deserializing header|HeaderTooLarge"
+            r"|incomplete metadata|safetensors_rust\.SafetensorError",
+            re.IGNORECASE,
+        ),
+        "broken checkpoint",
+        "the model's weight files are unreadable (truncated download or not a checkpoint)",
+        "re-download the checkpoint, or rebuild the tiny model with `sparkit model build --force`",
+    ),
+    (
+        re.compile(r"Unknown speculative algorithm name"),
+        "unknown speculative algorithm",
+        "the engine does not know the speculative algorithm",
+        "use NEXTN (MTP), EAGLE, DSPARK, ... ; MTP is not a valid name in SGLang 0.5.23",
+    ),
+]
+
+
+_MISSING_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
+# What provides a module an engine imports only on some paths (seen on the H200 with SGLang 0.5.23).
+_MODULE_FIXES = {
+    "flash_mla": "pip install sgl-flash-mla (SGLang's NEXTN/EAGLE draft imports it to capture CUDA graphs), "
+                 "or set server.cuda_graph.enabled: false",
+    "humming": "pip install humming-kernels (the humming MoE backend and quantization)",
+    "cuda": "pip install cuda-bindings (humming compiles its kernels through NVRTC)",
+    "flashinfer": "pip install flashinfer-python: SGLang 0.5.23's speculative verify imports its sampling "
+                  "kernels for any request with temperature > 0 (greedy requests do not need it)",
+    "cutlass": "pip install nvidia-cutlass-dsl (SGLang's CuTe DSL kernels)",
+}
+# The exception that ended a traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
+_EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:[\w.]+\.)?(?P<kind>\w*(?:Error|Exception))(?::\s*(?P<message>.*))?$")
+
+
+def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
+    """Name the most likely cause of a failed start from the log's last lines."""
+    lines = log_text.splitlines()
+    for pattern, cause, detail, hint in _DIAGNOSES:
+        for line in reversed(lines[-400:]):
+            if pattern.search(line):
+                return Diagnosis(cause, detail, hint, line.strip())
+        if cause == "engine not installed":  # next most telling: any other missing module
+            for line in reversed(lines[-400:]):
+                # SGLang 0.5.23 logs the optional models it skips: "Ignore import error when loading
+                # sglang.srt.models.midashenglm: No module named 'torchaudio.functional'" (benign)
+                if "Ignore import error" in line:
+                    continue
+                if m := _MISSING_MODULE.search(line):
+                    module = m.group("module")
+                    fix = _MODULE_FIXES.get(module.split(".")[0], f"install the package that provides the Python module {module}")
+                    return Diagnosis("missing Python module", f"the engine imports {module}, which is not installed",
+                                     fix, line.strip())
+    for line in reversed(lines[-400:]):
+        if m := _EXCEPTION_LINE.match(line.strip()):
+            return Diagnosis(
+                "engine error",
+                f"the engine raised {m.group('kind')}" + (f": {m.group('message')}" if m.group("message") else ""),
+                "read the traceback above it in the log (`sparkit logs RUN` shows the whole log)",
+                line.strip(),
+            )
+    if returncode is not None and returncode in (-9, 137):
+        return Diagnosis(
+            "killed",
+            "the engine was killed (SIGKILL), which on a unified-memory box usually means the kernel's OOM killer",
+            "check `dmesg` for the OOM killer; lower mem_fraction_static",
+        )
+    if returncode is not None:
+        return Diagnosis(
+            "process exited",
+            f"the engine exited with code {returncode} before it became healthy",
+            "read the log lines above; `sparkit logs RUN` shows the whole log",
+        )
+    return Diagnosis(
+        "not healthy in time",
+        "the engine did not answer /health in time",
+        "raise --timeout (first starts compile kernels and capture graphs), or read the log",
+    )
+
+
+def tail_lines(text: str, n: int = 20) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-n:]
+
+
+class SGLangLogAdapter:
+    """Shared by engines that write SGLang's startup lines (SGLang, and the embedded engine that
+    writes the same on purpose): their phases and failures read the same way."""
+
+    def startup_phase(self, line: str) -> str:
+        return detect_phase(line)
+
+    def diagnose(self, log_text: str, returncode: int | None) -> Diagnosis:
+        return diagnose_failure(log_text, returncode)
