@@ -9,7 +9,7 @@ and measures batch-1 greedy decode tok/s (completion tokens / (latency - TTFT), 
 are interleaved: every round visits every (busy, threads) cell, servers in rotating order, so a
 drift of the machine's own load falls on all of them. Printed: the median per cell and its ratio
 to the same server idle. `--torch-threads` auto picks 1 for tiny-ling
-(sparkit.engines.embedded.server.auto_torch_threads); 2 is what torch chooses on a 2-core machine.
+(sparkit.engines.embedded.loading.auto_torch_threads); 2 is what torch chooses on a 2-core machine.
 """
 
 from __future__ import annotations

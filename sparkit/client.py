@@ -119,17 +119,39 @@ async def _sse_lines(response: httpx.Response) -> AsyncIterator[Any]:
             yield json.loads(payload)
 
 
-class EngineClient:
-    """Client for one server. Use as `async with EngineClient(url) as c: ...`."""
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """How every sparkit request carries a server's API key (SGLang's and the embedded engine's
+    `Authorization: Bearer`)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+
+def check_health(base_url: str, *, api_key: str | None = None, timeout: float = 3.0,
+                 transport: httpx.BaseTransport | None = None) -> bool:
+    """True when GET /health answers 200 (blocking; for code outside an event loop, such as a
+    launcher waiting for its server)."""
+    try:
+        with httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+                          timeout=httpx.Timeout(timeout, connect=min(timeout, 1.0)), transport=transport) as http:
+            return http.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class EngineClient:
+    """Client for one server. Use as `async with EngineClient(url) as c: ...`.
+
+    `transport` is httpx's seam: `httpx.ASGITransport(app)` serves the requests from an ASGI app
+    in this process (the embedded server's routes, in tests), with nothing else changed."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers=headers,
+            headers=auth_headers(api_key),
             timeout=httpx.Timeout(timeout, connect=5.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            transport=transport,
         )
 
     async def __aenter__(self) -> "EngineClient":

@@ -22,13 +22,13 @@ import pytest
 from sparkit.errors import EngineError, LaunchError
 from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.runs import (
-    find_run,
+    RunState,
     free_port,
     launch,
     list_runs,
     mark_stale,
     resolve_server,
-    run_status,
+    select_run,
     stop,
 )
 
@@ -105,21 +105,22 @@ def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_i
     plan = make_plan(stand_in, "fork")
     run = launch(plan, on_progress=events.append, timeout=60)
     try:
-        meta = run.read_meta()
+        meta = run
         assert meta.pid and meta.pgid == meta.pid
         assert os.getpgid(meta.pid) == meta.pid != os.getpgid(0)  # its own process group
         assert json.loads(run.plan_path.read_text())["argv"] == plan.argv
         assert f"report dir={run.path}" in run.log_path.read_text()
         phases = [e.phase for e in events]
         assert phases[0] == "starting" and phases[-1] == "ready"
-        from sparkit.engines.sglang.log import PHASES
+        from sparkit.engines.base import STARTUP_PHASES as PHASES
 
         order = [PHASES.index(p) for p in phases]
         assert order == sorted(order)  # the phase line never goes backwards
         assert "capturing CUDA graphs" in phases  # read from the log (the stand-in logs SGLang's lines)
-        status = run_status(run)
-        assert status.state == "running" and status.healthy is True and status.pid == meta.pid
-        assert find_run(None).id == run.id
+        status = run.status()
+        assert status["state"] == "running" and status["healthy"] is True and status["pid"] == meta.pid
+        assert run.state is RunState.RUNNING and run.ready_s is not None
+        assert select_run(None).id == run.id
         assert resolve_server().url == plan.url
         # a --url that is this run's own URL is this run (chat then shows its recipe and checks)
         by_url = resolve_server(url=plan.url + "/")
@@ -131,13 +132,13 @@ def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_i
         stop(run, grace=5)
     assert group_members(meta.pgid) == []
     assert not psutil.pid_exists(kid) or psutil.Process(kid).status() == psutil.STATUS_ZOMBIE
-    assert run.read_meta().extra["state"] == "stopped"
-    assert run_status(run).state == "stopped"
+    assert run.reload().state is RunState.STOPPED
+    assert run.reload().status()["state"] == "stopped"
 
 
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(sparkit_home, stand_in):
     run = launch(make_plan(stand_in, "ignore-term"), timeout=60)
-    pgid = run.read_meta().pgid
+    pgid = run.pgid
     stop(run, grace=0.5)
     assert group_members(pgid) == []
 
@@ -150,8 +151,8 @@ def test_engine_exiting_during_start_is_diagnosed_and_leaves_nothing(sparkit_hom
     assert "address already in use" in message  # the last log lines are shown
     assert "--port" in info.value.hint
     run = list_runs()[-1]
-    assert run.read_meta().extra["state"] == "failed"
-    assert group_members(run.read_meta().pgid) == []
+    assert run.state is RunState.FAILED and run.failure == "port in use"
+    assert group_members(run.pgid) == []
 
 
 def test_timeout_is_honoured_and_the_group_is_stopped(sparkit_home, stand_in):
@@ -159,7 +160,7 @@ def test_timeout_is_honoured_and_the_group_is_stopped(sparkit_home, stand_in):
         launch(make_plan(stand_in, "hang"), timeout=3)
     assert "did not become healthy within 3 s" in str(info.value)
     run = list_runs()[-1]
-    assert group_members(run.read_meta().pgid) == []
+    assert group_members(run.pgid) == []
 
 
 def test_missing_engine_executable(sparkit_home, stand_in):
@@ -212,18 +213,19 @@ def test_missing_api_key_is_a_launch_error(sparkit_home, stand_in, monkeypatch):
 
 def test_a_run_that_died_without_down_is_marked_stale(sparkit_home, stand_in):
     run = launch(make_plan(stand_in), timeout=60)
-    meta = run.read_meta()
+    meta = run
     os.killpg(meta.pgid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while group_members(meta.pgid) and time.monotonic() < deadline:
-        from sparkit.runs import _reap
+        from sparkit.runs.processes import reap
 
-        _reap(meta.pid)
+        reap(meta.pid)
         time.sleep(0.05)
+    assert run.observed_state() is RunState.EXITED  # before anything recorded it
     assert [r.id for r in mark_stale()] == [run.id]
-    assert run_status(run).state == "exited"
+    assert run.reload().state is RunState.EXITED and run.reload().status()["state"] == "exited"
     stop(run)  # harmless on a dead run
-    assert run.read_meta().extra["state"] == "stopped"
+    assert run.reload().state is RunState.STOPPED
 
 
 def test_ctrl_c_while_starting_leaves_no_process(sparkit_home, stand_in):
@@ -238,8 +240,8 @@ def test_ctrl_c_while_starting_leaves_no_process(sparkit_home, stand_in):
     with pytest.raises(KeyboardInterrupt):
         launch(make_plan(stand_in, "fork"), on_progress=interrupt_once_loading, timeout=60)
     run = list_runs()[-1]
-    assert group_members(run.read_meta().pgid) == []
-    assert run.read_meta().extra["state"] == "stopped"
+    assert group_members(run.pgid) == []
+    assert run.reload().state is RunState.STOPPED
 
 
 def test_model_builds_report_progress_before_start(sparkit_home, stand_in, tiny_model_dir):
@@ -261,15 +263,15 @@ def test_find_run_by_id_prefix_and_recipe_name(sparkit_home, stand_in):
     run = launch(plan, timeout=60)
     try:
         assert run.id.startswith("tiny-tiny-wrong-draft-")
-        assert find_run(run.id[:20]).id == run.id
-        assert find_run("tiny/tiny-wrong-draft").id == run.id
-        assert find_run("tiny-wrong-draft").id == run.id
+        assert select_run(run.id[:20]).id == run.id
+        assert select_run("tiny/tiny-wrong-draft").id == run.id
+        assert select_run("tiny-wrong-draft").id == run.id
         with pytest.raises(UsageError):
-            find_run("no-such-run")
+            select_run("no-such-run")
     finally:
         stop(run, grace=5)
     with pytest.raises(EngineError, match="no running server"):  # exit 7: no server to talk to
-        find_run(None)
+        select_run(None)
 
 
 def test_follow_log_streams_and_ends_when_the_engine_is_gone(sparkit_home, stand_in):
@@ -309,3 +311,68 @@ def test_cli_with_no_runs(sparkit_home):
     assert check.returncode == 2 and "--recipe" in check.stderr
     bad_port = cli("up", "--port", "http")
     assert bad_port.returncode == 2 and "--port 'http'" in bad_port.stderr
+
+
+def test_one_selection_rule_prefers_the_live_run_a_name_matches(sparkit_home, stand_in):
+    first = make_plan(stand_in)
+    first.recipe_name = "tiny"
+    older = launch(first, timeout=60)
+    second = make_plan(stand_in)
+    second.recipe_name = "tiny"
+    newer = launch(second, timeout=60)
+    stop(newer, grace=5)
+    try:
+        # The latest run of recipe "tiny" is stopped; a command naming "tiny" means the live one.
+        assert select_run("tiny").id == older.id
+        assert select_run(None).id == older.id
+    finally:
+        stop(older, grace=5)
+    assert select_run("tiny").id == newer.id  # none live: the latest
+    with pytest.raises(EngineError):
+        select_run(None)
+    assert select_run(None, include_stopped=True).id == newer.id  # `sparkit logs` reads a stopped run
+
+
+def test_a_record_of_an_older_sparkit_still_reads(sparkit_home):
+    from sparkit.runs import Run
+
+    path = sparkit_home / "runs" / "tiny-20261101-000000-abcd"
+    path.mkdir(parents=True)
+    (path / "meta.json").write_text(json.dumps({
+        "id": "tiny-20261101-000000-abcd", "recipe_name": "tiny", "recipe_path": None, "engine": "embedded",
+        "url": "http://127.0.0.1:1", "host": "127.0.0.1", "port": 1, "pid": None, "pgid": None,
+        "started_at": "2026-11-01T00:00:00+00:00", "api_key_env": None, "detached": True,
+        "extra": {"state": "failed", "failure": "port in use"}}))
+    run = Run.open(path)
+    assert run.state is RunState.FAILED and run.failure == "port in use"
+    assert [r.id for r in list_runs()] == [run.id]
+
+
+def test_up_refuses_before_starting_anything_when_preflight_fails(sparkit_home, stand_in):
+    import socket
+
+    from sparkit.errors import PreflightError
+    from sparkit.runs import up
+
+    plan = make_plan(stand_in)
+    with socket.socket() as taken:  # something already listens on the plan's port
+        taken.bind(("127.0.0.1", plan.port))
+        taken.listen()
+        with pytest.raises(PreflightError) as info:
+            up(plan, timeout=60)
+    assert "port" in str(info.value)
+    assert list_runs() == []  # no run directory, no process
+
+
+def test_a_transient_server_is_stopped_however_its_block_ends(sparkit_home, stand_in):
+    from sparkit.runs import transient_server
+
+    plan = make_plan(stand_in, "fork")
+    plan.model = "sparkit-tests/stand-in"  # passes preflight's model check as a hub id
+    with pytest.raises(RuntimeError):
+        with transient_server(plan, timeout=60) as started:
+            assert started.run.live and started.server.url == started.plan.url
+            pgid = started.run.pgid
+            raise RuntimeError("the benchmark failed")
+    assert group_members(pgid) == []
+    assert list_runs()[-1].state is RunState.STOPPED

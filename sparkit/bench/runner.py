@@ -120,7 +120,7 @@ def host_record() -> dict[str, Any]:
 def versions_record(server_info: dict[str, Any]) -> dict[str, Any]:
     from importlib import metadata
 
-    from sparkit import __version__
+    from sparkit._version import __version__
 
     found: dict[str, Any] = {"sparkit": __version__, "python": platform.python_version()}
     for package in ("sglang", "torch", "transformers"):

@@ -278,9 +278,10 @@ def run_tune(
     from sparkit.bench.runner import run_bench
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
-    from sparkit import runs
-
     import asyncio
+    import contextlib
+
+    from sparkit import runs
 
     params = parse_params(param_specs)
     base_overrides = list(base_overrides or [])
@@ -324,16 +325,18 @@ def run_tune(
         doc["points"] = [asdict(p) for p in points]
         _write_json(out_path, doc)
 
-    def start(point: SweepPoint) -> tuple[Any, Any] | None:
+    def start(point: SweepPoint, servers: contextlib.ExitStack) -> Any | None:
+        """A transient server for the point (stopped when `servers` closes); None when it could
+        not start (the point is recorded as failed)."""
         try:
             loaded = load_recipe(recipe_ref, point.overrides)
             plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
             if on_progress:
                 on_progress(f"start {point.label}", 0, 1)
-            run = runs.launch(plan, timeout=launch_timeout)
+            started = servers.enter_context(runs.transient_server(plan, timeout=launch_timeout))
             if on_progress:
                 on_progress(f"start {point.label}", 1, 1)
-            return run, plan
+            return started
         except SparkitError as exc:
             point.status, point.error = "failed", str(exc)
             return None
@@ -346,27 +349,24 @@ def run_tune(
     if interleave and len(pending) > 1:
         from sparkit.bench.runner import BenchTarget, run_interleaved
 
-        started: dict[int, tuple[Any, Any]] = {}
+        started: dict[int, Any] = {}
         try:
-            for i in pending:
-                got = start(points[i])
-                if got is not None:
-                    started[i] = got
-            save()
-            targets = []
-            for i, (run, plan) in started.items():
-                server = runs.resolve_server(run.id)
-                targets.append(BenchTarget(server.url, server.api_key, bench_file(points[i]), plan.recipe, run.id))
-            if targets:
-                docs = asyncio.run(run_interleaved(targets, config, on_progress=on_progress))
-                for i, bench_doc in zip(started, docs):
-                    record(points[i], bench_doc, bench_file(points[i]))
+            with contextlib.ExitStack() as servers:
+                for i in pending:
+                    got = start(points[i], servers)
+                    if got is not None:
+                        started[i] = got
+                save()
+                targets = [BenchTarget(s.server.url, s.server.api_key, bench_file(points[i]), s.plan.recipe, s.run.id)
+                           for i, s in started.items()]
+                if targets:
+                    docs = asyncio.run(run_interleaved(targets, config, on_progress=on_progress))
+                    for i, bench_doc in zip(started, docs):
+                        record(points[i], bench_doc, bench_file(points[i]))
         except SparkitError as exc:
             for i in started:
                 points[i].status, points[i].error = "failed", str(exc)
         finally:
-            for run, _ in started.values():
-                runs.stop(run)
             save()
         for i in pending:
             if on_point:
@@ -374,23 +374,20 @@ def run_tune(
     else:
         for index in pending:
             point = points[index]
-            got = None
             try:
-                got = start(point)
-                if got is not None:
-                    run, plan = got
-                    server = runs.resolve_server(run.id)
-                    path = bench_file(point)
-                    bench_doc = asyncio.run(
-                        run_bench(server.url, config, api_key=server.api_key, out_path=path, recipe=plan.recipe, run_id=run.id,
-                                  on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
-                    )
-                    record(point, bench_doc, path)
+                with contextlib.ExitStack() as servers:
+                    got = start(point, servers)
+                    if got is not None:
+                        path = bench_file(point)
+                        bench_doc = asyncio.run(
+                            run_bench(got.server.url, config, api_key=got.server.api_key, out_path=path,
+                                      recipe=got.plan.recipe, run_id=got.run.id,
+                                      on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
+                        )
+                        record(point, bench_doc, path)
             except SparkitError as exc:
                 point.status, point.error = "failed", str(exc)
             finally:
-                if got is not None:
-                    runs.stop(got[0])
                 save()
             if on_point:
                 on_point(point, index, len(points))

@@ -376,17 +376,14 @@ def run_verify(
         if on_progress:
             on_progress(f"verify {loaded.name}", step, 2)
         plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
-        run = runs.launch(plan, timeout=launch_timeout)
-        try:
-            target = runs.resolve_server(run.id)
+        with runs.transient_server(plan, timeout=launch_timeout) as started:
+            target = started.server
             sides.append(asyncio.run(collect_outputs(
                 target.url, api_key=target.api_key, prompts=prompts, max_new_tokens=max_new_tokens,
                 pollution_rerun=pollution, recipe=loaded.name, speculative=loaded.recipe.stack.speculative.enabled,
                 prompt_ids=reference.prompt_ids if reference else None,
                 teacher=reference.greedy if (reference and rounding) else None,
             )))
-        finally:
-            runs.stop(run)
     if on_progress:
         on_progress("verify", 2, 2)
     baseline, candidate = sides

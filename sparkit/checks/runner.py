@@ -14,10 +14,11 @@ from pathlib import Path
 
 from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
 from sparkit.checks.evidence import parse_server_info
-from sparkit.engines.sglang.log import parse_log
 from sparkit.checks.results import CheckResult
+from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError
 from sparkit.recipes.plan import LaunchPlan
+from sparkit.runs.store import RunFiles, write_json_atomic
 
 # Short, varied, natural prompts: a draft that shares the target's head accepts
 # well on them; a useless draft sits at ~1.0 whatever the prompt.
@@ -90,10 +91,10 @@ async def gather_evidence(
         ev.probe = await probe_generation(url, api_key=api_key)
     if run_dir is not None:
         run_dir = Path(run_dir)
-        log_path = run_dir / "server.log"
+        log_path = run_dir / RunFiles.LOG
         if log_path.exists():
             # Read after the probe: decode lines and humming's first-use line appear then.
-            ev.log = parse_log(log_path.read_text(errors="replace"))
+            ev.log = get_adapter(plan.engine).read_log(log_path.read_text(errors="replace"))
         try:
             ev.reports = load_reports(run_dir)
         except (ValueError, KeyError, TypeError, OSError):
@@ -127,11 +128,8 @@ def run_activation_checks(
 def _record(run_dir: Path, results: list[CheckResult], ev: ServerEvidence) -> None:
     from datetime import datetime, timezone
 
-    from sparkit.runs import RunDir
-
-    run = RunDir(run_dir)
     now = datetime.now(timezone.utc).isoformat()
-    run.write_json("checks.json", {"checked_at": now, "results": [r.to_dict() for r in results]})
+    write_json_atomic(run_dir / RunFiles.CHECKS, {"checked_at": now, "results": [r.to_dict() for r in results]})
     if ev.probe is not None:
-        run.write_json("probe.json", {"measured_at": now, **ev.probe.to_dict()})
+        write_json_atomic(run_dir / RunFiles.PROBE, {"measured_at": now, **ev.probe.to_dict()})
 

@@ -149,7 +149,7 @@ def bench(
         return
     from sparkit.bench.runner import BenchConfig, run_bench
     from sparkit.errors import UsageError
-    from sparkit.runs import resolve_server
+    from sparkit.runs import RunFiles, resolve_server
 
     for name, value in (("--num-prompts", num_prompts), ("--concurrency", concurrency), ("--repeats", repeats)):
         if value < 1:
@@ -167,7 +167,7 @@ def bench(
     recipe, run_id, label = None, None, "url"
     if target.run is not None:
         run_id = target.run.id
-        plan = target.run.read_json("plan.json") or {}
+        plan = target.run.read_json(RunFiles.PLAN) or {}
         recipe = plan.get("recipe") or None
         label = plan.get("recipe_name") or run_id
     config = BenchConfig(

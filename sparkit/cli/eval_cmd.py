@@ -127,7 +127,7 @@ def gsm8k(
     )
     recipe = None
     if target.run is not None:
-        recipe = target.run.read_meta().recipe_name
+        recipe = target.run.recipe_name
     request = core.EvalRequest(
         url=target.url,
         settings=settings,

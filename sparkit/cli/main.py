@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from sparkit import __version__
+from sparkit._version import __version__
 from sparkit.errors import EXIT_INTERRUPTED, SparkitError
 
 app = typer.Typer(

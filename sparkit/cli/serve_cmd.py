@@ -58,24 +58,29 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _launch_with_progress(plan: Any, timeout: float, detach: bool):
-    from rich.live import Live
-    from rich.text import Text
+class _PhaseLine:
+    """The live one-line progress of a start (build percentage, then the engine's phase)."""
 
-    from sparkit.runs import LaunchProgress, launch
+    def __init__(self) -> None:
+        from rich.live import Live
+        from rich.text import Text
 
-    live = Live(Text(""), console=err_console(), transient=True, refresh_per_second=4)
+        self._text = Text
+        self.live = Live(Text(""), console=err_console(), transient=True, refresh_per_second=4)
 
-    def on_progress(event: LaunchProgress) -> None:
+    def __call__(self, event: Any) -> None:
         line = f"[{event.elapsed_s:6.1f}s] {event.phase}"
         if event.fraction is not None:
             line += f" {event.fraction * 100:5.1f}%"
         if event.message:
             line += f"  {event.message}"
-        live.update(Text(line, style="cyan", no_wrap=True, overflow="ellipsis"))
+        if not self.live.is_started:
+            self.live.start()
+        self.live.update(self._text(line, style="cyan", no_wrap=True, overflow="ellipsis"))
 
-    with live:
-        return launch(plan, on_progress=on_progress, timeout=timeout, detach=detach)
+    def close(self) -> None:
+        if self.live.is_started:
+            self.live.stop()
 
 
 def up(
@@ -88,13 +93,10 @@ def up(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach)."""
-    from sparkit.checks.results import Status, worst
-    from sparkit.checks.runner import run_activation_checks
-    from sparkit.errors import CheckFailed, PreflightError
-    from sparkit.host import detect_host
+    from sparkit.errors import CheckFailed
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
-    from sparkit.runs import free_port, stop
+    from sparkit.runs import free_port, stop, up as start_server
 
     _sigterm_as_interrupt()
     wanted_port = _parse_port(port)
@@ -103,44 +105,37 @@ def up(
         wanted_port = free_port()
     plan = compile_plan(loaded, port=wanted_port)
 
-    from sparkit.checks.preflight import run_preflight
+    phase_line = _PhaseLine()
+    checking = err_console().status("running startup checks (probe: a few greedy requests)")
 
-    preflight = run_preflight(plan, detect_host())
-    render_checks(preflight, title="preflight", stderr=True)
-    if worst(preflight) == Status.FAIL:
-        failed = [r for r in preflight if r.status == Status.FAIL]
-        raise PreflightError(
-            "preflight failed: " + "; ".join(f"{r.title}: {r.detail}" for r in failed),
-            hint=next((r.fix for r in failed if r.fix), None),
-        )
+    def on_checking(run: Any) -> None:
+        phase_line.close()
+        err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}")
+        checking.start()
 
-    run = _launch_with_progress(plan, timeout, detach)
-    err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}")
-    import os
-
-    api_key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
     try:
-        with err_console().status("running startup checks (probe: a few greedy requests)"):
-            results = run_activation_checks(plan.url, plan, run.path, api_key=api_key)
-    except BaseException:
-        stop(run)
-        raise
-    failed = worst(results) == Status.FAIL
+        started = start_server(plan, timeout=timeout, detach=detach,
+                               on_preflight=lambda results: render_checks(results, title="preflight", stderr=True),
+                               on_progress=phase_line, on_checking=on_checking)
+    finally:
+        phase_line.close()
+        checking.stop()
+    run, results = started.run, started.checks
     if json_out:
         print_json(
             {
                 "run": run.id,
                 "url": plan.url,
-                "pid": run.read_meta().pid,
+                "pid": run.pid,
                 "log": str(run.log_path),
-                "preflight": [r.to_dict() for r in preflight],
+                "preflight": [r.to_dict() for r in started.preflight],
                 "checks": [r.to_dict() for r in results],
-                "ok": not failed,
+                "ok": started.ok,
             }
         )
     render_checks(results, stderr=json_out)
-    if failed:
-        names = ", ".join(r.title for r in results if r.status == Status.FAIL)
+    if not started.ok:
+        names = ", ".join(r.title for r in started.failed_checks)
         if keep_on_fail:
             err_console().print(f"[yellow]kept running despite failed checks[/] ({names}): `sparkit down {run.id}`")
         else:
@@ -159,7 +154,7 @@ def up(
 def _stream_until_interrupt(run: Any, out: Any) -> None:
     """Foreground mode: print the engine's log as it grows; Ctrl-C (or SIGTERM) stops the server."""
     from sparkit.errors import LaunchError
-    from sparkit.runs import follow_log, is_live, stop
+    from sparkit.runs import follow_log, stop
 
     try:
         for line in follow_log(run, from_start=False):
@@ -170,7 +165,7 @@ def _stream_until_interrupt(run: Any, out: Any) -> None:
         stop(run)
         err_console().print("stopped.")
         raise
-    if not is_live(run):
+    if not run.live:
         stop(run)
         raise LaunchError(f"the server exited (run {run.id})", hint=f"`sparkit logs {run.id}` shows why")
 
@@ -181,15 +176,15 @@ def status(
     prune: bool = typer.Option(False, "--prune", help="Delete the directories of runs that are not running."),
 ) -> None:
     """List servers: id, recipe, engine, URL, pid, uptime, health, last tok/s and accept length."""
-    from sparkit.runs import list_runs, mark_stale, prune_runs, run_status
+    from sparkit.runs import list_runs, mark_stale, prune_runs
 
     stale = mark_stale()
     removed = prune_runs() if prune else []
-    rows = [run_status(r) for r in list_runs()]
+    rows = [r.status() for r in list_runs()]
     if not all_:
-        rows = [r for r in rows if r.state in ("running", "starting") or r.id in {s.id for s in stale}]
+        rows = [r for r in rows if r["state"] in ("running", "starting") or r["id"] in {s.id for s in stale}]
     if json_out:
-        print_json({"runs": [r.to_dict() for r in rows], "pruned": removed, "stale": [s.id for s in stale]})
+        print_json({"runs": rows, "pruned": removed, "stale": [s.id for s in stale]})
         return
     if not rows:
         err_console().print("no servers running" + (f" (pruned {len(removed)})" if removed else "") + "; start one with `sparkit up`")
@@ -205,16 +200,16 @@ def status(
 _STATUS_COLUMNS = ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks")
 
 
-def _status_cells(r: Any) -> dict[str, str]:
-    """One run as plain strings, one per column; '-' for what is not known (never empty, so a
-    line splits on whitespace into exactly one field per column)."""
+def _status_cells(r: dict[str, Any]) -> dict[str, str]:
+    """One run (sparkit.runs.Run.status) as plain strings, one per column; '-' for what is not
+    known (never empty, so a line splits on whitespace into exactly one field per column)."""
     return {
-        "run": r.id, "recipe": r.recipe or "-", "engine": r.engine or "-", "url": r.url, "pid": str(r.pid or "-"),
-        "state": r.state, "uptime": _duration(r.uptime_s),
-        "health": "-" if r.healthy is None else ("ok" if r.healthy else "down"),
-        "tok/s": f"{r.decode_tok_s:.1f}" if r.decode_tok_s else "-",
-        "accept": f"{r.accept_length:.2f}" if r.accept_length else "-",
-        "checks": r.checks or "-",
+        "run": r["id"], "recipe": r["recipe"] or "-", "engine": r["engine"] or "-", "url": r["url"],
+        "pid": str(r["pid"] or "-"), "state": r["state"], "uptime": _duration(r["uptime_s"]),
+        "health": "-" if r["healthy"] is None else ("ok" if r["healthy"] else "down"),
+        "tok/s": f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "-",
+        "accept": f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
+        "checks": r["checks"] or "-",
     }
 
 
@@ -289,16 +284,11 @@ def logs(
 ) -> None:
     """Print a server's log."""
     from sparkit.errors import UsageError
-    from sparkit.runs import find_run, follow_log, is_live, list_runs
+    from sparkit.runs import follow_log, list_runs, select_run
 
-    if run is None:  # the latest live run, else the latest run
-        runs = list_runs()
-        if not runs:
-            raise UsageError("no runs yet", hint="start one with `sparkit up`")
-        live = [r for r in runs if is_live(r)]
-        found = (live or runs)[-1]
-    else:
-        found = find_run(run)
+    if run is None and not list_runs():
+        raise UsageError("no runs yet", hint="start one with `sparkit up`")
+    found = select_run(run, include_stopped=True)  # a stopped run's log is worth reading too
     if not found.log_path.exists():
         raise UsageError(f"run {found.id} has no log yet")
     text = found.log_path.read_text(errors="replace").splitlines()
@@ -322,7 +312,7 @@ def down(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
-    from sparkit.runs import find_run, live_runs, mark_stale, stop
+    from sparkit.runs import live_runs, mark_stale, select_run, stop
 
     stale = mark_stale()
     if all_ or run is None:
@@ -330,7 +320,7 @@ def down(
         # not a mistake (scripts call `sparkit down` to clean up).
         targets = live_runs()[-1:] if not all_ else live_runs()
     else:
-        targets = [find_run(run)]
+        targets = [select_run(run)]
     for target in targets:
         stop(target, grace=grace)
         err_console().print(f"stopped {target.id}")
@@ -354,10 +344,10 @@ def check(
     from sparkit.cli.common import require_server
     from sparkit.errors import CheckFailed, EngineError, UsageError
     from sparkit.recipes.plan import LaunchPlan
-    from sparkit.runs import is_live, resolve_server
+    from sparkit.runs import resolve_server
 
     target = resolve_server(run=run, url=url, api_key=api_key)
-    if target.run is not None and not is_live(target.run):
+    if target.run is not None and not target.run.live:
         raise EngineError(
             f"run {target.run.id} is not running",
             hint="`sparkit status` lists the running servers; `sparkit up` starts one",

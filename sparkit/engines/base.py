@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sparkit.checks.results import CheckResult
-    from sparkit.engines.sglang.log import Diagnosis
+    from sparkit.engines.sglang.log import Diagnosis, LogEvidence
     from sparkit.recipes.load import LoadedRecipe
     from sparkit.recipes.plan import LaunchPlan, Provision
     from sparkit.recipes.rules import Rule
@@ -101,6 +101,10 @@ class EngineAdapter(Protocol):
 
     def startup_phase(self, line: str) -> str:
         """The furthest startup phase (one of STARTUP_PHASES) the log text shows."""
+        ...
+
+    def read_log(self, log_text: str) -> "LogEvidence":
+        """The evidence lines of the engine's log the startup checks read."""
         ...
 
     def diagnose(self, log_text: str, returncode: int | None) -> "Diagnosis":

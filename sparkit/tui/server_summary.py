@@ -56,9 +56,11 @@ def _check_entries(raw: Any) -> list[dict[str, Any]]:
 
 
 def summarize_run(run: Any) -> ServerSummary:
-    """Summary from a sparkit.runs.RunDir."""
-    plan = run.read_json("plan.json") or {}
-    meta = run.read_json("meta.json") or {}
+    """Summary from a sparkit.runs.Run."""
+    from sparkit.runs.store import RunFiles
+
+    plan = run.read_json(RunFiles.PLAN) or {}
+    meta = run.read_json(RunFiles.META) or {}
     summary = ServerSummary(source=f"run {run.id}", recipe=plan.get("recipe_name") or meta.get("recipe_name"))
     if plan.get("served_model_name"):
         summary.facts.append(("served as", str(plan["served_model_name"])))
@@ -67,7 +69,7 @@ def summarize_run(run: Any) -> ServerSummary:
     for provision in plan.get("provisions") or []:
         if isinstance(provision, dict) and provision.get("optimisation"):
             summary.facts.append(("provides", str(provision["optimisation"])))
-    raw = run.read_json("checks.json")
+    raw = run.read_json(RunFiles.CHECKS)
     if raw is None:
         summary.checks_note = "no startup checks recorded (checks.json missing)"
     for entry in _check_entries(raw):

@@ -9,7 +9,7 @@ import pytest
 from sparkit.bench.runner import BenchConfig
 from sparkit.bench.tune import run_tune
 from sparkit.recipes.load import load_recipe
-from sparkit.runs import find_run, pid_alive
+from sparkit.runs import pid_alive, select_run
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def test_tune_sweeps_depth_ranks_it_and_writes_a_new_recipe(tiny_model_dir, tmp_
     assert json.loads(out.read_text())["complete"] is True
     for p in points:  # every server it started is gone
         run_id = json.loads(open(p["bench_file"]).read())["server"]["run_id"]
-        assert not pid_alive(find_run(run_id).read_meta().pid)
+        assert not pid_alive(select_run(run_id).pid)
 
     # Re-running the same sweep keeps what was measured and starts nothing.
     again = run_tune("tiny", ["speculative.num_steps=1,2,3,4"], config, out_path=out,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _shared import run_in_pty
 
-from sparkit.runs import RunDir, RunMeta
+from sparkit.runs import Run, RunState
 
 # The longest shipped recipe name makes the longest run id: the case that used to be cut.
 LONG_ID = "ling-3.0-flash-spark-humming-fp8head-20261129-171746-04c8"
@@ -22,10 +22,10 @@ RUNS = [
 
 def write_runs(home: Path) -> None:
     for run_id, recipe, port, state in RUNS:
-        run = RunDir(home / "runs" / run_id)
-        run.write_meta(RunMeta(id=run_id, recipe_name=recipe, recipe_path=None, engine="embedded",
-                               url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
-                               started_at="2026-11-29T17:17:46+00:00", extra={"state": state}))
+        run = Run(id=run_id, recipe_name=recipe, recipe_path=None, engine="embedded",
+                  url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
+                  started_at="2026-11-29T17:17:46+00:00", state=RunState(state), root=home / "runs")
+        run.save()
         run.write_json("probe.json", {"decode_tok_s": 102.88, "accept_length": 3.9})
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkit.runs import RunDir, RunMeta, list_runs
+from sparkit.runs import Run, RunState, list_runs
 
 
 def sparkit_env(home: Path) -> dict[str, str]:
@@ -58,10 +58,10 @@ def test_check_of_an_unreachable_url_is_exit_7_with_one_message(sparkit_home):
     assert "startup check" not in result.stderr
 
 
-def _write_run(home: Path, run_id: str, started_at: str) -> RunDir:
-    run = RunDir(home / "runs" / run_id)
-    run.write_meta(RunMeta(id=run_id, recipe_name="tiny", recipe_path=None, engine="embedded",
-                           url="http://127.0.0.1:1", host="127.0.0.1", port=1, started_at=started_at))
+def _write_run(home: Path, run_id: str, started_at: str) -> Run:
+    run = Run(id=run_id, recipe_name="tiny", recipe_path=None, engine="embedded", url="http://127.0.0.1:1",
+              host="127.0.0.1", port=1, started_at=started_at, root=home / "runs")
+    run.save()
     return run
 
 
@@ -69,9 +69,8 @@ def test_runs_are_ordered_by_start_even_after_an_old_one_is_stopped(sparkit_home
     old = _write_run(sparkit_home, "tiny-old", "2026-01-01T00:00:00+00:00")
     new = _write_run(sparkit_home, "tiny-new", "2026-01-02T00:00:00+00:00")
     time.sleep(0.01)
-    meta = old.read_meta()  # stopping rewrites meta.json: the old run's file is now the newest
-    meta.extra["state"] = "stopped"
-    old.write_meta(meta)
+    old.state = RunState.STOPPED  # stopping rewrites meta.json: the old run's file is now the newest
+    old.save()
     assert [r.id for r in list_runs()] == [old.id, new.id]
 
 
@@ -80,7 +79,7 @@ def test_logs_without_a_run_shows_the_latest_started_one(sparkit_home):
     new = _write_run(sparkit_home, "tiny-new", "2026-01-02T00:00:00+00:00")
     new.log_path.write_text("new run's log\n")
     old.log_path.write_text("old run's log\n")
-    old.write_meta(old.read_meta())
+    old.save()
     result = run_sparkit(sparkit_home, "logs")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "new run's log\n"

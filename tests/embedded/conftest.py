@@ -36,7 +36,8 @@ def untrained_model_dir(tmp_path_factory):
 
 @pytest.fixture
 def make_engine():
-    from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
+    from sparkit.engines.embedded.engine import EmbeddedEngine
+    from sparkit.engines.embedded.settings import EngineConfig
 
     def make(model_path, **kwargs):
         return EmbeddedEngine(EngineConfig(model_path=str(model_path), **kwargs))

@@ -177,7 +177,8 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_build(tmp_path):
 
 
 def test_a_truncated_checkpoint_fails_with_a_message_naming_the_file(quick_build, tmp_path):
-    from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
+    from sparkit.engines.embedded.engine import EmbeddedEngine
+    from sparkit.engines.embedded.settings import EngineConfig
 
     path = tmp_path / "corrupt"
     shutil.copytree(quick_build[0], path)

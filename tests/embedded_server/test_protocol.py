@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from sparkit.engines.embedded import protocol as proto
-from sparkit.engines.embedded.server import ServerMetrics, build_arg_parser, validate_args
+from sparkit.engines.embedded.metrics import ServerMetrics
+from sparkit.engines.embedded.settings import build_arg_parser, validate_args
 from sparkit.client import parse_prometheus
 
 
@@ -175,10 +176,10 @@ def test_arg_parser_accepts_the_documented_flags_without_heavy_imports():
     assert args.speculative_algorithm == "NEXTN" and validate_args(args) == []
 
 
-def test_server_module_imports_without_torch_or_starlette():
+def test_settings_module_imports_without_torch_or_starlette():
     import subprocess
 
-    code = "import sys, sparkit.engines.embedded.server as s; s.build_arg_parser(); print(sorted(m for m in ('torch','starlette','uvicorn') if m in sys.modules))"
+    code = "import sys, sparkit.engines.embedded.settings as s; s.build_arg_parser(); print(sorted(m for m in ('torch','starlette','uvicorn') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
@@ -212,13 +213,13 @@ def test_metrics_render_is_parsable_with_sglang_names():
 
 
 def test_launch_command_hides_the_api_key():
-    from sparkit.engines.embedded.server import _redacted_argv
+    from sparkit.engines.embedded.settings import redacted_argv
 
-    assert _redacted_argv(["--port", "1", "--api-key", "s3cret", "--api-key=x"]) == ["--port", "1", "--api-key", "<redacted>", "--api-key=<redacted>"]
+    assert redacted_argv(["--port", "1", "--api-key", "s3cret", "--api-key=x"]) == ["--port", "1", "--api-key", "<redacted>", "--api-key=<redacted>"]
 
 
 def test_checkpoint_problems_name_the_file(tmp_path):
-    from sparkit.engines.embedded.server import CheckpointError, check_checkpoint
+    from sparkit.engines.embedded.loading import CheckpointError, check_checkpoint
 
     with pytest.raises(CheckpointError, match="not a directory"):
         check_checkpoint(tmp_path / "missing")

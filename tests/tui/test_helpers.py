@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkit.runs import RunDir
+from sparkit.runs import Run
 from sparkit.tui.clipboard import code_blocks, copy_fallback, last_copy_path
 from sparkit.tui.server_summary import merge, summarize_run, summarize_server_info
 from sparkit.tui.settings import ChatSettings, parse_settings
@@ -47,7 +47,7 @@ def test_copy_fallback_writes_the_text_where_it_can_be_found(sparkit_home):
 
 
 def write_run(tmp_path, checks):
-    run = RunDir(tmp_path / "run-1")
+    run = Run(id="run-1", recipe_name="ling-flash-spark", recipe_path=None, engine="sglang", url="", host="", port=0, root=tmp_path)
     run.write_json("meta.json", {"recipe_name": "ling-flash-spark", "engine": "sglang"})
     run.write_json("plan.json", {"recipe_name": "ling-flash-spark", "served_model_name": "ling",
                                  "provisions": [{"optimisation": "lm_head=fp8"}]})

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sparkit.runs import RunDir
+from sparkit.runs import Run
 from sparkit.tui.app import create_app
 from sparkit.tui.history import ChatStore
 
@@ -61,7 +61,7 @@ def prepared(tmp_path):
     store._db.execute("UPDATE conversations SET created_at = ?, updated_at = ? WHERE id = ?", (T0, T0, older))
     store._db.execute("UPDATE conversations SET created_at = ?, updated_at = ? WHERE id = ?", (T0 + 3600, T0 + 3600, cid))
     store._db.commit()
-    run = RunDir(tmp_path / "runs" / "20261129-ling")
+    run = Run(id="20261129-ling", recipe_name="ling-flash-spark", recipe_path=None, engine="sglang", url="", host="", port=0, root=tmp_path / "runs")
     run.write_json("meta.json", {"recipe_name": "ling-flash-spark", "engine": "sglang"})
     run.write_json("plan.json", {"recipe_name": "ling-flash-spark", "engine": "sglang", "served_model_name": "ling-3.0-flash",
                                  "provisions": [{"optimisation": "moe_backend=humming"}, {"optimisation": "lm_head=fp8"},

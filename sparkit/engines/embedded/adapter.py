@@ -17,15 +17,11 @@ from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, pr
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.recipes.rules import Rule
 
-# How the engine reads its API key (sparkit.engines.embedded.server.API_KEY_ENV, which imports
-# nothing heavy, is the one declaration).
-from sparkit.engines.embedded.server import API_KEY_ENV  # noqa: E402
+from sparkit.engines.embedded.settings import API_KEY_ENV, as_flags, build_arg_parser, flag_name, validate_args
 
 
 def embedded_arg_parser() -> argparse.ArgumentParser:
     """The embedded server's own parser (importable without torch), raising ValueError on errors."""
-    from sparkit.engines.embedded.server import build_arg_parser
-
     parser = build_arg_parser()
 
     def error(message: str):
@@ -79,7 +75,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
                    if importlib.util.find_spec(m) is None]
         extras = {pkg: package_version(pkg) for pkg in ("torch", "safetensors", "transformers", "uvicorn")}
         detail = "" if not missing else "missing " + ", ".join(missing) + ": pip install 'sparkit[embedded]'"
-        from sparkit import __version__
+        from sparkit._version import __version__
 
         return EngineInfo("embedded", not missing, __version__, detail, extras)
 
@@ -111,25 +107,24 @@ class EmbeddedAdapter(SGLangLogAdapter):
         served = r.model.served_name or (parsed[0] if parsed else Path(model_dir).name)
         device = {"cpu": "cpu", "auto": "auto"}.get(r.target, "cuda")
 
-        args = ["--model-path", model_dir, "--served-model-name", served, "--host", server.host, "--port", str(port),
-                "--device", device, "--expert-weights", stack.weights, "--lm-head-dtype", stack.lm_head]
-        if stack.lm_head == "fp8":
-            args += ["--lm-head-exact-top-k", str(stack.lm_head_exact_top_k)]
-        if r.model.dtype in ("bfloat16", "float32"):
-            args += ["--dtype", r.model.dtype]
+        settings: dict[str, Any] = {
+            "model_path": model_dir, "served_model_name": served, "host": server.host, "port": port, "device": device,
+            "expert_weights": stack.weights, "lm_head_dtype": stack.lm_head,
+            "lm_head_exact_top_k": stack.lm_head_exact_top_k if stack.lm_head == "fp8" else None,
+            "dtype": r.model.dtype if r.model.dtype in ("bfloat16", "float32") else None,
+        }
         draft_dir = None
         if spec.method == "nextn":
-            args += ["--speculative-algorithm", "NEXTN"]
+            settings["speculative_algorithm"] = "NEXTN"
             if spec.num_steps is not None:
-                args += ["--speculative-num-steps", str(spec.num_steps), "--speculative-eagle-topk", str(spec.eagle_topk),
-                         "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+                settings.update(speculative_num_steps=spec.num_steps, speculative_eagle_topk=spec.eagle_topk,
+                                speculative_num_draft_tokens=spec.num_draft_tokens)
             if spec.draft_model:
                 draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", spec.draft_model, builds)
-                args += ["--speculative-draft-model-path", draft_dir]
-        if r.model.context_length:
-            args += ["--context-length", str(r.model.context_length)]
-        if server.enable_metrics:
-            args.append("--enable-metrics")
+                settings["speculative_draft_model_path"] = draft_dir
+        settings["context_length"] = r.model.context_length or None
+        settings["enable_metrics"] = server.enable_metrics
+        args = as_flags(settings)
 
         parser = embedded_arg_parser()
         for i, item in enumerate(server.extra_args):
@@ -147,7 +142,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
             raise loaded.error("model.path", "a model path cannot start with '-'")
 
         warnings: list[str] = []
-        sharing = _flag_value(server.extra_args, "--draft-lm-head-sharing")
+        sharing = _flag_value(server.extra_args, flag_name("draft_lm_head_sharing"))
         if sharing == "tensor" and spec.method == "nextn" and stack.lm_head == "fp8":
             warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
                             "shared-head trap (the draft reads FP8 bytes as bf16: accept length ~1.0); the "
@@ -194,8 +189,6 @@ def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str])
         namespace = parser.parse_args(args)
     except (ValueError, SystemExit) as exc:
         raise loaded.error("stack", f"the embedded engine rejects the compiled command: {exc}") from None
-    from sparkit.engines.embedded.server import validate_args
-
     problems = validate_args(namespace)
     if problems:
         raise loaded.error("stack", "the embedded engine rejects the compiled command: " + "; ".join(problems))

@@ -4,24 +4,9 @@ The server owns HTTP, queuing and formatting; the engine owns the model, the
 KV cache, sampling and speculative decoding. The server calls the engine from
 ONE worker thread (batch 1, requests queued), so the engine needs no locking.
 
-Launch flags (server.py parses them; names follow SGLang's where one exists):
-
-    --model-path DIR                  a tiny-ling checkpoint directory (config.json, model.safetensors, tokenizer)
-    --served-model-name NAME          default: the directory name
-    --host 127.0.0.1 --port 30000
-    --device auto|cpu|cuda            auto = cuda when available
-    --expert-weights bf16|fp8|mxfp4   format the routed/shared expert weights are quantised to at load
-    --lm-head-dtype bf16|fp32|fp8     fp8 = online per-row e4m3 quantisation at load
-    --lm-head-exact-top-k K           fp8 head: re-score the K best candidates per row exactly (bf16 copy kept; 0 = off)
-    --dtype bfloat16|float32          activation / dense weight dtype (default float32 on cpu, bfloat16 on cuda)
-    --speculative-algorithm NEXTN     (or EAGLE, an alias; omitted = no speculation)
-    --speculative-num-steps N --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1
-    --speculative-draft-model-path DIR   take the NextN layer from another checkpoint (a "wrong draft")
-    --context-length N
-    --api-key KEY                     (sparkit passes it through the SPARKIT_API_KEY env var instead, never argv)
-    --enable-metrics                  accepted for SGLang parity; /metrics is always on
-    --seed S
-    --max-queued-requests N
+Launch flags: declared once in settings.py (EngineConfig, ServerOptions); `python -m
+sparkit.engines.embedded --help` lists them. sparkit passes an API key through the SPARKIT_API_KEY
+environment variable, never argv.
 The activation report goes to $SPARKIT_REPORT_DIR/activation-tp0.json (sparkit.engines.activation).
 
 Log lines (stdout, one per line, SGLang's wording so that one parser reads both engines):

@@ -307,7 +307,8 @@ def measure_quality(directory: Path, seed: int = 0, heldout_sequences: int = 8, 
 
     from sparkit.engines.embedded.api import SamplingParams
     from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts, token_stream
-    from sparkit.engines.embedded.engine import EmbeddedEngine, EngineConfig
+    from sparkit.engines.embedded.engine import EmbeddedEngine
+    from sparkit.engines.embedded.settings import EngineConfig
 
     _, model = load_checkpoint(directory)
     from sparkit.engines.embedded.tokenizer import load_tokenizer

@@ -5,44 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from sparkit.engines.embedded.api import CancelFlag, SamplingParams, StepOutput
 from sparkit.errors import LaunchError
-from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+from sparkit.engines.embedded.settings import EngineConfig  # noqa: F401 (the engine's configuration, declared there)
 
 ENGINE_VERSION = "0.1.0"
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
-LM_HEAD_SHARING = ("module", "tensor")
-
-
-@dataclass
-class EngineConfig:
-    model_path: str
-    served_model_name: str | None = None
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str | None = None  # bfloat16 | float32; None = float32 on cpu, bfloat16 on cuda
-    expert_weights: str = "bf16"  # bf16 | fp8 | mxfp4 (fp32 = keep the trained weights as is)
-    # "load": quantise at load, decode the quantised values once into the compute dtype (the
-    # forward computes with exactly the quantised values; fast on CPU). "forward": decode the
-    # picked experts from the quantised bytes in every forward (what a fused GPU kernel does;
-    # on CPU the decoding dominates the step, so verify steps, which touch more experts, get slow).
-    expert_dequant: str = "load"
-    lm_head_dtype: str = "bf16"  # bf16 | fp32 | fp8
-    # fp8 head: re-score each row's best FP8 candidates exactly from a retained bf16 copy
-    # (sparkit.kernels.fp8_linear); 0 keeps only the FP8 weight.
-    lm_head_exact_top_k: int = DEFAULT_EXACT_TOP_K
-    speculative_algorithm: str | None = None  # NEXTN | EAGLE (alias) | None
-    speculative_num_steps: int = 3
-    speculative_eagle_topk: int = 1
-    speculative_num_draft_tokens: int | None = None  # None = num_steps + 1
-    speculative_draft_model_path: str | None = None
-    draft_lm_head_sharing: str = "module"  # "tensor" reproduces SGLang 0.5.23's shared-head trap
-    context_length: int | None = None  # None = the model's max_position_embeddings
-    seed: int = 0
 
 
 class EmbeddedEngine:
@@ -142,34 +113,15 @@ class EmbeddedEngine:
                 self._draft_cache.length = 0
 
     def server_args(self) -> dict:
-        c = self.config
-        spec = self.speculative
-        fmt = c.expert_weights
+        """The resolved server args: what the settings decide, and what loading resolved."""
         return {
+            **self.config.resolved(),
             "model_path": self.model_path,
-            "served_model_name": self.model_name,
             "tokenizer_path": self.model_path,
+            "served_model_name": self.model_name,
             "device": self.device.type,
             "dtype": str(self.dtype).replace("torch.", ""),
             "context_length": self.context_length,
-            "quantization": None if fmt in ("bf16", "fp32") else fmt,
-            "expert_weights": fmt,
-            "lm_head_dtype": c.lm_head_dtype,
-            "lm_head_exact_top_k": c.lm_head_exact_top_k if c.lm_head_dtype == "fp8" else None,
-            "enable_fp32_lm_head": c.lm_head_dtype == "fp32",
-            "moe_runner_backend": "embedded-torch",
-            "expert_dequant": c.expert_dequant,
-            "attention_backend": "torch_sdpa",
-            "tp_size": 1,
-            "ep_size": 1,
-            "dp_size": 1,
-            "random_seed": c.seed,
-            "speculative_algorithm": (c.speculative_algorithm.upper() if spec else None),
-            "speculative_num_steps": c.speculative_num_steps if spec else None,
-            "speculative_eagle_topk": c.speculative_eagle_topk if spec else None,
-            "speculative_num_draft_tokens": (c.speculative_num_draft_tokens or c.speculative_num_steps + 1) if spec else None,
-            "speculative_draft_model_path": c.speculative_draft_model_path if spec else None,
-            "draft_lm_head_sharing": c.draft_lm_head_sharing if spec else None,
         }
 
     def activation_report(self):
@@ -203,7 +155,7 @@ class EmbeddedEngine:
                 algorithm=c.speculative_algorithm.upper(),
                 num_steps=c.speculative_num_steps,
                 eagle_topk=c.speculative_eagle_topk,
-                num_draft_tokens=c.speculative_num_draft_tokens or c.speculative_num_steps + 1,
+                num_draft_tokens=c.num_draft_tokens,
                 draft_model_path=c.speculative_draft_model_path,
             )
         device = str(self.device) if self.device.type == "cpu" else f"cuda:{self.device.index or 0}"
@@ -213,27 +165,9 @@ class EmbeddedEngine:
 
     @staticmethod
     def _validate(c: EngineConfig) -> None:
-        from sparkit.engines.embedded.quant import EXPERT_FORMATS, LM_HEAD_DTYPES
-
-        if c.expert_weights not in EXPERT_FORMATS:
-            raise ValueError(f"expert_weights must be one of {', '.join(EXPERT_FORMATS)}, not {c.expert_weights!r}")
-        if c.lm_head_dtype not in LM_HEAD_DTYPES:
-            raise ValueError(f"lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}, not {c.lm_head_dtype!r}")
-        if c.speculative_algorithm is not None:
-            if c.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS:
-                raise ValueError(f"speculative_algorithm must be NEXTN or EAGLE, not {c.speculative_algorithm!r}")
-            if c.speculative_num_steps < 1:
-                raise ValueError("speculative_num_steps must be >= 1")
-            if c.speculative_eagle_topk != 1:
-                raise ValueError("the embedded engine supports speculative_eagle_topk 1 only")
-            if c.speculative_num_draft_tokens not in (None, c.speculative_num_steps + 1):
-                raise ValueError("with eagle_topk 1, speculative_num_draft_tokens must be speculative_num_steps + 1")
-        if c.expert_dequant not in ("load", "forward"):
-            raise ValueError(f"expert_dequant must be 'load' or 'forward', not {c.expert_dequant!r}")
-        if not isinstance(c.lm_head_exact_top_k, int) or c.lm_head_exact_top_k < 0:
-            raise ValueError(f"lm_head_exact_top_k must be an integer >= 0, not {c.lm_head_exact_top_k!r}")
-        if c.draft_lm_head_sharing not in LM_HEAD_SHARING:
-            raise ValueError(f"draft_lm_head_sharing must be 'module' or 'tensor', not {c.draft_lm_head_sharing!r}")
+        problems = c.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def _quantize_moe(self, model, fmt: str) -> None:
         from sparkit.engines.embedded.model import MoE

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")
-LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
+from sparkit.engines.embedded.settings import EXPERT_FORMATS, LM_HEAD_DTYPES  # noqa: F401 (declared there)
 MX_BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0

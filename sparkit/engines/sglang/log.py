@@ -441,5 +441,8 @@ class SGLangLogAdapter:
     def startup_phase(self, line: str) -> str:
         return detect_phase(line)
 
+    def read_log(self, log_text: str) -> LogEvidence:
+        return parse_log(log_text)
+
     def diagnose(self, log_text: str, returncode: int | None) -> Diagnosis:
         return diagnose_failure(log_text, returncode)

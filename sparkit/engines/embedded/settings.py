@@ -1,0 +1,262 @@
+"""The embedded engine's settings, declared once: `EngineConfig` (what the engine is built with)
+and `ServerOptions` (what the HTTP server around it uses). From these two declarations come the
+launch flags (`build_arg_parser`; SGLang's names where one exists), their validation (`problems`,
+`validate_args`: every rule in one place, "draft tokens = steps + 1" included) and the static part
+of the resolved server args (`EngineConfig.resolved`). Importable without torch, starlette or
+uvicorn: the recipe compiler validates a plan's flags with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Callable
+from typing import Any
+
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+
+API_KEY_ENV = "SPARKIT_API_KEY"
+
+EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")  # fp32: keep the trained weights as they are
+LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
+SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")  # EAGLE is an alias of NEXTN, as in SGLang
+LM_HEAD_SHARING = ("module", "tensor")
+EXPERT_DEQUANT = ("load", "forward")
+DEFAULT_NUM_STEPS = 3
+
+
+def setting(default: Any = MISSING, help: str = "", *, flag: bool = True, choices: tuple | None = None,
+            flag_choices: tuple | None = None, flag_default: Any = MISSING, type: Any = None,
+            metavar: str | None = None, upper: bool = False, store_true: bool = False):
+    """A declared setting: its default, and how it reads as a flag (`--name-with-dashes`).
+    `flag_choices` / `flag_default` where the flag offers less than the engine accepts, or leaves
+    "unset" to the engine (None)."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "flag_choices": flag_choices,
+                "flag_default": flag_default, "type": type, "metavar": metavar, "upper": upper,
+                "store_true": store_true}
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def flag_name(name: str) -> str:
+    """The flag of a declared setting (raises KeyError for a name no declaration has)."""
+    if name not in _DECLARED:
+        raise KeyError(f"no embedded-engine setting named {name!r}")
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class EngineConfig:
+    """What the engine is built with (sparkit.engines.embedded.engine.EmbeddedEngine)."""
+
+    model_path: str = setting(help="a tiny-ling checkpoint directory (config.json, model.safetensors, tokenizer)")
+    served_model_name: str | None = setting(None, "model name in the API (default: the directory name)")
+    device: str = setting("auto", "auto = cuda when available", flag_choices=("auto", "cpu", "cuda"))
+    dtype: str | None = setting(None, "activation dtype (auto: float32 on cpu, bfloat16 on cuda)",
+                                choices=("bfloat16", "float32"), flag_choices=("bfloat16", "float32", "auto"),
+                                flag_default="auto")
+    expert_weights: str = setting("bf16", "routed/shared expert weight format (quantised at load)",
+                                  choices=EXPERT_FORMATS, flag_choices=("bf16", "fp8", "mxfp4"))
+    # "load": quantise at load, decode the quantised values once into the compute dtype (the
+    # forward computes with exactly the quantised values; fast on CPU). "forward": decode the
+    # picked experts from the quantised bytes in every forward (what a fused GPU kernel does; on
+    # CPU the decoding dominates the step, so verify steps, which touch more experts, get slow).
+    expert_dequant: str = setting("load", flag=False, choices=EXPERT_DEQUANT)
+    lm_head_dtype: str = setting("bf16", "fp8 = online per-row e4m3 quantisation at load",
+                                 choices=LM_HEAD_DTYPES, flag_choices=("bf16", "fp32", "fp8"))
+    lm_head_exact_top_k: int = setting(DEFAULT_EXACT_TOP_K, "fp8 head: re-score the K best candidates per row "
+                                       "exactly from a kept bf16 copy (0 = off)", type=int, metavar="K")
+    speculative_algorithm: str | None = setting(None, "EAGLE is an alias of NEXTN; omitted = no speculation",
+                                                choices=SPECULATIVE_ALGORITHMS, upper=True)
+    speculative_num_steps: int = setting(DEFAULT_NUM_STEPS, type=int, flag_default=None)
+    speculative_eagle_topk: int = setting(1, type=int, flag_default=None)
+    speculative_num_draft_tokens: int | None = setting(None, "unset = num steps + 1", type=int)
+    speculative_draft_model_path: str | None = setting(None, "take the NextN layer from another checkpoint")
+    draft_lm_head_sharing: str = setting(
+        "module", "how the NextN draft uses the target's lm_head: the same module (default) or a copy of its "
+        "tensor (reproduces SGLang 0.5.23's shared-head trap)", choices=LM_HEAD_SHARING, flag_default=None)
+    context_length: int | None = setting(None, "unset = the model's max_position_embeddings", type=int)
+    seed: int = setting(0, type=int)
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens verified per step: with eagle topk 1 (a chain), the steps plus the bonus token."""
+        return self.speculative_num_draft_tokens or self.speculative_num_steps + 1
+
+    def problems(self, name: Callable[[str], str] = lambda setting: setting) -> list[str]:
+        """Every reason this configuration cannot run (empty = fine), naming each setting as
+        `name` spells it (its field name; `flag_name` for a command line)."""
+        out = _choice_problems(self, name)
+        if self.speculative:
+            if self.speculative_num_steps < 1:
+                out.append(f"{name('speculative_num_steps')} must be >= 1")
+            if self.speculative_eagle_topk != 1:
+                out.append(f"{name('speculative_eagle_topk')}: the embedded engine supports only 1")
+            elif self.speculative_num_draft_tokens not in (None, self.speculative_num_steps + 1):
+                out.append(f"{name('speculative_num_draft_tokens')} must be {name('speculative_num_steps')} + 1 "
+                           "with eagle topk 1")
+        if not isinstance(self.lm_head_exact_top_k, int) or self.lm_head_exact_top_k < 0:
+            out.append(f"{name('lm_head_exact_top_k')} must be an integer >= 0")
+        if self.context_length is not None and self.context_length < 2:
+            out.append(f"{name('context_length')} must be >= 2")
+        return out
+
+    def resolved(self) -> dict[str, Any]:
+        """The resolved server args (SGLang's names) these settings decide; the engine adds what
+        only the loaded model knows (device, dtype, context length)."""
+        spec = self.speculative
+        fmt = self.expert_weights
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "quantization": None if fmt in ("bf16", "fp32") else fmt,
+            "expert_weights": fmt,
+            "expert_dequant": self.expert_dequant,
+            "lm_head_dtype": self.lm_head_dtype,
+            "lm_head_exact_top_k": self.lm_head_exact_top_k if self.lm_head_dtype == "fp8" else None,
+            "enable_fp32_lm_head": self.lm_head_dtype == "fp32",
+            "moe_runner_backend": "embedded-torch",
+            "attention_backend": "torch_sdpa",
+            "tp_size": 1,
+            "ep_size": 1,
+            "dp_size": 1,
+            "random_seed": self.seed,
+            "speculative_algorithm": self.speculative_algorithm.upper() if spec else None,
+            "speculative_num_steps": self.speculative_num_steps if spec else None,
+            "speculative_eagle_topk": self.speculative_eagle_topk if spec else None,
+            "speculative_num_draft_tokens": self.num_draft_tokens if spec else None,
+            "speculative_draft_model_path": self.speculative_draft_model_path if spec else None,
+            "draft_lm_head_sharing": self.draft_lm_head_sharing if spec else None,
+        }
+
+
+@dataclass
+class ServerOptions:
+    """What the HTTP server around the engine uses."""
+
+    host: str = setting("127.0.0.1")
+    port: int = setting(30000, type=int)
+    api_key: str | None = setting(None, f"require 'Authorization: Bearer KEY' (everything but /health); env {API_KEY_ENV} also works")
+    enable_metrics: bool = setting(False, "accepted for SGLang parity; /metrics is always on", store_true=True)
+    max_queued_requests: int | None = setting(None, "queued requests beyond this get HTTP 503", type=int)
+    debug_step_delay_ms: float = setting(0.0, "sleep this long after every decode step (tests of streaming and "
+                                         "aborts: an upper bound on the engine's speed that no machine load can "
+                                         "lift)", type=float, metavar="MS")
+    torch_threads: int = setting(0, "intra-op threads for the engine (0 = auto: one per 20M parameters, at most "
+                                 "the CPU count)", type=int, metavar="N")
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            out.append("--max-queued-requests must be >= 1")
+        if self.debug_step_delay_ms < 0:
+            out.append("--debug-step-delay-ms must be >= 0")
+        if self.torch_threads < 0:
+            out.append("--torch-threads must be >= 0 (0 = auto)")
+        return out
+
+
+_DECLARED = {f.name: f for cls in (EngineConfig, ServerOptions) for f in fields(cls)}
+
+
+def _choice_problems(config: Any, name: Callable[[str], str]) -> list[str]:
+    out = []
+    for f in fields(config):
+        allowed = f.metadata.get("choices")
+        value = getattr(config, f.name)
+        if allowed and value is not None and (value.upper() if f.metadata.get("upper") else value) not in allowed:
+            out.append(f"{name(f.name)} must be one of {', '.join(allowed)}, not {value!r}")
+    return out
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """The launch flags, one per declared setting (`python -m sparkit.engines.embedded --help`)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sparkit.engines.embedded",
+        description="sparkit's embedded engine: tiny-ling behind SGLang's HTTP API.",
+    )
+    for f in _DECLARED.values():
+        meta = f.metadata
+        if not meta["flag"]:
+            continue
+        kwargs: dict[str, Any] = {"help": meta["help"] or None}
+        if meta["store_true"]:
+            parser.add_argument(flag_name(f.name), action="store_true", **kwargs)
+            continue
+        if f.default is MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = f.default if meta["flag_default"] is MISSING else meta["flag_default"]
+        choices = meta["flag_choices"] or meta["choices"]
+        if choices:
+            kwargs["choices"] = list(choices)
+        if meta["upper"]:
+            kwargs["type"] = str.upper
+        elif meta["type"] is not None:
+            kwargs["type"] = meta["type"]
+        if meta["metavar"]:
+            kwargs["metavar"] = meta["metavar"]
+        parser.add_argument(flag_name(f.name), **kwargs)
+    return parser
+
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    """Settings by name -> the engine's command-line flags (a name no declaration has raises
+    KeyError, so a renamed setting breaks the plan loudly, not the launch)."""
+    out: list[str] = []
+    for name, value in values.items():
+        flag = flag_name(name)
+        if _DECLARED[name].metadata["store_true"]:
+            out += [flag] if value else []
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def engine_config(args: argparse.Namespace, served_name: str | None = None) -> EngineConfig:
+    """The EngineConfig the flags describe (a flag left unset keeps the engine's default)."""
+    values = {}
+    for f in fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if f.name == "dtype" and value == "auto":
+            value = None
+        if value is not None:
+            values[f.name] = value
+    if served_name is not None:
+        values["served_model_name"] = served_name
+    return EngineConfig(**values)
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(**{f.name: getattr(args, f.name) for f in fields(ServerOptions)})
+
+
+def validate_args(args: argparse.Namespace) -> list[str]:
+    """Every problem with parsed flags (empty = fine): the flags' own rule, then the settings'."""
+    problems = []
+    numbers = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    if args.speculative_algorithm is None and (any(v is not None for v in numbers) or args.speculative_draft_model_path):
+        problems.append("--speculative-* numbers or --speculative-draft-model-path given without --speculative-algorithm")
+    return problems + engine_config(args).problems(flag_name) + server_options(args).problems()
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif arg == "--api-key":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=<redacted>")
+        else:
+            out.append(arg)
+    return out

@@ -1,0 +1,198 @@
+"""Starting and stopping an engine for a plan.
+
+`launch(plan)` has the engine's adapter prepare what must exist (built-in model builds), starts
+the engine in its own process group (its log in the run directory), follows its startup phase,
+waits for /health, and on any failure (exit, timeout, Ctrl-C) stops the group and raises
+LaunchError with the adapter's diagnosis; `stop(run)` ends the group and records it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
+from sparkit.errors import LaunchError
+from sparkit.recipes.plan import LaunchPlan
+import sparkit.runs.processes as processes
+from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
+
+
+@dataclass
+class LaunchProgress:
+    """One progress event of `launch` (for a live phase line)."""
+
+    phase: str  # "building model", or one of sparkit.engines.base.STARTUP_PHASES
+    elapsed_s: float
+    message: str = ""
+    fraction: float | None = None  # known only while building a model
+
+
+ProgressFn = Callable[[LaunchProgress], None]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (for --port auto, and transient servers)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tuple[dict[str, str], list[str]]:
+    """How the API key reaches the engine without appearing in argv or plan.json (the engine's
+    adapter knows: an environment variable, or a private file)."""
+    if not plan.api_key_env:
+        return {}, []
+    secret = os.environ.get(plan.api_key_env)
+    if not secret:
+        raise LaunchError(
+            f"the recipe asks for an API key from ${plan.api_key_env}, which is not set",
+            hint=f"export {plan.api_key_env}=... before `sparkit up`",
+        )
+    return adapter.deliver_secret(secret, run.path)
+
+
+def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None) -> LaunchError:
+    from sparkit.engines.sglang.log import tail_lines
+
+    text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
+    diagnosis = adapter.diagnose(text, returncode)
+    run = run.reload()
+    run.state, run.failure, run.stopped_at = RunState.FAILED, diagnosis.cause, now_iso()
+    run.save()
+    lines = "\n".join(f"    {line}" for line in tail_lines(text, 25)) or "    (the log is empty)"
+    error = LaunchError(f"{summary} ({diagnosis.cause}): {diagnosis.detail}\n  last log lines ({run.log_path}):\n{lines}",
+                        hint=diagnosis.hint)
+    error.run = run  # type: ignore[attr-defined]
+    error.diagnosis = diagnosis  # type: ignore[attr-defined]
+    return error
+
+
+def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: float = 600,
+           detach: bool = True) -> Run:
+    """Start the engine of `plan` in its own process group and wait until /health answers.
+
+    Preflight is the caller's job (sparkit.runs.pipeline.up does it). The engine's stdout+stderr
+    go to the run's server.log; its environment is os.environ + plan.env +
+    SPARKIT_REPORT_DIR=<run dir>. On any failure the process group is stopped before the error
+    propagates, so nothing is left running."""
+    from sparkit.engines.activation import REPORT_DIR_ENV
+
+    t0 = time.monotonic()
+
+    def emit(phase: str, message: str = "", fraction: float | None = None) -> None:
+        if on_progress is not None:
+            on_progress(LaunchProgress(phase, time.monotonic() - t0, message, fraction))
+
+    adapter = get_adapter(plan.engine)
+    run = Run(id=new_run_id(plan.recipe_name), recipe_name=plan.recipe_name, recipe_path=plan.recipe_path,
+              engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
+              api_key_env=plan.api_key_env, detached=detach)
+    run.path.mkdir(parents=True, exist_ok=False, mode=0o700)
+    run.write_json(RunFiles.PLAN, plan.to_dict())
+    run.save()
+
+    try:
+        adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
+        secret_env, extra_argv = _secret_delivery(plan, adapter, run)
+    except BaseException as exc:
+        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
+        run.save()
+        raise
+    env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
+    env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
+    argv = list(plan.argv) + extra_argv
+    emit("starting", " ".join(argv[1:4])[:100])
+    with open(run.log_path, "ab") as log:
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+        except FileNotFoundError as exc:
+            run.state, run.failure = RunState.FAILED, "engine not installed"
+            run.save()
+            raise LaunchError(f"engine not installed: cannot execute {argv[0]!r} ({exc.strerror})",
+                              hint=adapter.install_hint) from exc
+    processes.children[proc.pid] = proc
+    run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
+    run.create_time = processes.create_time(proc.pid)
+    run.save()
+
+    try:
+        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0)
+    except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
+        stop(run, grace=5)
+        raise
+    finally:
+        # The engine read its key at start; it need not stay on disk.
+        for name in adapter.secret_files:
+            (run.path / name).unlink(missing_ok=True)
+    run = run.reload()
+    run.state, run.ready_s = RunState.RUNNING, round(time.monotonic() - t0, 2)
+    run.save()
+    emit("ready")
+    return run
+
+
+def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan: LaunchPlan, timeout: float,
+                  emit: Callable[..., None], t0: float) -> None:
+    from sparkit.client import check_health
+
+    phases = STARTUP_PHASES
+    deadline = t0 + timeout
+    key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
+    state = {"phase": 0, "last_emit": 0.0, "last_line": "", "pending": ""}  # pending: a partial last line
+
+    def read_phases(log) -> None:
+        # Read only what was appended: SGLang logs can grow large while it starts.
+        chunk = state["pending"] + log.read()
+        complete, _, state["pending"] = chunk.rpartition("\n")
+        now = time.monotonic()
+        for line in complete.splitlines():
+            if not line.strip():
+                continue
+            state["last_line"] = line.strip()[:100]
+            # "ready" is reported once /health answers; the log line alone ends warm-up.
+            index = min(phases.index(adapter.startup_phase(line)), phases.index("warming up"))
+            if index > state["phase"]:  # every phase crossed is shown, in order
+                state["phase"] = index
+                emit(phases[index], state["last_line"])
+                state["last_emit"] = now
+
+    with open(run.log_path, "r", errors="replace") as log:
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise _launch_failure(run, adapter, "the engine exited during start", code)
+            read_phases(log)
+            now = time.monotonic()
+            if now - state["last_emit"] >= 1.0:
+                emit(phases[state["phase"]], state["last_line"])
+                state["last_emit"] = now
+            if check_health(plan.url, api_key=key):
+                # What the engine logged between the read above and its first 200 is shown too
+                # (under load a whole start can fit in that gap).
+                read_phases(log)
+                return
+            if now >= deadline:
+                raise _launch_failure(run, adapter, f"the engine did not become healthy within {timeout:g} s", None)
+            time.sleep(0.25)
+
+
+def stop(run: Run, grace: float = 10) -> Run:
+    """SIGTERM to the run's process group, SIGKILL after `grace` seconds; waits until it is gone
+    and records it (a run that failed to start stays failed). Returns the updated record."""
+    processes.stop_group(run.pid, run.pgid, run.create_time, grace)
+    try:
+        run = run.reload()
+    except (OSError, ValueError, TypeError):
+        return run  # its directory was removed meanwhile: nothing to record
+    if run.state is not RunState.FAILED:
+        run.state = RunState.STOPPED
+    run.stopped_at = run.stopped_at or now_iso()
+    run.save()
+    return run

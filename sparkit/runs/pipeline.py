@@ -1,0 +1,105 @@
+"""The `up` pipeline as a library function: preflight, build, launch, wait, startup checks.
+
+`up()` returns data (`Started`) and never prints; the CLI renders it, and `tune` and `verify` start
+their transient servers through `transient_server()`, the same pipeline as a context manager that
+stops the server however the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from sparkit.checks.results import CheckResult, Status, worst
+from sparkit.errors import PreflightError
+from sparkit.recipes.plan import LaunchPlan
+from sparkit.runs.launcher import ProgressFn, launch, stop
+from sparkit.runs.store import Run, Server
+
+# Called with the preflight results before anything starts (the CLI shows them there).
+PreflightFn = Callable[[list[CheckResult]], None]
+
+
+@dataclass
+class Started:
+    """A server `up` started: its run, what preflight found, what the startup checks found."""
+
+    run: Run
+    plan: LaunchPlan
+    preflight: list[CheckResult]
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return worst(self.checks) is not Status.FAIL if self.checks else True
+
+    @property
+    def failed_checks(self) -> list[CheckResult]:
+        return [r for r in self.checks if r.status is Status.FAIL]
+
+    @property
+    def server(self) -> Server:
+        return Server(self.plan.url, self.run.api_key, self.run)
+
+
+def preflight(plan: LaunchPlan) -> list[CheckResult]:
+    """Every preflight check of `plan` on this host; raises PreflightError (exit 4) on a failure."""
+    from sparkit.checks.preflight import run_preflight
+    from sparkit.host import detect_host
+
+    results = run_preflight(plan, detect_host())
+    failed = [r for r in results if r.status is Status.FAIL]
+    if failed:
+        error = PreflightError("preflight failed: " + "; ".join(f"{r.title}: {r.detail}" for r in failed),
+                               hint=next((r.fix for r in failed if r.fix), None))
+        error.results = results  # type: ignore[attr-defined]
+        raise error
+    return results
+
+
+def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: bool = True,
+       on_preflight: PreflightFn | None = None, on_progress: ProgressFn | None = None,
+       on_checking: Callable[[Run], None] | None = None) -> Started:
+    """Preflight, then launch (builds included) and wait, then the startup checks.
+
+    Raises PreflightError before anything starts, LaunchError when the engine does not come up
+    (nothing left running). Failed startup checks are data (`Started.ok`): the caller decides
+    whether the server stays. Ctrl-C during the checks stops the server."""
+    found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
+    run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach)
+    started = Started(run, plan, found)
+    if not checks:
+        return started
+    from sparkit.checks.runner import run_activation_checks
+
+    try:
+        if on_checking is not None:
+            on_checking(run)
+        started.checks = run_activation_checks(plan.url, plan, run.path, api_key=run.api_key)
+    except BaseException:
+        stop(run)
+        raise
+    return started
+
+
+def _preflight_shown(plan: LaunchPlan, shown: PreflightFn) -> list[CheckResult]:
+    try:
+        results = preflight(plan)
+    except PreflightError as exc:
+        shown(exc.results)  # type: ignore[attr-defined]
+        raise
+    shown(results)
+    return results
+
+
+@contextlib.contextmanager
+def transient_server(plan: LaunchPlan, *, timeout: float = 600, checks: bool = False,
+                     on_progress: ProgressFn | None = None) -> Iterator[Started]:
+    """`up` for the length of a block (tune and verify): the server is stopped however the block
+    ends, an exception or Ctrl-C included."""
+    started = up(plan, timeout=timeout, detach=True, checks=checks, on_progress=on_progress)
+    try:
+        yield started
+    finally:
+        stop(started.run)

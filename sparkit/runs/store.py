@@ -1,0 +1,337 @@
+"""A run on disk: one record per started server, its files, and the one rule that picks a run.
+
+    <runs_dir>/<run_id>/
+        meta.json              the Run record: recipe, engine, url, pid, pgid, state, ...
+        plan.json              the LaunchPlan it was started from
+        server.log             the engine's stdout+stderr
+        activation-tp*.json    activation reports written from inside the engine
+        checks.json            the last startup-check results
+        probe.json             the last measured decode tok/s and accept length
+
+The file names are declared here (RunFiles) and nowhere else. Never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from sparkit.errors import EngineError, UsageError
+from sparkit.paths import runs_dir
+from sparkit.runs.processes import engine_alive
+
+
+class RunFiles:
+    """The names of a run directory's files."""
+
+    META = "meta.json"
+    PLAN = "plan.json"
+    LOG = "server.log"
+    CHECKS = "checks.json"
+    PROBE = "probe.json"
+
+
+class RunState(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"  # by `sparkit down`, or by the command that started it
+    FAILED = "failed"  # did not start (see Run.failure)
+    EXITED = "exited"  # was running and died without being stopped
+
+    @property
+    def active(self) -> bool:
+        return self in (RunState.STARTING, RunState.RUNNING)
+
+
+@dataclass
+class Run:
+    """One started server: its record (meta.json) and its directory."""
+
+    id: str
+    recipe_name: str
+    recipe_path: str | None
+    engine: str
+    url: str
+    host: str
+    port: int
+    pid: int | None = None
+    pgid: int | None = None
+    started_at: str = ""
+    api_key_env: str | None = None
+    detached: bool = False
+    state: RunState = RunState.STARTING
+    failure: str | None = None  # the diagnosed cause, when state is failed
+    ready_s: float | None = None  # seconds from launch to healthy
+    stopped_at: str | None = None
+    create_time: float | None = None  # the engine process's start time (pids are reused)
+    root: Path = field(default_factory=runs_dir, repr=False)  # the runs directory it lives in
+
+    # -- files ----------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.root / self.id
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / RunFiles.META
+
+    @property
+    def plan_path(self) -> Path:
+        return self.path / RunFiles.PLAN
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / RunFiles.LOG
+
+    @property
+    def checks_path(self) -> Path:
+        return self.path / RunFiles.CHECKS
+
+    @property
+    def probe_path(self) -> Path:
+        return self.path / RunFiles.PROBE
+
+    def read_json(self, name: str) -> Any | None:
+        """A JSON file of the run; None when it is missing or torn."""
+        try:
+            return json.loads((self.path / name).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def write_json(self, name: str, data: Any) -> None:
+        write_json_atomic(self.path / name, data)
+
+    # -- the record -----------------------------------------------------------------------------
+    def save(self) -> None:
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "root"}
+        record["state"] = self.state.value
+        self.write_json(RunFiles.META, record)
+
+    def reload(self) -> "Run":
+        """The record as it is on disk now (another process may have stopped the run)."""
+        return Run.open(self.path)
+
+    @classmethod
+    def open(cls, path: Path) -> "Run":
+        """The run recorded in `path` (raises OSError / ValueError for a missing or torn record)."""
+        path = Path(path)
+        data = json.loads((path / RunFiles.META).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path / RunFiles.META}: not a run record")
+        # Records of sparkit before 0.3 kept state and its companions in `extra`.
+        extra = data.pop("extra", None) or {}
+        for key in ("state", "failure", "ready_s", "stopped_at", "create_time"):
+            if key in extra and key not in data:
+                data[key] = extra[key]
+        known = {f.name for f in fields(cls)} - {"root"}
+        record = {k: v for k, v in data.items() if k in known}
+        record["id"] = path.name
+        record["state"] = RunState(record.get("state") or RunState.RUNNING.value)
+        return cls(**record, root=path.parent)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("root")
+        out["state"] = self.state.value
+        out["path"] = str(self.path)
+        return out
+
+    @property
+    def api_key(self) -> str | None:
+        """The key its server wants, read from the environment variable the recipe named."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
+    def live(self) -> bool:
+        """Its engine process is running (and is still the process sparkit started)."""
+        return engine_alive(self.pid, self.pgid, self.create_time)
+
+    def observed_state(self) -> RunState:
+        """The recorded state, corrected by what is true now: an active run whose process is
+        gone has exited."""
+        if self.state.active and not self.live:
+            return RunState.EXITED
+        return self.state
+
+    def status(self, *, probe_health: bool = True) -> dict[str, Any]:
+        """What `sparkit status` shows: the record, whether it is up, its last figures."""
+        from sparkit.client import check_health
+
+        live = self.live
+        state = self.state if live or not self.state.active else RunState.EXITED
+        uptime = None
+        if live and self.started_at:
+            try:
+                uptime = (datetime.now(timezone.utc) - datetime.fromisoformat(self.started_at)).total_seconds()
+            except ValueError:
+                uptime = None
+        probe = self.read_json(RunFiles.PROBE) or {}
+        checks = self.read_json(RunFiles.CHECKS) or {}
+        worst_status = None
+        if checks.get("results"):
+            from sparkit.checks.results import CheckResult, worst
+
+            worst_status = worst([CheckResult.from_dict(r) for r in checks["results"]]).value
+        return {
+            "id": self.id, "recipe": self.recipe_name, "engine": self.engine, "url": self.url, "pid": self.pid,
+            "state": state.value, "uptime_s": uptime,
+            "healthy": check_health(self.url, api_key=self.api_key) if live and probe_health else None,
+            "decode_tok_s": probe.get("decode_tok_s"), "accept_length": probe.get("accept_length"),
+            "checks": worst_status, "log": str(self.log_path),
+        }
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """A reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+# -- finding runs ---------------------------------------------------------------------------------
+
+def list_runs(root: Path | None = None) -> list[Run]:
+    """Every readable run, oldest start first."""
+    root = root or runs_dir()
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        if not (path / RunFiles.META).exists():
+            continue
+        try:
+            found.append((_start_order(path), Run.open(path)))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # a torn record (a crash mid-write of an old sparkit): not a run to act on
+    return [run for _, run in sorted(found, key=lambda item: item[0])]
+
+
+def _start_order(path: Path) -> tuple[str, float]:
+    # By start time, not meta.json's mtime: stopping a run rewrites its record, and the run
+    # stopped last must not become "the latest run".
+    try:
+        started = json.loads((path / RunFiles.META).read_text()).get("started_at") or ""
+    except (OSError, ValueError, AttributeError):
+        started = ""
+    return (started, (path / RunFiles.META).stat().st_mtime)
+
+
+def live_runs() -> list[Run]:
+    return [r for r in list_runs() if r.live]
+
+
+def select_run(ref: str | None = None, *, include_stopped: bool = False) -> Run:
+    """The one rule every command uses to pick a run.
+
+    `ref` is a run id, an id prefix, or a recipe name (in full, or its last path segment); among
+    the runs it matches, the latest live one, else the latest. Without `ref`: the latest live
+    run, or with `include_stopped` (for reading a log) the latest run when none is live.
+    Raises EngineError (exit 7) when no run is live and none was asked for by name, UsageError
+    when `ref` matches nothing."""
+    runs = list_runs()
+    if ref is None:
+        live = [r for r in runs if r.live]
+        if live:
+            return live[-1]
+        if include_stopped and runs:
+            return runs[-1]
+        # Exit 7 like a --url where nothing answers: in both cases there is no server to talk to.
+        raise EngineError("no running server found", hint="start one with `sparkit up`, or pass --url URL")
+    exact = [r for r in runs if r.id == ref]
+    matches = exact or [r for r in runs if r.id.startswith(ref) or ref in (r.recipe_name, r.recipe_name.rsplit("/", 1)[-1])]
+    if not matches:
+        raise UsageError(f"no run matches {ref!r}", hint="`sparkit status` lists the runs")
+    live = [r for r in matches if r.live]
+    return (live or matches)[-1]
+
+
+@dataclass
+class Server:
+    """Where requests go: a URL, its key, and the run behind it when sparkit started it."""
+
+    url: str
+    api_key: str | None = None
+    run: Run | None = None
+
+
+def resolve_server(run: str | None = None, url: str | None = None, api_key: str | None = None) -> Server:
+    """--url wins, else a run (select_run). A --url that is a live run's own URL is that run (its
+    recipe, its startup checks, its key)."""
+    if url:
+        url = url.rstrip("/")
+        same = [r for r in live_runs() if r.url.rstrip("/") == url]
+        if not same:
+            return Server(url=url, api_key=api_key)
+        return Server(url=url, api_key=api_key or same[-1].api_key, run=same[-1])
+    found = select_run(run)
+    return Server(url=found.url, api_key=api_key or found.api_key, run=found)
+
+
+def mark_stale() -> list[Run]:
+    """Runs recorded as active whose process died without `down`: recorded as exited."""
+    stale = []
+    for run in list_runs():
+        if run.state.active and not run.live:
+            run.state = RunState.EXITED
+            run.stopped_at = run.stopped_at or now_iso()
+            run.save()
+            stale.append(run)
+    return stale
+
+
+def prune_runs() -> list[str]:
+    """Delete the directories of runs that are no longer live; returns their ids."""
+    import shutil
+
+    removed = []
+    for run in list_runs():
+        if not run.live:
+            shutil.rmtree(run.path, ignore_errors=True)
+            removed.append(run.id)
+    return removed
+
+
+def follow_log(run: Run, *, from_start: bool = False, poll: float = 0.2,
+               stop_when: Callable[[], bool] | None = None) -> Iterator[str]:
+    """Yield lines of the run's log as they are written (like tail -f).
+
+    Ends when `stop_when()` is true or the engine is gone and the log is drained."""
+    with open(run.log_path, "r", errors="replace") as handle:
+        if not from_start:
+            handle.seek(0, os.SEEK_END)
+        buffer = ""
+        while True:
+            chunk = handle.read()
+            if chunk:
+                buffer += chunk
+                *lines, buffer = buffer.split("\n")
+                yield from lines
+                continue
+            if stop_when is not None and stop_when():
+                return
+            if not run.live:
+                if buffer:
+                    yield buffer
+                return
+            import time
+
+            time.sleep(poll)
+
+
+def new_run_id(recipe_name: str) -> str:
+    import secrets
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name) or "run"
+    return f"{safe}-{stamp}-{secrets.token_hex(2)}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
