@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkit.bench.limit import against_limit
 from sparkit.bench.metrics import BenchMetrics, RequestTimeline, compute_metrics, mean, stdev
 from sparkit.bench.workload import Workload, build_workload, vocabulary_from_server
 from sparkit.errors import DataError, EngineError
@@ -306,6 +307,7 @@ async def run_bench(
             "versions": versions_record(server_info),
             "repeats": list(kept),
             "summary": summarise(kept),
+            "limit": None,  # the recipe's bandwidth limit at this workload (sparkit.bench.limit), once measured
             "complete": False,
         }
         for index in range(len(kept), config.repeats):
@@ -361,6 +363,7 @@ async def run_bench(
             writer.write(doc, force=True)
         doc["complete"] = True
         doc["summary"] = summarise(doc["repeats"])
+        doc["limit"] = against_limit(doc)
         writer.write(doc, force=True)
     return _finite(doc)
 
@@ -464,5 +467,6 @@ async def run_interleaved(
                 writers[s].write(docs[s], force=True)
         for s in range(n):
             docs[s]["complete"] = True
+            docs[s]["limit"] = against_limit(docs[s])
             writers[s].write(docs[s], force=True)
     return [_finite(d) for d in docs]

@@ -125,6 +125,13 @@ def render_bench(doc: dict[str, Any]) -> None:
         )
         for note in m.get("notes", []):
             console().print(f"[yellow]note:[/] {note}")
+    from sparkit.bench.limit import limit_sentence
+
+    limit = doc.get("limit")
+    if limit:
+        console().print(limit_sentence(limit), highlight=False, markup=False, soft_wrap=True)
+    elif doc.get("server", {}).get("run_id") is None:
+        console().print("no bandwidth limit: the server's recipe is unknown (--recipe names it)", highlight=False)
 
 
 @bench_app.callback()
@@ -133,6 +140,8 @@ def bench(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    recipe_ref: Optional[str] = typer.Option(None, "--recipe", help="The recipe the --url server runs (for its bandwidth limit; a run knows its own)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key of --recipe (KEY=VALUE, as for plan)."),
     input_len: int = typer.Option(8192, "--input-len", help="Prompt tokens per request (random dataset)."),
     output_len: int = typer.Option(1024, "--output-len", help="Output tokens per request (ignore_eos)."),
     num_prompts: int = typer.Option(10, "--num-prompts", help="Measured requests per repeat."),
@@ -170,6 +179,13 @@ def bench(
         plan = target.run.read_json("plan.json") or {}
         recipe = plan.get("recipe") or None
         label = plan.get("recipe_name") or run_id
+    if recipe_ref is not None:
+        from sparkit.recipes.load import load_recipe
+
+        loaded = load_recipe(recipe_ref, list(set_))
+        recipe, label = loaded.resolved(), loaded.name
+    elif set_:
+        raise UsageError("--set needs --recipe", hint="e.g. --recipe tiny --set stack.speculative=none")
     config = BenchConfig(
         input_len=input_len, output_len=output_len, num_prompts=num_prompts, concurrency=concurrency,
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
