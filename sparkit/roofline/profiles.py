@@ -69,11 +69,11 @@ LING3_FLASH_CONFIG: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
-# Checkpoint variants: what `stack.weights` says the checkpoint's experts hold.
+# Checkpoint variants, by what `stack.weights` says the checkpoint's experts hold: (hub id suffix, layout).
 VARIANTS = {
-    "bf16": "inclusionAI/Ling-3.0-flash (bf16)",
-    "fp8": "inclusionAI/Ling-3.0-flash-fp8 (block-128 FP8 linear weights)",
-    "mxfp4": "inclusionAI/Ling-3.0-flash-fp4 (MXFP4 routed experts, FP8 elsewhere)",
+    "bf16": ("", "bf16"),
+    "fp8": ("-fp8", "block-128 FP8 linear weights"),
+    "mxfp4": ("-fp4", "MXFP4 routed experts, FP8 elsewhere"),
 }
 FP8_BLOCK = 128
 MX_BLOCK = 32
@@ -203,10 +203,11 @@ def declared_layout(profile: DeclaredProfile, weights: str):
     """The declared profile's layout for the checkpoint variant `weights`."""
     from sparkit.roofline.layout import layout_from_tensors
 
+    suffix, layout = VARIANTS[weights]
+    name = f"{profile.title}{suffix} ({layout})"
     return layout_from_tensors(
-        tensor_infos(profile.tensors(weights)), profile.config, name=f"{profile.title} ({VARIANTS[weights]})",
-        source="declared profile",
-        source_detail=f"sparkit's declared {profile.title} profile, {VARIANTS[weights]}: documented shapes, "
+        tensor_infos(profile.tensors(weights)), profile.config, name=name, source="declared profile",
+        source_detail=f"sparkit's declared profile of {name} (sparkit/roofline/profiles.py): documented shapes, "
                       "no local checkpoint read",
     )
 
