@@ -23,7 +23,7 @@ def plan_cmd(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="The roofline's arithmetic: bytes by component, tok/s by accept length."),
 ) -> None:
     """Show the exact engine launch a recipe compiles to (no GPU needed), and the decode speed
-    the memory bandwidth allows it (the arithmetic in --json and --verbose)."""
+    the memory bandwidth allows it (its arithmetic with --verbose)."""
     from sparkit.errors import PreflightError
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
@@ -218,7 +218,12 @@ def _measure_bandwidth(host, mib: int | None) -> dict:
     """Measure the CPU and every GPU torch can reach; store each figure. Progress on stderr."""
     from sparkit.roofline.bandwidth import measure_cpu, measure_gpu, save_measurement
 
+    from sparkit.errors import UsageError
+
     size = mib * (1 << 20) if mib else None
+    if size and size * 2 > host.ram_available_bytes > 0:
+        raise UsageError(f"--bandwidth-mib {mib}: two buffers of {mib} MiB do not fit the "
+                         f"{host.ram_available_bytes >> 20} MiB of memory available", hint="choose a smaller size")
     done, skipped = [], []
     err_console().print("measuring the CPU's memory bandwidth (1 thread)...", highlight=False)
     cpu = measure_cpu(size)
@@ -236,7 +241,11 @@ def _measure_bandwidth(host, mib: int | None) -> dict:
         else:
             for index in range(torch.cuda.device_count()):
                 err_console().print(f"measuring GPU{index}'s memory bandwidth...", highlight=False)
-                gpu = measure_gpu(index, size)
+                try:
+                    gpu = measure_gpu(index, size)
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # a busy or small GPU
+                    skipped.append(f"GPU{index}: not measured ({str(exc).splitlines()[0]})")
+                    continue
                 save_measurement(gpu)
                 done.append(gpu)
     return {"measurements": done, "skipped": skipped, "stored_in": str(path)}
