@@ -83,8 +83,9 @@ def spec_line(doc: dict[str, Any]) -> str:
             f"{tok_s(ceiling['limit_tok_s'])} at {ceiling['accept_length']:g} (every draft accepted)"]
         parts.append(" -> " + ", ".join(speeds))
     even = spec.get("break_even_accept_length")
-    parts.append(f"; MTP pays above accept {even:.2f}" if even is not None
-                 else "; MTP cannot pay: even accepting every draft costs more than plain decoding")
+    who = "MTP" if spec["method"] == "nextn" else "DSpark"
+    parts.append(f"; {who} pays above accept {even:.2f}" if even is not None
+                 else f"; {who} cannot pay: even accepting every draft costs more than plain decoding")
     return "".join(parts)
 
 
