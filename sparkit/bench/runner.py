@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkit.bench.limit import against_limit
 from sparkit.bench.metrics import BenchMetrics, RequestTimeline, compute_metrics, mean, stdev
-from sparkit.bench.workload import Workload, build_workload, vocabulary_from_server
+from sparkit.bench.workload import Workload, build_workload, tokenizer_from_server, vocabulary_from_server
 from sparkit.errors import DataError, EngineError
 
 BENCH_KIND = "sparkit-bench"
@@ -281,10 +282,12 @@ async def run_bench(
         except EngineError:
             model_info = {}
         vocabulary = vocabulary_from_server(model_info, server_info) if config.dataset == "random" else None
+        tokenizer = (tokenizer_from_server(model_info, server_info) if config.dataset.startswith("profile:")
+                     else None)
         # Warm-up prompts use a different seed so they never prime a cache for measured prompts.
         warm = build_workload(
             config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
-            output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary,
+            output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary, tokenizer=tokenizer,
         )
         sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
         kept = _resumable(out_path, config, url)
@@ -306,13 +309,14 @@ async def run_bench(
             "versions": versions_record(server_info),
             "repeats": list(kept),
             "summary": summarise(kept),
+            "limit": None,  # the recipe's bandwidth limit at this workload (sparkit.bench.limit), once measured
             "complete": False,
         }
         for index in range(len(kept), config.repeats):
             # Each repeat sends the same prompts: repeats measure run-to-run noise, not prompt variety.
             workload = build_workload(
                 config.dataset, count=config.num_prompts, input_len=config.input_len,
-                output_len=config.output_len, seed=config.seed, vocabulary=vocabulary,
+                output_len=config.output_len, seed=config.seed, vocabulary=vocabulary, tokenizer=tokenizer,
             )
             doc["workload"] = {
                 "dataset": workload.dataset,
@@ -361,6 +365,7 @@ async def run_bench(
             writer.write(doc, force=True)
         doc["complete"] = True
         doc["summary"] = summarise(doc["repeats"])
+        doc["limit"] = against_limit(doc)
         writer.write(doc, force=True)
     return _finite(doc)
 
@@ -406,10 +411,13 @@ async def run_interleaved(
             except EngineError:
                 models.append({})
         vocabulary = vocabulary_from_server(models[0], infos[0]) if config.dataset == "random" else None
+        tokenizer = tokenizer_from_server(models[0], infos[0]) if config.dataset.startswith("profile:") else None
         workload = build_workload(config.dataset, count=config.num_prompts, input_len=config.input_len,
-                                  output_len=config.output_len, seed=config.seed, vocabulary=vocabulary)
+                                  output_len=config.output_len, seed=config.seed, vocabulary=vocabulary,
+                                  tokenizer=tokenizer)
         warm = build_workload(config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
-                              output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary)
+                              output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary,
+                              tokenizer=tokenizer)
         sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
         docs = []
         for t, info, model in zip(targets, infos, models):
@@ -464,5 +472,6 @@ async def run_interleaved(
                 writers[s].write(docs[s], force=True)
         for s in range(n):
             docs[s]["complete"] = True
+            docs[s]["limit"] = against_limit(docs[s])
             writers[s].write(docs[s], force=True)
     return [_finite(d) for d in docs]

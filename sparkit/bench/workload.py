@@ -5,6 +5,9 @@
   prompt length is exact and nothing is downloaded. Synthetic prompts inflate
   accept length; results say which workload they came from.
 - `gsm8k`: questions from a local GSM8K jsonl file (test split).
+- `profile:KIND`: sparkit's own texts of one kind (code, prose, math, chat, repetitive; see
+  sparkit.bench.profile), each prompt cut to exactly input_len tokens with the served model's
+  tokenizer when it is local, so `tune` can rank settings on the text a deployment serves.
 - FILE: a local .jsonl (one object with "prompt", "text" or "question" per
   line) or a plain text file (one prompt per line).
 """
@@ -208,6 +211,7 @@ def build_workload(
     output_len: int,
     seed: int,
     vocabulary: Vocabulary | None = None,
+    tokenizer: Any = None,
 ) -> Workload:
     if count < 1:
         raise UsageError("--num-prompts must be at least 1")
@@ -238,6 +242,20 @@ def build_workload(
             synthetic=False,
             description=f"GSM8K questions from {path}, {output_len} out",
             details={"file": str(path)},
+        )
+    if dataset.startswith("profile:"):
+        from sparkit.bench.profile import CHARS_PER_TOKEN, profile_prompts
+
+        kind = dataset.split(":", 1)[1]
+        prompts = profile_prompts(kind, input_len, count, tokenizer=tokenizer, seed=seed)
+        cut = "tokens" if tokenizer is not None else f"tokens of {CHARS_PER_TOKEN} characters (no local tokenizer)"
+        return Workload(
+            dataset=dataset,
+            prompts=prompts,  # type: ignore[arg-type]  # ProfilePrompt has Prompt's request_fields()
+            output_len=output_len,
+            synthetic=False,
+            description=f"{kind} text (sparkit's profile texts), {input_len} {cut} in / {output_len} out",
+            details={"input_len": input_len, "kind": kind, "repeats_text": any(p.wrapped for p in prompts)},
         )
     path = Path(dataset).expanduser()
     return Workload(

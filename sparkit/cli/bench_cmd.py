@@ -125,6 +125,13 @@ def render_bench(doc: dict[str, Any]) -> None:
         )
         for note in m.get("notes", []):
             console().print(f"[yellow]note:[/] {note}")
+    from sparkit.bench.limit import limit_sentence
+
+    limit = doc.get("limit")
+    if limit:
+        console().print(limit_sentence(limit), highlight=False, markup=False, soft_wrap=True)
+    elif doc.get("server", {}).get("run_id") is None:
+        console().print("no bandwidth limit: the server's recipe is unknown (--recipe names it)", highlight=False)
 
 
 @bench_app.callback()
@@ -133,11 +140,13 @@ def bench(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    recipe_ref: Optional[str] = typer.Option(None, "--recipe", help="The recipe the --url server runs (for its bandwidth limit; a run knows its own)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key of --recipe (KEY=VALUE, as for plan)."),
     input_len: int = typer.Option(8192, "--input-len", help="Prompt tokens per request (random dataset)."),
     output_len: int = typer.Option(1024, "--output-len", help="Output tokens per request (ignore_eos)."),
     num_prompts: int = typer.Option(10, "--num-prompts", help="Measured requests per repeat."),
     concurrency: int = typer.Option(1, "--concurrency", help="Requests in flight at once."),
-    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | path to a .jsonl/.txt prompt file."),
+    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | profile:KIND (code, prose, math, chat, repetitive: sparkit's texts cut to --input-len tokens) | path to a .jsonl/.txt prompt file."),
     warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each repeat."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     out: Optional[Path] = typer.Option(None, "--out", help="Result JSON (written as it goes; rerun to resume). Default: under the data dir."),
@@ -170,6 +179,13 @@ def bench(
         plan = target.run.read_json(RunFiles.PLAN) or {}
         recipe = plan.get("recipe") or None
         label = plan.get("recipe_name") or run_id
+    if recipe_ref is not None:
+        from sparkit.recipes.load import load_recipe
+
+        loaded = load_recipe(recipe_ref, list(set_))
+        recipe, label = loaded.resolved(), loaded.name
+    elif set_:
+        raise UsageError("--set needs --recipe", hint="e.g. --recipe tiny --set stack.speculative=none")
     config = BenchConfig(
         input_len=input_len, output_len=output_len, num_prompts=num_prompts, concurrency=concurrency,
         dataset=dataset, warmup=warmup, seed=seed, repeats=repeats,
@@ -243,6 +259,85 @@ def compare(
         console().print(f"note: {note}")
 
 
+@bench_app.command("profile")
+def profile(
+    recipe: str = typer.Argument(..., help="Recipe with speculative decoding (file or shipped name)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a recipe key for both servers (KEY=VALUE)."),
+    kinds: Optional[str] = typer.Option(None, "--kinds", help="Comma-separated kinds of text (default all: code,prose,math,chat,repetitive)."),
+    depths: Optional[str] = typer.Option(None, "--depths", help="Comma-separated prompt lengths in tokens (default 256,2048; tiny-ling 32,96)."),
+    prompts: int = typer.Option(4, "--prompts", min=1, help="Prompts per cell (kind x depth)."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default 128; tiny-ling 32)."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Unmeasured requests to each server first."),
+    seed: int = typer.Option(0, "--seed", help="Which passages the prompts start at."),
+    sequential: bool = typer.Option(False, "--sequential", help="One server after the other instead of both up, interleaved (for a model that fits once)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Profile JSON (default: under the data dir)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
+) -> None:
+    """Where speculative decoding pays: the recipe with and without it over code, prose, math,
+    chat and repetitive text at several depths; accept length, tok/s and speed-up per cell, a
+    verdict per kind."""
+    from sparkit.bench.profile import KINDS, ProfileConfig, default_shape, run_profile
+    from sparkit.errors import UsageError
+    from sparkit.recipes.load import load_recipe
+
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else list(KINDS)
+    unknown = [k for k in chosen if k not in KINDS]
+    if unknown or not chosen:
+        raise UsageError(f"--kinds {kinds!r}: unknown kind(s) {', '.join(unknown) or '(none given)'}",
+                         hint=f"kinds: {','.join(KINDS)}")
+    default_depths, default_out, why = default_shape(load_recipe(recipe, list(set_)).recipe.model.path)
+    try:
+        chosen_depths = [int(d) for d in depths.split(",") if d.strip()] if depths else default_depths
+    except ValueError:
+        raise UsageError(f"--depths {depths!r}: expected comma-separated token counts, e.g. 256,2048") from None
+    if not chosen_depths or min(chosen_depths) < 1:
+        raise UsageError(f"--depths {depths!r}: every depth must be at least 1 token")
+    if why and depths is None and output_len is None:
+        err_console().print(f"note: {why}", highlight=False)
+    config = ProfileConfig(kinds=chosen, depths=chosen_depths, prompts_per_cell=prompts,
+                           output_len=output_len or default_out, warmup=warmup, seed=seed, sequential=sequential)
+    out_path = writable_file(out, "--out") or _default_out(f"profile-{Path(recipe).stem}")
+    with progress_reporter() as on_progress:
+        doc = run_profile(recipe, config, overrides=list(set_), out_path=out_path, on_progress=on_progress)
+    err_console().print(f"saved {out_path}", highlight=False)
+    if as_json:
+        print_json(doc)
+    else:
+        render_profile(doc)
+
+
+def render_profile(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    cfg = doc["config"]
+    table = Table(title=f"acceptance profile: {doc['recipe']} ({doc['speculative']['method']}) vs no speculation, "
+                  f"{cfg['prompts_per_cell']} prompts per cell, {cfg['output_len']} tokens out, greedy"
+                  + (", interleaved" if not cfg["sequential"] else ", one server after the other"),
+                  title_justify="left")
+    for column in ("kind", "depth", "accept", "MTP tok/s", "plain tok/s", "speed-up", "noise", "model"):
+        table.add_column(column, justify="left" if column == "kind" else "right", no_wrap=column == "kind")
+    for c in doc["cells"]:
+        speed = "-" if c["speedup"] is None else f"{c['speedup'] - 1:+.0%}"
+        model = "-" if c["model_speedup"] is None else f"{c['model_speedup'] - 1:+.0%}"
+        depth = f"{c['depth']}" + ("*" if c["wrapped"] else "")
+        table.add_row(c["kind"], depth, _fmt(c["accept_length"]), _fmt(c["tok_s_on"], 1), _fmt(c["tok_s_off"], 1),
+                      speed, "-" if c["noise"] is None else f"±{c['noise']:.0%}", model)
+    console().print(table)
+    colours = {"pays": "green", "loses": "red"}
+    for v in doc["verdicts"]:
+        colour = colours.get(v["verdict"])
+        console().print(f"[{colour}]{v['sentence']}[/]" if colour else v["sentence"], highlight=False)
+    notes = ["speed-up = median over prompts of TPOT(plain) / TPOT(MTP), paired; noise = 2 standard errors; "
+             "model = the bandwidth roofline's speed-up at the cell's accept length"]
+    if any(c["wrapped"] for c in doc["cells"]):
+        notes.append("* the kind's shipped text is shorter than the depth: it repeats, which flatters the draft")
+    for c in doc["cells"]:
+        for error in c["errors"]:
+            notes.append(f"{c['kind']} at {c['depth']}: {error}")
+    for note in notes:
+        console().print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
 def render_sweep(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -286,7 +381,7 @@ def tune(
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens per request."),
     output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
-    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | FILE."),
+    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | profile:KIND (e.g. profile:math: rank on that kind of text) | FILE."),
     warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each point."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the interleaved round to measure run-to-run noise."),

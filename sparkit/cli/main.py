@@ -122,6 +122,10 @@ _METAVARS = {
     "--timeout": "SECONDS",
     "--grace": "SECONDS",
     "--steps": "N",
+    "--kinds": "KIND,...",
+    "--depths": "TOKENS,...",
+    "--context": "TOKENS",
+    "--bandwidth-mib": "MIB",
 }
 _TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT",
                   "integer": "N", "path": "PATH", "text": "TEXT"}

@@ -19,20 +19,29 @@ def plan_cmd(
     port: int | None = typer.Option(None, "--port", help="Port to plan for (default: the recipe's).", min=1, max=65535),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 4) when the engine's own parser cannot validate the plan here."),
+    context: int | None = typer.Option(None, "--context", min=1, help="Tokens of context for the roofline's KV / state reads (default 8192, or the model's limit)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="The roofline's arithmetic: bytes by component, tok/s by accept length."),
 ) -> None:
-    """Show the exact engine launch a recipe compiles to (no GPU needed)."""
+    """Show the exact engine launch a recipe compiles to (no GPU needed), and the decode speed
+    the memory bandwidth allows it (its arithmetic with --verbose)."""
     from sparkit.errors import PreflightError
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
+    from sparkit.roofline.estimate import roofline_document
 
-    plan = compile_plan(load_recipe(recipe, list(set_)), port=port)
+    loaded = load_recipe(recipe, list(set_))
+    plan = compile_plan(loaded, port=port)
     if strict and plan.validated_by is None:
         raise PreflightError(plan.validation_note or "the plan could not be validated by the engine's parser",
                              hint=_validation_hint(plan))
+    roofline = roofline_document(loaded.recipe, recipe_name=loaded.name, context=context)
     if as_json:
-        print_json(plan.to_dict())
+        print_json({**plan.to_dict(), "roofline": roofline})
         return
     render_plan(plan)
+    from sparkit.cli.roofline_view import render_roofline
+
+    render_roofline(console(), roofline, verbose=verbose)
 
 
 def render_plan(plan) -> None:
@@ -179,8 +188,12 @@ def validate_cmd(
         raise typer.Exit(RecipeError.exit_code)
 
 
-def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr).")) -> None:
-    """Host and engine report, and which shipped recipe targets this host can run."""
+def doctor_cmd(
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
+    bandwidth: bool = typer.Option(False, "--bandwidth", help="Measure this host's memory bandwidth (CPU; each GPU through torch) and store it for plans and benches."),
+    bandwidth_mib: int | None = typer.Option(None, "--bandwidth-mib", min=16, help="Buffer size of the measurement in MiB (default 256 on CPU, 1024 on a GPU)."),
+) -> None:
+    """Host and engine report, which shipped recipe targets this host can run, and its memory bandwidth."""
     from sparkit.engines.base import registry
     from sparkit.host import detect_host, target_fit
 
@@ -190,10 +203,95 @@ def doctor_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON docu
     for name, engine, recipes in _shipped_targets():
         ok, why = target_fit(host, name, engine)
         targets.append({"target": name, "engine": engine, "ok": ok, "why": why, "recipes": recipes})
+    measured_now = _measure_bandwidth(host, bandwidth_mib) if bandwidth else None
+    memory = _bandwidth_report(host, measured_now)
     if as_json:
-        print_json({"host": host.to_dict(), "engines": [e.__dict__ for e in engines], "targets": targets})
+        print_json({"host": host.to_dict(), "engines": [e.__dict__ for e in engines], "targets": targets,
+                    "bandwidth": memory})
         return
     render_doctor(host, engines, targets)
+    render_bandwidth(memory)
+
+
+def _measure_bandwidth(host, mib: int | None) -> dict:
+    """Measure the CPU and every GPU torch can reach; store each figure. Progress on stderr."""
+    from sparkit.roofline.bandwidth import measure_cpu, measure_gpu, save_measurement
+
+    from sparkit.errors import UsageError
+
+    size = mib * (1 << 20) if mib else None
+    if size and size * 2 > host.ram_available_bytes > 0:
+        raise UsageError(f"--bandwidth-mib {mib}: two buffers of {mib} MiB do not fit the "
+                         f"{host.ram_available_bytes >> 20} MiB of memory available", hint="choose a smaller size")
+    done, skipped = [], []
+    err_console().print("measuring the CPU's memory bandwidth (1 thread)...", highlight=False)
+    cpu = measure_cpu(size)
+    path = save_measurement(cpu)
+    done.append(cpu)
+    if host.gpus:
+        try:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        except ImportError:
+            cuda = False
+        if not cuda:
+            skipped.append("GPUs: torch with CUDA is not installed here, so they were not measured")
+        else:
+            for index in range(torch.cuda.device_count()):
+                err_console().print(f"measuring GPU{index}'s memory bandwidth...", highlight=False)
+                try:
+                    gpu = measure_gpu(index, size)
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # a busy or small GPU
+                    skipped.append(f"GPU{index}: not measured ({str(exc).splitlines()[0]})")
+                    continue
+                save_measurement(gpu)
+                done.append(gpu)
+    return {"measurements": done, "skipped": skipped, "stored_in": str(path)}
+
+
+def _bandwidth_report(host, measured_now: dict | None) -> dict:
+    """What plans will use: this host's stored measurements and its GPUs' spec sheets."""
+    from dataclasses import asdict
+
+    from sparkit.roofline.bandwidth import gpu_spec, load_measurements, store_path, this_host
+
+    stored = [asdict(m) for m in load_measurements() if m.host == this_host()]
+    specs = []
+    for g in host.gpus:
+        spec = gpu_spec(g.name)
+        specs.append({"gpu": g.index, "name": g.name, "spec_gb_s": spec[1] if spec else None,
+                      "spec_name": spec[0] if spec else None})
+    report = {"stored": stored, "stored_in": str(store_path()), "gpu_specs": specs, "measured_now": None,
+              "skipped": []}
+    if measured_now is not None:
+        report["measured_now"] = [asdict(m) for m in measured_now["measurements"]]
+        report["skipped"] = measured_now["skipped"]
+    return report
+
+
+def render_bandwidth(memory: dict) -> None:
+    from rich.markup import escape
+
+    out = console()
+    out.print("\n[bold]memory bandwidth[/]")
+    for spec in memory["gpu_specs"]:
+        figure = f"{spec['spec_gb_s']:.0f} GB/s ({spec['spec_name']} spec sheet)" if spec["spec_gb_s"] else "no spec sheet known"
+        out.print(f"  GPU{spec['gpu']}: {escape(figure)}", highlight=False)
+    if memory["stored"]:
+        now = {m["device"] for m in memory["measured_now"] or []}
+        for m in memory["stored"]:
+            when = "measured now" if m["device"] in now else f"measured {m['measured_at'][:10]}"
+            threads = f", {m['threads']} thread" + ("s" if (m["threads"] or 0) > 1 else "") if m["threads"] else ""
+            out.print(f"  {escape(m['device'])}: read {m['read_gb_s']:.1f} GB/s, copy {m['copy_gb_s']:.1f} GB/s "
+                      f"({when}{threads}, {m['buffer_bytes'] >> 20} MiB)", highlight=False)
+        out.print(f"  stored in {escape(memory['stored_in'])}: plans and benches on this host use the read figure",
+                  highlight=False)
+    else:
+        out.print("  not measured on this host: `sparkit doctor --bandwidth` measures it for plans and benches",
+                  highlight=False)
+    for note in memory["skipped"]:
+        err_console().print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def _shipped_targets() -> list[tuple[str, str, list[str]]]:

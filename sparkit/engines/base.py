@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sparkit.recipes.load import LoadedRecipe
     from sparkit.recipes.plan import LaunchPlan, Provision
     from sparkit.recipes.rules import Rule
+    from sparkit.roofline.estimate import ReadRules
 
 ENTRY_POINT_GROUP = "sparkit.engines"
 # The phases of a start, in order, as `sparkit up` shows them; an adapter's startup_phase() names one.
@@ -101,6 +102,10 @@ class EngineAdapter(Protocol):
 
     def startup_phase(self, line: str) -> str:
         """The furthest startup phase (one of STARTUP_PHASES) the log text shows."""
+        ...
+
+    def read_rules(self, recipe: Any, layout: Any, device: str) -> "ReadRules":
+        """How the engine reads a checkpoint's bytes per decode step (sparkit.roofline.estimate)."""
         ...
 
     def read_log(self, log_text: str) -> "LogEvidence":

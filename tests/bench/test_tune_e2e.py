@@ -74,3 +74,16 @@ def test_tune_cli_writes_a_shipped_recipes_tuning_to_the_current_directory_and_s
     assert len(written) == 1 and written[0].name.startswith("tiny-tuned-num_steps")
     assert doc["best_recipe"] == str(written[0]) and doc["best_recipe_where"] == "the current directory: tiny is a shipped recipe"
     assert f"best recipe written to {written[0]} (the current directory: tiny is a shipped recipe)" in done.stderr
+
+
+def test_tune_ranks_settings_on_a_kind_of_real_text(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = BenchConfig(input_len=32, output_len=16, num_prompts=2, warmup=0, dataset="profile:math")
+    doc = run_tune("tiny", ["speculative.num_steps=1,3"], config, out_path=tmp_path / "m.json",
+                   base_overrides=[f"model.path={tiny_model_dir}"], write_recipe=False)
+    assert all(p["status"] == "done" for p in doc["points"]), [p["error"] for p in doc["points"]]
+    for p in doc["points"]:
+        bench = json.loads(open(p["bench_file"]).read())
+        assert bench["workload"]["kind"] == "math"
+        assert [r["prompt_tokens"] for r in bench["repeats"][0]["requests"]] == [32, 32]
+    assert doc["ranking"]["best"] in (0, 1)

@@ -219,7 +219,7 @@ def test_readme_tour_commands_that_need_no_server_work_as_written(sparkit_home):
 
     tour = _readme_tour()
     offline = [c for c in tour if c.split()[1] in ("recipes", "plan", "doctor")]
-    assert len(offline) == 4, tour
+    assert len(offline) == 5, tour
     for command in offline:
         result = run_sparkit(sparkit_home, *shlex.split(command)[1:])
         assert result.returncode == 0, (command, result.stderr)

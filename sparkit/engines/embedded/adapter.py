@@ -82,6 +82,23 @@ class EmbeddedAdapter(SGLangLogAdapter):
     def rules(self) -> list[Rule]:
         return RULES
 
+    def read_rules(self, recipe, layout, device: str):
+        """How this engine reads a checkpoint's bytes per step (sparkit.roofline): every weight
+        decoded once at load and read in the compute dtype, experts included."""
+        from sparkit.roofline.estimate import DTYPE_BYTES, ReadRules
+
+        stack = recipe.stack
+        compute = DTYPE_BYTES.get(recipe.model.dtype) or (4 if device == "cpu" else 2)
+        name = {4: "float32", 2: "bfloat16"}[compute]
+        explained = [f"embedded engine on {device}: weights decoded once at load and read in {name} "
+                     f"({compute} bytes per weight), experts included"]
+        head = stack.lm_head
+        if head == "fp8" and device == "cpu":
+            explained.append("FP8 lm_head on CPU: read through its dequantised float32 copy")
+        return ReadRules("embedded", device, compute, False, head, stack.lm_head_exact_top_k, compute, compute,
+                         compute, compute, 1, explained, head_bytes={"fp32": 4, "bf16": 2}.get(head),
+                         fp8_head_dequantised=device == "cpu")
+
     def preflight(self, plan) -> list:
         from sparkit.checks.preflight import packages_check
 

@@ -48,6 +48,8 @@ TRAIN_THREADS_ENV = "SPARKIT_TRAIN_THREADS"
 # Optimiser steps after which the parameters' hash is recorded in the marker (the builder's
 # reproducibility is tested against the shipped checkpoint's record at the first of them).
 TRAJECTORY_STEPS = (10, 100)
+# Training windows: tiny-ling learns contexts of this many tokens and degrades well past them.
+TRAIN_SEQ_LEN = 128
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 Progress = Callable[[float, str], None]
@@ -247,7 +249,7 @@ def build_model(directory: Path, spec: BuildSpec | None = None, progress: Progre
     return marker
 
 
-def train(model, tokenizer, seed: int, steps: int, progress: Progress, batch_size: int = 16, seq_len: int = 128,
+def train(model, tokenizer, seed: int, steps: int, progress: Progress, batch_size: int = 16, seq_len: int = TRAIN_SEQ_LEN,
           stop_after: int | None = None) -> dict:
     """AdamW on packed corpus sequences for `steps` steps (warm-up, then cosine decay over the
     steps). Everything depends on (seed, steps) only, so the result is the same on any load."""

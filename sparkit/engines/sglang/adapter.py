@@ -160,6 +160,27 @@ class SGLangAdapter(SGLangLogAdapter):
     def rules(self) -> list[Rule]:
         return RULES
 
+    def read_rules(self, recipe, layout, device: str):
+        """How SGLang reads a checkpoint's bytes per step (sparkit.roofline): weights in their
+        stored dtypes, the router and KV cache and linear-attention state as its flags set them."""
+        from sparkit.roofline.estimate import DTYPE_BYTES, ReadRules
+
+        stack = recipe.stack
+        args = list(recipe.server.extra_args)
+        kv = 1 if (_flag_value(args, "--kv-cache-dtype") or "auto").startswith("fp8") else 2
+        state = DTYPE_BYTES.get(_flag_value(args, "--mamba-ssm-dtype") or "float32", 4)
+        router_dtype = layout.config.get("router_dtype")
+        router = 2 if router_dtype in ("bf16", "bfloat16") else 4
+        online = (stack.quantization or "") == "fp8"
+        explained = ["SGLang: weights read in their stored dtypes"
+                     + (" (linear weights quantised online to FP8: 1 byte each)" if online else ""),
+                     f"router read in {'bf16' if router == 2 else 'fp32'} (router_dtype "
+                     f"{router_dtype or 'unset: fp32'}); KV cache {'fp8' if kv == 1 else 'bf16'}"]
+        if stack.lm_head == "fp32":
+            explained.append("fp32 lm_head: SGLang 0.5.23 multiplies the bf16 weight with fp32 output (bf16 bytes)")
+        return ReadRules("sglang", device, None, online, stack.lm_head, stack.lm_head_exact_top_k, router, kv, state,
+                         2, max(stack.tp, 1), explained)
+
     def preflight(self, plan) -> list:
         import importlib.util
 
@@ -440,3 +461,12 @@ def _abbreviated(flag: str):
     matches = [a for s, a in server_arg_parser()._option_string_actions.items() if s.startswith(name)]
     unique = {id(a): a for a in matches}
     return next(iter(unique.values())) if len(unique) == 1 else None
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, item in enumerate(args):
+        if item == flag and i + 1 < len(args):
+            return args[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None

@@ -1,0 +1,182 @@
+"""What a checkpoint directory holds, read from its files' headers only (no weights loaded).
+
+A safetensors file is an 8-byte little-endian header length, a JSON header
+`{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}` and the data
+region. `read_safetensors_index(dir)` reads every header of a checkpoint (one file, or the shards
+that `model.safetensors.index.json` names, or every `*.safetensors` in the directory) and
+returns each tensor's dtype, shape and stored size, checked against the file: a header that
+lies about its sizes is an error naming the file, never a silently wrong byte count.
+
+Reading a 24-shard checkpoint costs 24 small reads; a sparse file (a valid header over a data
+region that was never written) reads like a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkit.errors import DataError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+# safetensors itself refuses headers above 100 MB; a larger length field is a corrupt file.
+MAX_HEADER_BYTES = 100 * 1000 * 1000
+
+# Bits per element of each safetensors dtype code (the F4/F6 codes pack several per byte).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its file's header describes it."""
+
+    name: str
+    dtype: str  # the safetensors code: BF16, F8_E4M3, U8, ...
+    shape: tuple[int, ...]
+    nbytes: int  # stored size (the span of data_offsets)
+    file: str  # the file (shard) name within the checkpoint directory
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class SafetensorsIndex:
+    """Every tensor of a checkpoint directory, by name."""
+
+    directory: Path
+    tensors: dict[str, TensorInfo]
+    files: list[str]
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # per file: its __metadata__
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def read_safetensors_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
+    """(tensors by name, __metadata__) of one .safetensors file, checked against its size.
+    DataError names the file and what is wrong."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            size = path.stat().st_size
+            raw_len = handle.read(8)
+            if len(raw_len) < 8:
+                raise DataError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise DataError(f"{path}: not a safetensors file (header length {header_len} does not fit "
+                                f"the file's {size} bytes)")
+            raw = handle.read(header_len)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: the safetensors header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise DataError(f"{path}: the safetensors header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_size = size - 8 - header_len
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        tensors[name] = _tensor_info(path, name, entry, data_size)
+    return tensors, metadata if isinstance(metadata, dict) else {}
+
+
+def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(entry, dict):
+        raise DataError(f"{where}: its header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise DataError(f"{where}: no dtype")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise DataError(f"{where}: shape {shape!r} is not a list of sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise DataError(f"{where}: data_offsets {offsets!r} are not [begin, end]")
+    if offsets[1] > data_size:
+        raise DataError(f"{where}: its data ends at byte {offsets[1]} of a {data_size}-byte data region "
+                        "(a truncated file?)")
+    nbytes = offsets[1] - offsets[0]
+    bits = DTYPE_BITS.get(dtype)
+    if bits is not None:
+        expected = math.ceil(math.prod(shape) * bits / 8)
+        if nbytes != expected:
+            raise DataError(f"{where}: {dtype} {shape} needs {expected} bytes, its offsets span {nbytes}")
+    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=path.name)
+
+
+def read_safetensors_index(directory: str | Path) -> SafetensorsIndex:
+    """Every tensor of the checkpoint in `directory`: the shards the index file names (each
+    named tensor must be in its shard), else `model.safetensors`, else every `*.safetensors`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"{directory}: not a checkpoint directory")
+    index_path = directory / INDEX_FILE
+    weight_map: dict[str, str] | None = None
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = index["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DataError(f"{index_path}: not a safetensors index (no weight_map object)") from None
+        files = sorted(set(weight_map.values()))
+    elif (directory / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        raise DataError(f"{directory}: no safetensors files")
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[str, dict[str, Any]] = {}
+    for name in files:
+        found, meta = read_safetensors_header(directory / name)
+        for tensor in found.values():
+            if tensor.name in tensors:
+                raise DataError(f"{directory}: tensor {tensor.name!r} is in both {tensors[tensor.name].file} and {name}")
+            tensors[tensor.name] = tensor
+        metadata[name] = meta
+    if weight_map is not None:
+        for tensor_name, file in weight_map.items():
+            held = tensors.get(tensor_name)
+            if held is None or held.file != file:
+                raise DataError(f"{index_path}: tensor {tensor_name!r} is mapped to {file}, which does not hold it")
+    return SafetensorsIndex(directory=directory, tensors=tensors, files=files, metadata=metadata)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json (DataError when missing or not a JSON object)."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file (a checkpoint directory has a config.json)") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a JSON config ({exc})") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: not a JSON object")
+    return config
+
+
+__all__ = ["TensorInfo", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index", "read_config",
+           "DTYPE_BITS"]

@@ -1,0 +1,280 @@
+"""Memory bandwidth: spec-sheet figures per device and target, and what this host measured.
+
+A plan's bandwidth comes from, in order: a measurement on this host of the device the plan runs
+on (`sparkit doctor --bandwidth`, stored in the data directory), the spec sheet of this host's
+GPU when it fits the recipe's target, the spec of the target profile's device, or nothing (a CPU
+that was never measured: the bytes are still reported, the limit is not).
+
+Spec figures are peak memory bandwidth from the vendors' data sheets (GB/s = 1e9 bytes/s); a
+measured copy reaches 70-90% of them, which is why a measured figure wins.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# (substring of the NVML device name, marketing name, GB/s). First match wins: specific first.
+GPU_SPECS: tuple[tuple[str, str, float], ...] = (
+    ("GB10", "NVIDIA GB10 (DGX Spark, LPDDR5X)", 273.0),
+    ("GB300", "NVIDIA GB300", 8000.0),
+    ("GB200", "NVIDIA GB200", 8000.0),
+    ("B300", "NVIDIA B300", 8000.0),
+    ("B200", "NVIDIA B200", 8000.0),
+    ("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell", 1792.0),
+    ("RTX 5090", "NVIDIA GeForce RTX 5090", 1792.0),
+    ("H200", "NVIDIA H200", 4800.0),
+    ("H100 NVL", "NVIDIA H100 NVL", 3900.0),
+    ("H100 PCIe", "NVIDIA H100 PCIe", 2000.0),
+    ("H100", "NVIDIA H100 SXM", 3350.0),
+    ("H20", "NVIDIA H20", 4000.0),
+    ("GH200", "NVIDIA GH200", 4000.0),
+)
+
+
+@dataclass(frozen=True)
+class TargetDevice:
+    """The device a target profile is written for, when the profile alone says which."""
+
+    spec_key: str  # a GPU_SPECS substring
+    gpus: int
+    why: str
+
+
+TARGET_DEVICES: dict[str, TargetDevice] = {
+    "gb10": TargetDevice("GB10", 1, "the gb10 target is one DGX Spark"),
+    # The TP4 study's GPUs have 148 SMs (its KDA tiling note: 256 CTAs are 1.7 waves): B200.
+    "blackwell-tp4": TargetDevice("B200", 4, "the blackwell-tp4 target as in the TP4 study: 4 x B200 (148 SMs)"),
+    "hopper": TargetDevice("H100", 1, "the hopper target's reference part: H100 SXM"),
+}
+
+STORE_FILE = "bandwidth.json"
+STORE_FORMAT = 1
+
+
+def gpu_spec(device_name: str) -> tuple[str, float] | None:
+    """(marketing name, GB/s) for an NVML device name, or None for a GPU sparkit has no sheet for."""
+    for key, name, gb_s in GPU_SPECS:
+        if key.lower() in device_name.lower():
+            return name, gb_s
+    return None
+
+
+def spec_by_key(key: str) -> tuple[str, float]:
+    for k, name, gb_s in GPU_SPECS:
+        if k == key:
+            return name, gb_s
+    raise KeyError(key)
+
+
+@dataclass
+class Measurement:
+    """One achievable-bandwidth measurement on a host."""
+
+    host: str
+    device: str  # "cpu" or "cuda:N <name>"
+    device_name: str  # CPU model or GPU name
+    read_gb_s: float  # bytes read / time (a reduction over a buffer much larger than the caches)
+    copy_gb_s: float  # (bytes read + bytes written) / time of a buffer copy, as STREAM counts it
+    buffer_bytes: int
+    threads: int | None  # CPU: threads used
+    method: str
+    measured_at: str
+
+    @property
+    def gb_s(self) -> float:
+        """The figure plans use: decode steps read weights, so the read bandwidth."""
+        return self.read_gb_s
+
+
+@dataclass
+class Bandwidth:
+    """The bandwidth a plan is evaluated at, and where it came from."""
+
+    gb_s: float | None  # per GPU (or the CPU); None: unknown
+    devices: int  # how many of them share the work (TP)
+    source: str  # "measured" | "spec" | "unknown"
+    detail: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def this_host() -> str:
+    return platform.node() or "unknown-host"
+
+
+def store_path() -> Path:
+    from sparkit.paths import data_dir
+
+    return data_dir() / STORE_FILE
+
+
+def load_measurements(path: Path | None = None) -> list[Measurement]:
+    """Stored measurements (an unreadable store reads as none: a plan must not fail over it)."""
+    path = path or store_path()
+    try:
+        raw = json.loads(path.read_text())
+        return [Measurement(**m) for m in raw.get("measurements", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+
+
+def save_measurement(measurement: Measurement, path: Path | None = None) -> Path:
+    """Keep `measurement`, replacing an older one of the same host and device."""
+    path = path or store_path()
+    kept = [m for m in load_measurements(path) if (m.host, m.device) != (measurement.host, measurement.device)]
+    kept.append(measurement)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": STORE_FORMAT, "measurements": [asdict(m) for m in kept]}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def measured_for(kind: str, gpu_name: str | None = None, host: str | None = None) -> Measurement | None:
+    """This host's stored measurement of its CPU (kind "cpu") or of a GPU named `gpu_name`."""
+    host = host or this_host()
+    for m in load_measurements():
+        if m.host != host:
+            continue
+        if kind == "cpu" and m.device == "cpu":
+            return m
+        if kind == "gpu" and m.device != "cpu" and gpu_name and m.device_name == gpu_name:
+            return m
+    return None
+
+
+def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None = None) -> Bandwidth:
+    """The bandwidth for a plan on `target` running on `device_kind` ("gpu" | "cpu") over `tp`
+    devices. `host` is a sparkit.host.Host (detected when None)."""
+    from sparkit.host import detect_host, target_fit
+
+    host = host if host is not None else detect_host()
+    if device_kind == "cpu":
+        m = measured_for("cpu")
+        if m:
+            threads = f"{m.threads} thread" + ("s" if (m.threads or 1) > 1 else "")
+            return Bandwidth(m.gb_s, 1, "measured", f"{m.gb_s:.1f} GB/s read, measured on this host's CPU "
+                             f"({threads}, {m.measured_at[:10]}; `sparkit doctor --bandwidth`)")
+        return Bandwidth(None, 1, "unknown", "this host's CPU bandwidth was never measured",
+                         ["run `sparkit doctor --bandwidth` to measure it"])
+    fits = host.gpus and (target == "auto" or target_fit(host, target, "sglang")[0])
+    if fits:
+        gpu = host.gpus[0]
+        m = measured_for("gpu", gpu.name)
+        if m:
+            return Bandwidth(m.gb_s, tp, "measured", f"{m.gb_s:.0f} GB/s read{_per_gpu(tp)}, measured on this host's "
+                             f"{gpu.name} ({m.measured_at[:10]}; `sparkit doctor --bandwidth`)")
+        spec = gpu_spec(gpu.name)
+        if spec:
+            return Bandwidth(spec[1], tp, "spec", f"{spec[1]:.0f} GB/s{_per_gpu(tp)}: {spec[0]} spec sheet (this host's GPU)",
+                             ["`sparkit doctor --bandwidth` measures what it reaches"])
+    device = TARGET_DEVICES.get(target)
+    if device is not None:
+        name, gb_s = spec_by_key(device.spec_key)
+        return Bandwidth(gb_s, max(tp, 1), "spec", f"{gb_s:.0f} GB/s{_per_gpu(tp)}: {name} spec sheet ({device.why})")
+    return Bandwidth(None, tp, "unknown", f"target {target!r} names no device and this host has no GPU sparkit knows",
+                     ["run the plan on the machine that serves it, after `sparkit doctor --bandwidth`"])
+
+
+def _per_gpu(tp: int) -> str:
+    return " per GPU" if tp > 1 else ""
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def default_buffer_bytes(kind: str, free_bytes: int | None = None) -> int:
+    """Large against every cache (an H200's L2 is 60 MB, a CPU's LLC tens of MB), small against memory."""
+    target = 1 << 30 if kind == "gpu" else 256 << 20
+    if free_bytes:
+        target = min(target, max(free_bytes // 8, 16 << 20))
+    return target
+
+
+def measure_cpu(buffer_bytes: int | None = None, repeats: int = 5) -> Measurement:
+    """Single-thread read and copy bandwidth of this CPU with numpy (the embedded engine runs
+    small models on one thread). Best of `repeats`, after one warm-up pass."""
+    import numpy as np
+
+    size = buffer_bytes or default_buffer_bytes("cpu")
+    n = max(size // 8, 1)
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    best_read = best_copy = 0.0
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        float(src.max())  # reads every byte once (a SIMD reduction: sum's pairwise loop is compute-bound)
+        t1 = time.perf_counter()
+        np.copyto(dst, src)
+        t2 = time.perf_counter()
+        if i == 0:
+            continue  # first pass faults pages in
+        best_read = max(best_read, src.nbytes / (t1 - t0) / 1e9)
+        best_copy = max(best_copy, 2 * src.nbytes / (t2 - t1) / 1e9)
+    return Measurement(
+        host=this_host(), device="cpu", device_name=_cpu_name(), read_gb_s=best_read, copy_gb_s=best_copy,
+        buffer_bytes=int(src.nbytes), threads=1,
+        method=f"numpy float64 max (read) and copyto (read+write) over {src.nbytes >> 20} MiB, best of {repeats}",
+        measured_at=_now(),
+    )
+
+
+def measure_gpu(index: int = 0, buffer_bytes: int | None = None, repeats: int = 20) -> Measurement:
+    """Read and copy bandwidth of GPU `index` with torch, timed with CUDA events."""
+    import torch
+
+    device = torch.device(f"cuda:{index}")
+    free, _ = torch.cuda.mem_get_info(device)
+    size = buffer_bytes or default_buffer_bytes("gpu", free)
+    n = max(size // 4, 1)
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000 / repeats
+
+    read_s = timed(lambda: src.sum())
+    copy_s = timed(lambda: dst.copy_(src))
+    nbytes = src.numel() * 4
+    name = torch.cuda.get_device_name(device)
+    return Measurement(
+        host=this_host(), device=f"cuda:{index} {name}", device_name=name, read_gb_s=nbytes / read_s / 1e9,
+        copy_gb_s=2 * nbytes / copy_s / 1e9, buffer_bytes=int(nbytes), threads=None,
+        method=f"torch sum (read) and copy_ (read+write) over {nbytes >> 20} MiB, CUDA events, mean of {repeats}",
+        measured_at=_now(),
+    )
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = ["GPU_SPECS", "TARGET_DEVICES", "Measurement", "Bandwidth", "gpu_spec", "resolve_bandwidth",
+           "measure_cpu", "measure_gpu", "save_measurement", "load_measurements", "measured_for", "store_path"]

@@ -1,0 +1,476 @@
+"""Bytes per decode step for a recipe, and the decode speed the memory bandwidth allows.
+
+A plain step (one token) reads every weight of the target's layers except the routed experts,
+k of the E routed experts per MoE layer, the whole lm_head, one embedding row, the KV cache up to
+the context (full-attention layers) and the recurrent state (linear-attention layers, read and
+written back). The bound is bytes / bandwidth; batch-1 decoding cannot beat it.
+
+Speculative decoding (NEXTN / MTP, SGLang's EAGLE worker and the embedded engine alike), per cycle:
+- verify: one target forward over n = num_draft_tokens positions. Its weights are read once, but
+  the routed experts the n tokens touch together: E * (1 - (1 - k/E)^n) distinct experts in
+  expectation when routing is independent between tokens (31.2 for top-8 of 512 at n = 4: the
+  Spark study's "up to 32 experts instead of 8"); SGLang's KDA verify writes every position's
+  state to an intermediate buffer, then commits one (n + 3 state-sized transfers instead of 2);
+- draft: num_steps - 1 chained forwards of the NextN layer (the first draft comes from the
+  previous cycle) plus one "extend" forward over the tokens just committed, each reading the
+  NextN layer and the (shared) lm_head.
+It commits `accept` tokens on average, so tok/s(accept) = accept * bandwidth / cycle bytes, and
+MTP pays when accept > cycle bytes / step bytes (the break-even accept length). Consecutive
+tokens of real text often pick the same experts, so a verify may read fewer than the independent
+expectation: the bound is then a little conservative.
+
+What is read is what the engine reads: SGLang reads the stored dtypes (an MXFP4 expert with its
+e8m0 scales, FP8 with its block scales), the router in its router_dtype (fp32 unless the config
+says otherwise), an FP8 lm_head as e4m3 plus per-row scales plus the exact re-scoring rows, an
+fp32 lm_head as the bf16 weight (0.5.23 multiplies it with fp32 output); the embedded engine
+decodes every weight once at load into its compute dtype (float32 on CPU), so that is what it
+reads. With TP, each GPU reads its shard of the sharded weights and all of the replicated ones
+(routers, norms, MLA's single-latent KV cache).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkit.roofline.bandwidth import Bandwidth
+from sparkit.roofline.layout import LayerReads, ModelLayout, Weights
+
+DEFAULT_CONTEXT = 8192  # sparkit bench's default prompt length
+TOKENS_PER_STRETCH = 2  # the FP8 head re-scores two tokens per candidate stretch (sparkit.kernels.fp8_linear)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# Components of a step, in display order, with the label users see.
+COMPONENTS: tuple[tuple[str, str], ...] = (
+    ("attention", "attention weights"),
+    ("dense_mlp", "dense MLP layers"),
+    ("shared_expert", "shared experts"),
+    ("routed_experts", "routed experts"),
+    ("router", "routers"),
+    ("norm", "norms"),
+    ("mtp_proj", "NextN eh_proj"),
+    ("other", "other tensors"),
+    ("embedding", "embedding rows"),
+    ("lm_head", "lm_head"),
+    ("lm_head_rescore", "lm_head exact re-scoring"),
+    ("kv_cache", "KV cache"),
+    ("linear_state", "linear-attention state"),
+)
+_REPLICATED = {"router", "norm"}
+
+
+def expected_distinct_experts(tokens: float, num_experts: int, top_k: int) -> float:
+    """Expected number of distinct experts `tokens` tokens route to, each choosing `top_k` of
+    `num_experts` uniformly and independently of the others: E * (1 - (1 - k/E)^n)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+@dataclass
+class ReadRules:
+    """How an engine reads a layout (from a recipe's stack and where it runs)."""
+
+    engine: str
+    device: str  # "gpu" | "cpu"
+    float_bytes: int | None  # every float weight read at this size (embedded: compute dtype); None = stored
+    online_fp8: bool  # SGLang --quantization fp8: linear weights quantised to 1 byte at load
+    lm_head: str  # bf16 | fp32 | fp8
+    lm_head_exact_top_k: int
+    router_bytes: int | None  # per router element (SGLang: router_dtype); None = as stored
+    kv_bytes: int
+    state_bytes: int  # linear-attention recurrent state (SGLang: float32 unless --mamba-ssm-dtype)
+    conv_bytes: int
+    tp: int
+    explained: list[str] = field(default_factory=list)
+    head_bytes: int | None = None  # bf16/fp32 head read at this size per weight; None = as stored
+    fp8_head_dequantised: bool = False  # an FP8 head read through a dequantised copy (float_bytes each)
+
+
+def read_rules(recipe: Any, layout: ModelLayout, device: str) -> ReadRules:
+    """The reading rules of `recipe` (a sparkit.recipes.schema.Recipe) on `device`: its engine's
+    (the adapter's `read_rules`; each engine reads weights its own way)."""
+    from sparkit.engines.base import get_adapter
+
+    adapter = get_adapter(recipe.engine)
+    if not hasattr(adapter, "read_rules"):  # an engine a plugin added may not say how it reads
+        raise NoLayout(f"engine {recipe.engine!r} does not state how it reads a checkpoint (read_rules)")
+    return adapter.read_rules(recipe, layout, device)
+
+
+def _weights_bytes(w: Weights, role: str, rules: ReadRules) -> float:
+    if role == "router" and rules.router_bytes is not None:
+        return w.bytes_at(rules.router_bytes)
+    if rules.online_fp8 and role in ("attention", "dense_mlp", "shared_expert", "mtp_proj"):
+        return w.bytes_at(1)
+    return w.bytes_at(rules.float_bytes)
+
+
+def _per_device(role: str, value: float, rules: ReadRules) -> float:
+    return value if role in _REPLICATED else value / rules.tp
+
+
+def lm_head_bytes(layout: ModelLayout, rules: ReadRules, rows: int) -> tuple[float, float]:
+    """(head bytes, re-scoring bytes) of one lm_head call over `rows` positions, per device."""
+    head = layout.lm_head
+    vocab = layout.vocab_size or (head.float_numel // max(layout.hidden_size, 1))
+    if rules.lm_head == "fp8":
+        cpu_copy = rules.fp8_head_dequantised
+        main = head.float_numel * (rules.float_bytes if cpu_copy else 1) + (0 if cpu_copy else vocab * 4)
+        k = rules.lm_head_exact_top_k
+        rescore = rows * k * TOKENS_PER_STRETCH * layout.hidden_size * 2 if k > 0 else 0.0
+        return main / rules.tp, rescore / rules.tp
+    if rules.head_bytes is not None:
+        return head.float_numel * rules.head_bytes / rules.tp, 0.0
+    return head.bytes_at(rules.float_bytes) / rules.tp, 0.0
+
+
+def forward_bytes(layout: ModelLayout, rules: ReadRules, layers: list[LayerReads], tokens: float, context: int,
+                  *, verify: bool = False, with_embedding: bool = True, with_final: bool = True) -> dict[str, float]:
+    """Bytes one device reads (and writes, for caches) in one forward of `layers` over `tokens`
+    positions at `context` tokens of context, by component."""
+    out = {key: 0.0 for key, _ in COMPONENTS}
+    for layer in layers:
+        for role, weights in layer.weights.items():
+            out[role if role in out else "other"] += _per_device(role, _weights_bytes(weights, role, rules), rules)
+        if layer.experts is not None:
+            e = layer.experts
+            distinct = expected_distinct_experts(tokens, e.num_experts, e.top_k)
+            per = e.per_expert.bytes_at(1 if rules.online_fp8 and e.per_expert.float_numel else rules.float_bytes)
+            out["routed_experts"] += distinct * per / rules.tp
+        if layer.attention == "linear":
+            state = layer.state_elements * rules.state_bytes + layer.conv_elements * rules.conv_bytes
+            transfers = (tokens + 3) if verify else 2  # read + write back; verify: per-position states + commit
+            out["linear_state"] += state * transfers / rules.tp
+        elif layer.kv_elements_per_token:
+            row = layer.kv_elements_per_token * rules.kv_bytes
+            kv = row * (context + tokens)  # read the cache, write the new rows
+            out["kv_cache"] += kv / (rules.tp if layer.kv_sharded else 1)
+    if with_embedding:
+        row_bytes = layout.embedding.bytes_at(rules.float_bytes) / max(layout.vocab_size, 1)
+        out["embedding"] += tokens * row_bytes
+    if with_final:
+        out["norm"] += layout.final_norm.bytes_at(rules.float_bytes)
+        out["other"] += layout.other.bytes_at(rules.float_bytes) / rules.tp
+    head, rescore = lm_head_bytes(layout, rules, math.ceil(tokens))
+    out["lm_head"] += head
+    out["lm_head_rescore"] += rescore
+    return out
+
+
+@dataclass
+class SpecModel:
+    """A speculative cycle's bytes as a function of the accept length."""
+
+    method: str  # nextn | dspark
+    label: str  # "NEXTN 3/1/4"
+    verify_tokens: int  # positions one verify scores (the most a cycle can commit)
+    verify: dict[str, float]  # the verify forward, bytes per device by component
+    chained: dict[str, float] | None  # one chained draft forward (None: the draft is not counted)
+    chained_forwards: int  # how many per cycle
+    extend: Callable[[float], dict[str, float]] | None = None  # the draft's extend over `accept` tokens
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def draft_counted(self) -> bool:
+        return self.chained is not None
+
+    def draft_bytes(self, accept: float) -> float:
+        if self.chained is None:
+            return 0.0
+        extend = sum(self.extend(accept).values()) if self.extend else 0.0
+        return self.chained_forwards * sum(self.chained.values()) + extend
+
+    def cycle_bytes(self, accept: float) -> float:
+        return sum(self.verify.values()) + self.draft_bytes(accept)
+
+
+@dataclass
+class Roofline:
+    """The bandwidth bound of one recipe at one context length."""
+
+    recipe_name: str
+    model: str
+    layout_name: str
+    layout_source: str
+    layout_detail: str
+    engine: str
+    device: str
+    context: int
+    tp: int
+    step: dict[str, float]  # a plain decode step, bytes per device by component
+    spec: SpecModel | None
+    bandwidth: Bandwidth
+    rules: list[str]
+    moe: dict[str, Any] | None = None  # routed experts: E, k, MoE layers
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_bytes(self) -> float:
+        return sum(self.step.values())
+
+    def tok_s(self, accept: float | None = None) -> float | None:
+        """The bound in tok/s: plain decoding (accept None), or speculative at `accept`."""
+        if self.bandwidth.gb_s is None:
+            return None
+        bandwidth = self.bandwidth.gb_s * 1e9
+        if accept is None or self.spec is None:
+            return bandwidth / self.step_bytes
+        return accept * bandwidth / self.spec.cycle_bytes(accept)
+
+    def step_time_ms(self, accept: float | None = None) -> float | None:
+        """The bound on one step (a speculative cycle when `accept` is given), in ms."""
+        if self.bandwidth.gb_s is None:
+            return None
+        nbytes = self.spec.cycle_bytes(accept) if accept is not None and self.spec else self.step_bytes
+        return nbytes / (self.bandwidth.gb_s * 1e9) * 1e3
+
+    def cycle_ratio(self, accept: float) -> float | None:
+        """A speculative cycle's bytes over a plain step's."""
+        return self.spec.cycle_bytes(accept) / self.step_bytes if self.spec else None
+
+    def break_even_accept(self) -> float | None:
+        """The accept length above which speculative decoding beats plain decoding (None when it
+        cannot: even with every draft accepted the cycle costs more)."""
+        if self.spec is None:
+            return None
+        accept = 1.0
+        for _ in range(50):  # fixed point of accept = cycle(accept) / step; the cycle grows slowly with accept
+            nxt = self.spec.cycle_bytes(accept) / self.step_bytes
+            if abs(nxt - accept) < 1e-9:
+                break
+            accept = nxt
+        return accept if accept <= self.spec.verify_tokens else None
+
+    def to_dict(self, accepts: list[float] | None = None) -> dict[str, Any]:
+        bandwidth = self.bandwidth.to_dict()
+        doc: dict[str, Any] = {
+            "recipe": self.recipe_name, "model": self.model,
+            "layout": {"name": self.layout_name, "source": self.layout_source, "detail": self.layout_detail},
+            "engine": self.engine, "device": self.device, "context_tokens": self.context, "tp": self.tp,
+            "read_rules": self.rules,
+            "step_bytes": self.step_bytes, "step_bytes_by_component": _labelled(self.step),
+            "bandwidth": bandwidth,
+            "limit_tok_s": self.tok_s(), "step_time_ms_at_limit": self.step_time_ms(),
+            "routed_experts": self.moe,
+            "speculative": None, "notes": self.notes,
+        }
+        if self.spec is not None:
+            grid = accepts or accept_grid(self.spec.verify_tokens)
+            doc["speculative"] = {
+                "method": self.spec.method, "label": self.spec.label, "verify_tokens": self.spec.verify_tokens,
+                "draft_forwards_per_cycle": (self.spec.chained_forwards + (1 if self.spec.extend else 0)
+                                             if self.spec.draft_counted else 0),
+                "verify_bytes": sum(self.spec.verify.values()), "verify_bytes_by_component": _labelled(self.spec.verify),
+                "draft_forward_bytes": sum(self.spec.chained.values()) if self.spec.chained else None,
+                "draft_counted": self.spec.draft_counted,
+                "break_even_accept_length": self.break_even_accept(),
+                "verify_distinct_experts_per_layer": (
+                    expected_distinct_experts(self.spec.verify_tokens, self.moe["num_experts"], self.moe["top_k"])
+                    if self.moe else None),
+                "by_accept_length": [
+                    {"accept_length": a, "cycle_bytes": self.spec.cycle_bytes(a), "cycle_over_step": self.cycle_ratio(a),
+                     "limit_tok_s": self.tok_s(a)} for a in grid],
+                "notes": self.spec.notes,
+            }
+        return doc
+
+
+def accept_grid(verify_tokens: int) -> list[float]:
+    top = float(verify_tokens)
+    grid, a = [], 1.0
+    while a < top:
+        grid.append(round(a, 2))
+        a += 0.5
+    return grid + [top]
+
+
+def _labelled(parts: dict[str, float]) -> dict[str, float]:
+    labels = dict(COMPONENTS)
+    return {labels[k]: v for k, v in parts.items() if v}
+
+
+# ---------------------------------------------------------------- from a recipe
+
+
+class NoLayout(Exception):
+    """No checkpoint and no declared profile: the reason, for the user."""
+
+
+def hub_cache_dir(model_id: str) -> Path | None:
+    """The snapshot of a hub id in the local Hugging Face cache (what `main` points at), if any."""
+    import os
+
+    if "/" not in model_id or model_id.startswith(("/", ".", "~")):
+        return None
+    root = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    repo = root / ("models--" + model_id.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    try:
+        snapshot = repo / "snapshots" / ref.read_text().strip()
+    except OSError:
+        snapshots = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+        snapshot = snapshots[-1] if snapshots else None
+    if snapshot and (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors")):
+        return snapshot
+    return None
+
+
+def resolve_layout(model_path: str, weights: str) -> ModelLayout:
+    """The layout for a recipe's model: a local checkpoint's headers (a directory, sparkit's
+    built-in tiny-ling, a hub id in the Hugging Face cache), else a declared profile."""
+    from sparkit.roofline.layout import layout_from_checkpoint
+    from sparkit.roofline.profiles import find_profile
+
+    if model_path.startswith("sparkit:"):
+        from sparkit.engines.embedded.adapter import parse_builtin
+        from sparkit.engines.embedded.builder import builtin_model_dir
+
+        parsed = parse_builtin(model_path)
+        if parsed is None:
+            raise NoLayout(f"{model_path!r} is not a built-in model")
+        shipped = builtin_model_dir(parsed[0], 0)
+        layout = layout_from_checkpoint(shipped, name=parsed[0])
+        if model_path != f"sparkit:{parsed[0]}":
+            layout.notes.append(f"{model_path}: the shipped {parsed[0]} build's headers (another build has the same shapes)")
+        return layout
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        return layout_from_checkpoint(local)
+    cached = hub_cache_dir(model_path)
+    if cached is not None:
+        return layout_from_checkpoint(cached, name=model_path)
+    profile = find_profile(model_path)
+    if profile is not None:
+        return _cached_declared(profile.family, weights)
+    raise NoLayout(f"{model_path}: not a local checkpoint, not in the Hugging Face cache, and sparkit declares no "
+                   "profile for it")
+
+
+_DECLARED: dict[tuple[str, str], ModelLayout] = {}
+
+
+def _cached_declared(family: str, weights: str) -> ModelLayout:
+    from sparkit.roofline.profiles import PROFILES, declared_layout
+
+    key = (family, weights)
+    if key not in _DECLARED:
+        profile = next(p for p in PROFILES if p.family == family)
+        _DECLARED[key] = declared_layout(profile, weights)
+    return _DECLARED[key]
+
+
+def plan_device(recipe: Any, host: Any) -> str:
+    """Where the recipe's engine computes: an engine that needs a GPU on GPUs; another on CPU for
+    target cpu, on the GPU for a GPU target, and for `auto` on whatever this host has."""
+    from sparkit.engines.base import get_adapter
+
+    if get_adapter(recipe.engine).needs_gpu:
+        return "gpu"
+    if recipe.target == "cpu":
+        return "cpu"
+    if recipe.target == "auto":
+        return "gpu" if host.gpus else "cpu"
+    return "gpu"
+
+
+def default_context(layout: ModelLayout, recipe: Any) -> int:
+    limits = [v for v in (layout.max_context, recipe.model.context_length) if v]
+    return min([DEFAULT_CONTEXT, *limits])
+
+
+def estimate(recipe: Any, *, recipe_name: str = "", context: int | None = None, host: Any | None = None,
+             bandwidth: Bandwidth | None = None, layout: ModelLayout | None = None) -> Roofline:
+    """The roofline of `recipe` (a validated sparkit.recipes.schema.Recipe). Raises NoLayout when
+    nothing describes the model; DataError for an unreadable checkpoint."""
+    from sparkit.host import detect_host
+    from sparkit.roofline.bandwidth import resolve_bandwidth
+
+    host = host if host is not None else detect_host()
+    layout = layout or resolve_layout(recipe.model.path, recipe.stack.weights)
+    device = plan_device(recipe, host)
+    rules = read_rules(recipe, layout, device)
+    ctx = context if context is not None else default_context(layout, recipe)
+    step = forward_bytes(layout, rules, layout.target_layers, 1, ctx)
+    notes = list(layout.notes)
+    spec = _spec_model(recipe, layout, rules, ctx, notes)
+    bw = bandwidth or resolve_bandwidth(recipe.target, device, rules.tp, host)
+    moe_layers = [layer.experts for layer in layout.target_layers if layer.experts is not None]
+    moe = ({"num_experts": moe_layers[0].num_experts, "top_k": moe_layers[0].top_k, "moe_layers": len(moe_layers)}
+           if moe_layers else None)
+    return Roofline(
+        recipe_name=recipe_name, model=recipe.model.path, layout_name=layout.name, layout_source=layout.source,
+        layout_detail=layout.source_detail, engine=recipe.engine, device=device, context=ctx, tp=rules.tp,
+        step=step, spec=spec, bandwidth=bw, rules=rules.explained, moe=moe, notes=notes,
+    )
+
+
+def _spec_model(recipe: Any, layout: ModelLayout, rules: ReadRules, ctx: int, notes: list[str]) -> SpecModel | None:
+    spec = recipe.stack.speculative
+    if not spec.enabled:
+        return None
+    if spec.method == "nextn":
+        steps = spec.num_steps or 3  # SGLang's default for Bailing when none is given
+        n = spec.num_draft_tokens or steps + 1
+        label = f"NEXTN {steps}/{spec.eagle_topk or 1}/{n}"
+        verify = forward_bytes(layout, rules, layout.target_layers, n, ctx, verify=True)
+        mtp = layout.mtp_layers
+        draft_notes = []
+        if spec.draft_model and not spec.draft_model.startswith("sparkit:"):
+            try:
+                draft_layout = resolve_layout(spec.draft_model, recipe.stack.weights)
+                mtp = draft_layout.mtp_layers
+            except Exception as exc:  # noqa: BLE001 - a draft we cannot read is a note, not a failure
+                mtp = []
+                draft_notes.append(f"draft model {spec.draft_model}: {exc}")
+        if not mtp:
+            return SpecModel("nextn", label, n, verify, None, 0,
+                             notes=draft_notes + ["no NextN layer found: the draft's reads are not counted"])
+
+        def draft(tokens: float) -> dict[str, float]:
+            return forward_bytes(layout, rules, mtp, tokens, ctx, with_final=False)
+
+        return SpecModel("nextn", label, n, verify, draft(1), steps - 1, extend=draft, notes=draft_notes)
+    # DSpark: a block draft model verified in one target forward over its block.
+    block = None
+    notes_spec = []
+    try:
+        draft_layout = resolve_layout(spec.draft_model or "", "bf16")
+        block = draft_layout.config.get("block_size")
+        draft_total = draft_layout.total_stored_bytes / rules.tp
+        counted = True
+        notes_spec.append(f"draft {spec.draft_model}: all of its weights counted once per cycle")
+    except Exception:  # noqa: BLE001
+        draft_total, counted = 0.0, False
+        notes_spec.append(f"draft {spec.draft_model}: not local, its reads are not counted (the bound is optimistic)")
+    if not isinstance(block, int):
+        block = 16
+        notes_spec.append("verify block of 16 tokens (the TP4 study's measured DSpark draft; the published "
+                          "checkpoint uses block_size 8)")
+    verify = forward_bytes(layout, rules, layout.target_layers, block, ctx, verify=True)
+    return SpecModel("dspark", f"DSpark block {block}", block, verify, {"other": draft_total} if counted else None,
+                     1, notes=notes_spec)
+
+
+def roofline_document(recipe: Any, *, recipe_name: str = "", context: int | None = None,
+                      accepts: list[float] | None = None, host: Any | None = None) -> dict[str, Any]:
+    """estimate(...).to_dict(), or {"error": why} when the model cannot be described: a plan or a
+    bench never fails over its roofline."""
+    from sparkit.errors import SparkitError
+
+    try:
+        return estimate(recipe, recipe_name=recipe_name, context=context, host=host).to_dict(accepts)
+    except NoLayout as exc:
+        return {"error": str(exc)}
+    except SparkitError as exc:
+        return {"error": exc.message}
+    except (ValueError, KeyError, TypeError) as exc:
+        return {"error": f"cannot describe the model's decode step ({type(exc).__name__}: {exc})"}
+
+
+__all__ = ["Roofline", "SpecModel", "ReadRules", "estimate", "roofline_document", "resolve_layout",
+           "expected_distinct_experts", "forward_bytes", "read_rules", "NoLayout", "DEFAULT_CONTEXT", "COMPONENTS",
+           "accept_grid"]

@@ -1,0 +1,71 @@
+"""`sparkit doctor --bandwidth` measures this host and plans use the figure; otherwise spec sheets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparkit.host import Gpu, Host
+from sparkit.roofline.bandwidth import Measurement, gpu_spec, resolve_bandwidth, save_measurement, this_host
+
+
+def sparkit(home, *args):
+    env = {**os.environ, "SPARKIT_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "sparkit", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_doctor_measures_the_cpu_stores_it_and_plans_use_it(tmp_path):
+    done = sparkit(tmp_path, "doctor", "--bandwidth", "--bandwidth-mib", "32", "--json")
+    assert done.returncode == 0, done.stderr
+    memory = json.loads(done.stdout)["bandwidth"]
+    cpu = next(m for m in memory["measured_now"] if m["device"] == "cpu")
+    assert cpu["read_gb_s"] > 0 and cpu["copy_gb_s"] > 0 and cpu["buffer_bytes"] == 32 << 20
+    stored = json.loads((tmp_path / "data" / "bandwidth.json").read_text())["measurements"]
+    assert [m["read_gb_s"] for m in stored if m["device"] == "cpu"] == [cpu["read_gb_s"]]
+
+    plan = sparkit(tmp_path, "plan", "tiny", "--set", "target=cpu", "--json")
+    assert plan.returncode == 0, plan.stderr
+    roofline = json.loads(plan.stdout)["roofline"]
+    assert roofline["bandwidth"]["source"] == "measured"
+    assert roofline["bandwidth"]["gb_s"] == cpu["read_gb_s"]
+    assert roofline["limit_tok_s"] == pytest.approx(cpu["read_gb_s"] * 1e9 / roofline["step_bytes"])
+
+    human = sparkit(tmp_path, "doctor")
+    assert "cpu: read" in human.stdout and "stored in" in human.stdout
+
+
+def test_a_measurement_from_another_host_is_not_used(sparkit_home):
+    save_measurement(Measurement("some-other-host", "cpu", "x", 50.0, 60.0, 1 << 20, 1, "test", "2026-01-01"))
+    bw = resolve_bandwidth("cpu", "cpu", 1, Host())
+    assert bw.source == "unknown" and bw.gb_s is None
+    save_measurement(Measurement(this_host(), "cpu", "x", 31.5, 40.0, 1 << 20, 1, "test", "2026-01-01"))
+    assert resolve_bandwidth("cpu", "cpu", 1, Host()).gb_s == 31.5
+
+
+@pytest.mark.parametrize("name, gb_s", [
+    ("NVIDIA GB10", 273.0), ("NVIDIA H200", 4800.0), ("NVIDIA H100 80GB HBM3", 3350.0),
+    ("NVIDIA H100 PCIe", 2000.0), ("NVIDIA B200", 8000.0), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 1792.0),
+])
+def test_spec_sheets_by_device_name(name, gb_s):
+    assert gpu_spec(name)[1] == gb_s
+
+
+def gb10_host() -> Host:
+    return Host(gpus=[Gpu(0, "NVIDIA GB10", (12, 1), None, unified_memory=True)])
+
+
+def test_a_gpu_plan_uses_this_hosts_measurement_then_its_spec_then_the_targets(sparkit_home):
+    assert resolve_bandwidth("gb10", "gpu", 1, gb10_host()).detail.startswith("273 GB/s: NVIDIA GB10")
+    save_measurement(Measurement(this_host(), "cuda:0 NVIDIA GB10", "NVIDIA GB10", 241.0, 230.0, 1 << 30, None,
+                                 "test", "2026-01-01"))
+    measured = resolve_bandwidth("gb10", "gpu", 1, gb10_host())
+    assert (measured.source, measured.gb_s) == ("measured", 241.0)
+    h200 = Host(gpus=[Gpu(0, "NVIDIA H200", (9, 0), 141 << 30)])
+    assert resolve_bandwidth("gb10", "gpu", 1, h200).gb_s == 273.0  # planning for a Spark elsewhere: its spec
+    assert resolve_bandwidth("hopper", "gpu", 1, h200).gb_s == 4800.0  # the host's own part
+    tp4 = resolve_bandwidth("blackwell-tp4", "gpu", 4, Host())
+    assert (tp4.gb_s, tp4.devices) == (8000.0, 4) and "B200" in tp4.detail
