@@ -244,7 +244,7 @@ def build_workload(
             details={"file": str(path)},
         )
     if dataset.startswith("profile:"):
-        from sparkit.bench.profile import CHARS_PER_TOKEN, profile_prompts
+        from sparkit.bench.profile_texts import CHARS_PER_TOKEN, profile_prompts
 
         kind = dataset.split(":", 1)[1]
         prompts = profile_prompts(kind, input_len, count, tokenizer=tokenizer, seed=seed)

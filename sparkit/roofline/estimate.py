@@ -326,7 +326,7 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
     from sparkit.roofline.profiles import find_profile
 
     if model_path.startswith("sparkit:"):
-        from sparkit.engines.embedded.adapter import parse_builtin
+        from sparkit.engines.builtin_models import parse_builtin
         from sparkit.engines.embedded.builder import builtin_model_dir
 
         parsed = parse_builtin(model_path)

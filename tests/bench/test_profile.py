@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from sparkit.bench.profile import KINDS, TEXTS_DIR, paired_speedup, passages, profile_prompts, verdict
+from sparkit.bench.profile import KINDS, paired_speedup, verdict
+from sparkit.bench.profile_texts import TEXTS_DIR, passages, profile_prompts
 
 
 @pytest.fixture(scope="module")
