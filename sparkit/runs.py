@@ -9,13 +9,15 @@ A Run is a started server. Each has a directory under sparkit.paths.runs_dir():
         activation-tp*.json    activation reports written from inside the engine
         checks.json            the last startup-check results
         probe.json             the last measured decode tok/s and accept length
+        memory-guard.jsonl     the load guard's decisions while the engine started
 
 Other commands (chat, eval, bench, check) find a server with `resolve_server`:
 an explicit --url wins, else a run id / recipe name, else the latest live run.
 
 Lifecycle: `launch(plan)` builds the embedded models, starts the engine in its own
-process group (log in the run dir), follows its startup phase and waits for /health,
-and on any failure stops the group and raises LaunchError with a diagnosis;
+process group (log in the run dir), follows its startup phase and waits for /health
+while the load guard (sparkit.memory.guard) watches memory, and on any failure stops the
+group and raises LaunchError with a diagnosis;
 `stop(run)` sends SIGTERM to the group and SIGKILL after a grace period;
 `run_status`, `mark_stale`, `follow_log` serve `sparkit status | down | logs`.
 """
@@ -372,14 +374,16 @@ def launch(
     meta.extra["create_time"] = _create_time(proc.pid)
     run.write_meta(meta)
 
+    guard = _start_guard(plan, run, proc)
     try:
-        _wait_healthy(run, proc, plan, timeout, emit, t0)
+        _wait_healthy(run, proc, plan, timeout, emit, t0, guard, last_phase)
     except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
         stop(run, grace=5)
         raise
     finally:
         # SGLang read its --config file at start; the key need not stay on disk.
         (run.path / "secrets.yaml").unlink(missing_ok=True)
+        _record_guard(run, guard)
     meta = run.read_meta()
     meta.extra["state"] = "running"
     meta.extra["ready_s"] = round(time.monotonic() - t0, 2)
@@ -397,7 +401,67 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float, emit: Callable[..., None], t0: float) -> None:
+def _start_guard(plan: Any, run: RunDir, proc: subprocess.Popen):
+    """The load guard over this engine (None when the recipe turns it off or the OS cannot run it;
+    meta.json says which)."""
+    from sparkit.memory.floor import floor_bytes, guard_settings
+    from sparkit.memory.guard import GUARD_LOG, LoadGuard, guard_supported
+
+    settings = guard_settings(plan.recipe)
+    unsupported = guard_supported()
+    if not settings.get("enabled", True) or unsupported:
+        meta = run.read_meta()
+        meta.extra["memory_guard"] = {"enabled": False,
+                                      "reason": unsupported or "server.memory_guard.enabled is false"}
+        run.write_meta(meta)
+        return None
+    from sparkit.memory.checkpoint import plan_checkpoint_dirs
+    from sparkit.memory.meminfo import read_meminfo
+    from sparkit.memory.pagecache import weight_files
+
+    pgid = proc.pid
+    return LoadGuard(
+        pgid=pgid,
+        files=weight_files(plan_checkpoint_dirs(plan)),
+        floor_bytes=floor_bytes(plan.recipe, read_meminfo().total),
+        log_path=run.path / GUARD_LOG,
+        alive=lambda: proc.poll() is None or _group_alive(pgid),
+    ).start()
+
+
+def _record_guard(run: RunDir, guard: Any) -> None:
+    if guard is None:
+        return
+    summary = guard.stop()
+    meta = run.read_meta()
+    meta.extra["memory_guard"] = {"enabled": True, **summary.to_dict()}
+    run.write_meta(meta)
+
+
+def _guard_failure(run: RunDir, guard: Any, phase: str) -> LaunchError:
+    """The engine was stopped by the load guard: what happened, in numbers, and what to change."""
+    gib = 1024**3
+    s = guard.summary
+    meta = run.read_meta()
+    meta.extra.update({"state": "failed", "failure": "stopped by the memory guard", "stopped_at": _now()})
+    run.write_meta(meta)
+    evicted = (f"; it had evicted {s.evicted_bytes / gib:.2f} GiB of the checkpoint's page cache first"
+               if s.evictions else "")
+    message = (f"the memory guard stopped the engine while {phase or 'starting'}: available memory fell to "
+               f"{(s.stopped_at_available or s.min_available) / gib:.2f} GiB, under the floor of "
+               f"{s.stop_below / gib:.2f} GiB (peak use {s.peak_used / gib:.2f} GiB above what was in use at the "
+               f"start, {s.start_available / gib:.2f} GiB available then){evicted}\n"
+               f"  guard log: {s.log}")
+    hint = ("lower server.mem_fraction_static (`sparkit plan RECIPE` shows the range that fits), a shorter "
+            "model.context_length or fewer server.max_running_requests, or a smaller checkpoint; "
+            "server.memory_guard.floor_gib sets the floor (server.memory_guard.enabled: false turns the guard off)")
+    error = LaunchError(message, hint=hint)
+    error.run = run  # type: ignore[attr-defined]
+    return error
+
+
+def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float, emit: Callable[..., None], t0: float,
+                  guard: Any = None, last_phase: list[str] | None = None) -> None:
     import httpx
 
     from sparkit.checks.evidence import PHASES, detect_phase
@@ -427,8 +491,13 @@ def _wait_healthy(run: RunDir, proc: subprocess.Popen, plan: Any, timeout: float
         base_url=plan.url, headers=headers, timeout=httpx.Timeout(3.0, connect=1.0)
     ) as http:
         while True:
+            if guard is not None and guard.tripped.is_set():
+                guard.stop()  # waits until the guard has stopped the engine
+                raise _guard_failure(run, guard, (last_phase or [""])[0])
             code = proc.poll()
             if code is not None:
+                if guard is not None and guard.tripped.is_set():
+                    continue  # the guard stopped it: its message, not "exited"
                 raise _launch_failure(run, "the engine exited during start", code)
             read_phases(log)
             now = time.monotonic()
