@@ -95,7 +95,8 @@ def check_memory_now(plan: LaunchPlan, host: Host) -> CheckResult:
     if picture.checkpoints:
         detail += f" ({gib(picture.checkpoint_cached_bytes)} of it the model's files)"
     if picture.unified:
-        detail += f"; CUDA would report ~{gib(m.free)} free, NVML none (NotSupported)"
+        detail += (f"; CUDA would report ~{gib(m.free)} free, NVML none (NotSupported); swap "
+                   f"{gib(m.swap_used)} used of {gib(m.swap_total)}")
     detail += f"; guard floor {gib(floor)}" + ("" if enabled else " (guard off)")
     data = {"picture": picture.to_dict(), "floor_bytes": floor, "floor_source": floor_source(plan.recipe)}
     if enabled and m.available < floor:

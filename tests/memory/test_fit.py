@@ -197,6 +197,12 @@ def test_tiny_ling_on_the_embedded_engine_matches_the_engine_s_own_tensors(tiny_
     assert term(fit, "draft KV cache") == draft.kv.numel() * 4
     others = sum(w.numel() for n, w in weights.items() if n not in ("lm_head.weight",) and not n.endswith(("w_gate_up", "w_down")))
     assert term(fit, "dense weights, embeddings, norms") == others * 4
+    # Everything it holds must fit above the floor: a host with less free than that does not fit.
+    need = fit.engine_bytes + fit.total("reserve")
+    assert fit.required_available_bytes == need
+    tight = compute_fit(plan, MemoryBasis("host", 24 * GIB, need - 1, "test", measured=True))
+    assert tight.verdict == "does-not-fit"
+    assert compute_fit(plan, MemoryBasis("host", 24 * GIB, need, "test", measured=True)).verdict == "fits"
 
 
 def test_tiny_ling_on_sglang_counts_the_checkpoint_and_the_capped_pool(tiny_model_dir):

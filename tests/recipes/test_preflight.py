@@ -68,6 +68,9 @@ def test_gb10_recipe_on_gb10_fits_unified_memory(ling_fp4):
     small = by_name(run_preflight(plan, gb10_host(ram=64 * GIB)))["memory"]
     assert small.status == Status.FAIL and small.data["verdict"] == "does-not-fit" and "does not fit" in small.detail
     # A fraction that would take the OS's share on unified memory fails, naming the one that fits.
+    now = results["memory_now"]  # the picture on unified memory: what CUDA and NVML would claim, beside MemAvailable
+    assert now.status == Status.PASS and "CUDA would report ~" in now.detail and "NVML none (NotSupported)" in now.detail
+    assert any("counts the page cache as used" in line for line in now.evidence)
     greedy = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={ling_fp4}",
                                                                          "server.mem_fraction_static=0.92"]))
     too_much = by_name(run_preflight(greedy, gb10_host(ram=120 * GIB)))["memory"]
