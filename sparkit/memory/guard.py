@@ -34,7 +34,7 @@ from typing import Any
 
 from sparkit.memory.meminfo import MemInfo, read_meminfo
 from sparkit.memory.pagecache import evict_files, residency
-from sparkit.memory.units import gib as _gib
+from sparkit.memory.units import GIB
 
 GUARD_LOG = "memory-guard.jsonl"
 # A drop of available memory worth a line in the log: this share of what was available at start.
@@ -220,6 +220,11 @@ class LoadGuard:
                 handle.write(json.dumps(record) + "\n")
         except OSError:
             pass  # the run directory went away; the summary still has it
+
+
+def _gib(n: int) -> str:
+    # Two decimals always: the guard compares figures a few MiB apart with its floor.
+    return f"{n / GIB:.2f} GiB"
 
 
 def guard_supported() -> str | None:
