@@ -117,11 +117,39 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
                         "(a truncated file?)")
     nbytes = offsets[1] - offsets[0]
     bits = DTYPE_BITS.get(dtype)
-    if bits is not None:
-        expected = math.ceil(math.prod(shape) * bits / 8)
-        if nbytes != expected:
-            raise DataError(f"{where}: {dtype} {shape} needs {expected} bytes, its offsets span {nbytes}")
+    if bits is None:
+        raise DataError(f"{where}: unknown dtype {dtype!r} (safetensors names {', '.join(DTYPE_BITS)})")
+    expected = math.ceil(math.prod(shape) * bits / 8)
+    if nbytes != expected:
+        raise DataError(f"{where}: {dtype} {shape} needs {expected} bytes, its offsets span {nbytes}")
     return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=path.name)
+
+
+def safetensors_files(directory: str | Path) -> list[Path]:
+    """The checkpoint's .safetensors files: those its index names (each must be there), else
+    model.safetensors, else every one in the directory."""
+    directory = Path(directory)
+    index_path = directory / INDEX_FILE
+    if index_path.is_file():
+        names = sorted(set(_weight_map(index_path).values()))
+        missing = [n for n in names if not (directory / n).is_file()]
+        if missing:
+            raise DataError(f"{index_path} names {len(missing)} file(s) that are not there, e.g. {missing[0]} "
+                            "(an incomplete download?)")
+        return [directory / n for n in names]
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE]
+    return sorted(directory.glob("*.safetensors"))
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{index_path}: not a safetensors index (no weight_map object)") from None
+    return weight_map
 
 
 def read_safetensors_index(directory: str | Path) -> SafetensorsIndex:
@@ -131,22 +159,10 @@ def read_safetensors_index(directory: str | Path) -> SafetensorsIndex:
     if not directory.is_dir():
         raise DataError(f"{directory}: not a checkpoint directory")
     index_path = directory / INDEX_FILE
-    weight_map: dict[str, str] | None = None
-    if index_path.is_file():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError
-        except (OSError, ValueError, KeyError, TypeError):
-            raise DataError(f"{index_path}: not a safetensors index (no weight_map object)") from None
-        files = sorted(set(weight_map.values()))
-    elif (directory / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    weight_map = _weight_map(index_path) if index_path.is_file() else None
+    files = [p.name for p in safetensors_files(directory)]
     if not files:
-        raise DataError(f"{directory}: no safetensors files")
+        raise DataError(f"{directory}: no .safetensors files")
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[str, dict[str, Any]] = {}
     for name in files:

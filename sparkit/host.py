@@ -23,6 +23,7 @@ class Gpu:
     unified_memory: bool = False  # GB10: the GPU uses host memory
     memory_note: str = ""  # e.g. "unified, NVML cannot report"
     uuid: str | None = None
+    memory_free_bytes: int | None = None  # NVML's free memory now (None when it cannot report)
 
     @property
     def sm(self) -> str | None:
@@ -150,7 +151,9 @@ def _read_nvml(nvml: Any, host: Host) -> None:
             uuid = None
         gpu = Gpu(index=i, name=name, compute_capability=cc, memory_total_bytes=None, uuid=uuid)  # type: ignore[arg-type]
         try:
-            gpu.memory_total_bytes = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            gpu.memory_total_bytes = int(info.total)
+            gpu.memory_free_bytes = int(info.free)
         except nvml.NVMLError_NotSupported:
             # GB10: the GPU has no memory of its own to report; it shares the host's.
             gpu.unified_memory = True

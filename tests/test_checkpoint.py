@@ -94,5 +94,5 @@ def test_an_index_naming_a_shard_that_lacks_the_tensor_is_an_error(tmp_path):
 
 def test_a_directory_without_weights_is_an_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(DataError, match="no safetensors files"):
+    with pytest.raises(DataError, match="no .safetensors files"):
         read_safetensors_index(tmp_path)

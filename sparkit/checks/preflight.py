@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import re
 import socket
 from pathlib import Path
@@ -17,20 +16,6 @@ from sparkit.checks.results import CheckResult, Status
 from sparkit.host import Host, target_fit
 from sparkit.recipes.plan import LaunchPlan
 
-GIB = 1024**3
-# KV cache, activations and CUDA graphs on top of the weights, as a fraction of the weights
-# plus a fixed floor: a batch-1 server needs little KV, but graph capture needs some room.
-HEADROOM_FRACTION = 0.10
-HEADROOM_FLOOR_BYTES = 4 * GIB
-DEFAULT_MEM_FRACTION = 0.85  # what sglang roughly uses when mem_fraction_static is unset
-
-# Approximate weight bytes of known hub checkpoints, for checking without a local copy:
-# 124B parameters; -fp4 is MXFP4 experts + FP8 elsewhere (~60-70 GB published).
-KNOWN_WEIGHT_BYTES = {
-    "inclusionai/ling-3.0-flash-fp4": 65 * 10**9,
-    "inclusionai/ling-3.0-flash-fp8": 125 * 10**9,
-    "inclusionai/ling-3.0-flash": 248 * 10**9,
-}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -52,59 +37,75 @@ def check_gpus(plan: LaunchPlan, host: Host) -> CheckResult:
                        fix="run on a host that matches the recipe's target, or pick a recipe for this host (`sparkit doctor`)")
 
 
-def weight_bytes(model: str) -> tuple[int | None, str]:
-    """Checkpoint weight bytes: from a local safetensors index / files, else a known hub id."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                total = json.loads(index.read_text())["metadata"]["total_size"]
-                return int(total), f"{index.name} metadata.total_size"
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        files = list(path.glob("*.safetensors"))
-        if files:
-            return sum(f.stat().st_size for f in files), f"{len(files)} safetensors file(s)"
-        return None, "no safetensors files in the directory"
-    known = KNOWN_WEIGHT_BYTES.get(model.lower())
-    if known:
-        return known, "known size of this hub checkpoint"
-    return None, "size unknown (not local)"
-
-
 def check_memory(plan: LaunchPlan, host: Host) -> CheckResult:
+    """The memory fit (sparkit.memory.fit): weights from the safetensors headers, KV and state from
+    config.json, headroom, and SGLang's mem_fraction_static semantics."""
+    from sparkit.memory.fit import compute_fit, gib, memory_basis
+
     title = "memory fits"
-    if plan.model.startswith("sparkit:"):
-        return CheckResult("memory", title, Status.PASS, "built-in tiny model: a few MB",
-                           evidence=[f"host RAM {host.ram_available_bytes / GIB:.1f} GiB available"])
-    size, source = weight_bytes(plan.model)
-    if size is None:
-        return CheckResult("memory", title, Status.WARN, f"cannot estimate the weights: {source}",
-                           fix="use a local checkpoint directory to check memory before launch")
-    tp = int(plan.recipe.get("stack", {}).get("tp", 1) or 1)
-    per_gpu_need = size / tp
-    headroom = max(per_gpu_need * HEADROOM_FRACTION, HEADROOM_FLOOR_BYTES)
-    fraction = plan.expectations.mem_fraction_static or DEFAULT_MEM_FRACTION
-    if not host.gpus:
-        return CheckResult("memory", title, Status.SKIP, "no GPU to check against",
-                           data={"weight_bytes": size})
-    gpu_mem = host.gpu_memory_bytes(0)
-    if gpu_mem is None:
-        return CheckResult("memory", title, Status.WARN, "GPU memory unknown", evidence=[host.gpus[0].memory_note])
-    usable = gpu_mem * fraction
-    kind = "unified (host RAM)" if host.unified_memory else "per GPU"
-    evidence = [f"weights {size / GIB:.1f} GiB ({source}) / tp {tp} = {per_gpu_need / GIB:.1f} GiB per GPU",
-                f"+ headroom {headroom / GIB:.1f} GiB (KV cache, graphs)",
-                f"usable {usable / GIB:.1f} GiB = {gpu_mem / GIB:.1f} GiB {kind} x mem_fraction_static {fraction}"]
-    data = {"weight_bytes": size, "need_bytes": int(per_gpu_need + headroom), "usable_bytes": int(usable)}
-    if per_gpu_need + headroom <= usable:
-        return CheckResult("memory", title, Status.PASS,
-                           f"needs {(per_gpu_need + headroom) / GIB:.1f} GiB of {usable / GIB:.1f} GiB", evidence, data=data)
-    return CheckResult("memory", title, Status.FAIL,
-                       f"needs {(per_gpu_need + headroom) / GIB:.1f} GiB but only {usable / GIB:.1f} GiB is usable",
-                       evidence, fix="use a smaller checkpoint (fp4/fp8), more GPUs (stack.tp), or a higher mem_fraction_static",
-                       data=data)
+    basis = memory_basis(plan, host)
+    fit = compute_fit(plan, basis)
+    terms = [f"weights {gib(fit.weights_bytes)}, KV and state {gib(fit.kv_bytes)}, headroom "
+             f"{gib(fit.headroom_bytes)} (`sparkit plan {plan.recipe_name}` shows every term)"]
+    evidence = terms + fit.arithmetic + fit.notes
+    data = fit.to_dict()
+    nominal = "" if basis is None or basis.measured else " (nominal: not measured on this host)"
+    if fit.verdict == "fits":
+        return CheckResult("memory", title, Status.PASS, fit.summary + nominal, evidence, data=data)
+    if fit.verdict == "unknown":
+        return CheckResult("memory", title, Status.WARN, fit.summary, evidence, data=data,
+                           fix=fit.need or "run the preflight where the checkpoint is readable")
+    if fit.verdict == "does-not-fit":
+        return CheckResult("memory", title, Status.FAIL, fit.summary + nominal, evidence, data=data,
+                           cause="the weights, the KV cache and the runtime headroom need more memory than is free",
+                           fix="a smaller checkpoint (fp4/fp8), a shorter model.context_length, fewer "
+                               "server.max_running_requests, or more GPUs (stack.tp)")
+    # fits-with: the recipe's mem_fraction_static (or none) is outside the range that fits
+    fix = f"--set server.mem_fraction_static={fit.suggested_fraction} (fits between {fit.min_fraction} and {fit.max_fraction})"
+    f = fit.mem_fraction_static
+    too_low = f is not None and fit.min_fraction is not None and f < fit.min_fraction
+    shared = basis is not None and basis.shared_with_os
+    if too_low or (f is not None and shared):
+        cause = ("SGLang refuses to start: the weights leave no memory for the KV cache" if too_low else
+                 "on unified memory the engine would take what the OS needs: the machine can hang instead of an OOM")
+        return CheckResult("memory", title, Status.FAIL, fit.summary + nominal, evidence, data=data, cause=cause, fix=fix)
+    return CheckResult("memory", title, Status.WARN, fit.summary + nominal, evidence, data=data, fix=fix,
+                       cause=None if f is None else "activations or CUDA graph capture may run out of GPU memory")
+
+
+def check_memory_now(plan: LaunchPlan, host: Host) -> CheckResult:
+    """What the OS can give right now, against the load guard's floor (the guard would stop an
+    engine at once under it); on unified memory the whole picture (page cache, the checkpoint's
+    share of it, swap, what NVML and CUDA would claim)."""
+    from sparkit.memory.checkpoint import plan_checkpoint_dirs
+    from sparkit.memory.floor import floor_bytes, floor_source, guard_settings
+    from sparkit.memory.guard import guard_supported
+    from sparkit.memory.meminfo import read_meminfo
+    from sparkit.memory.picture import memory_picture
+    from sparkit.memory.units import gib
+
+    title = "memory now"
+    if guard_supported() is not None:
+        return CheckResult("memory_now", title, Status.SKIP, guard_supported() or "")
+    m = read_meminfo()
+    floor = floor_bytes(plan.recipe, m.total)
+    picture = memory_picture(host, plan_checkpoint_dirs(plan), meminfo=m)
+    enabled = guard_settings(plan.recipe).get("enabled", True)
+    detail = f"{gib(m.available)} available (MemAvailable), {gib(m.free)} free, page cache {gib(m.page_cache)}"
+    if picture.checkpoints:
+        detail += f" ({gib(picture.checkpoint_cached_bytes)} of it the model's files)"
+    if picture.unified:
+        detail += (f"; CUDA would report ~{gib(m.free)} free, NVML none (NotSupported); swap "
+                   f"{gib(m.swap_used)} used of {gib(m.swap_total)}")
+    detail += f"; guard floor {gib(floor)}" + ("" if enabled else " (guard off)")
+    data = {"picture": picture.to_dict(), "floor_bytes": floor, "floor_source": floor_source(plan.recipe)}
+    if enabled and m.available < floor:
+        return CheckResult("memory_now", title, Status.FAIL,
+                           f"only {gib(m.available)} is available, under the memory guard's floor of "
+                           f"{gib(floor)}: the guard would stop the engine as soon as it starts",
+                           picture.reasons, data=data,
+                           fix="free memory (stop other servers: `sparkit status`), or lower server.memory_guard.floor_gib")
+    return CheckResult("memory_now", title, Status.PASS, detail, picture.reasons, data=data)
 
 
 def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
@@ -158,7 +159,7 @@ def check_engine(plan: LaunchPlan, host: Host) -> list[CheckResult]:
     return get_adapter(plan.engine).preflight(plan)
 
 
-PREFLIGHT_CHECKS = [check_gpus, check_memory, check_port, check_model]
+PREFLIGHT_CHECKS = [check_gpus, check_memory_now, check_memory, check_port, check_model]
 
 
 def run_preflight(plan: LaunchPlan, host: Host) -> list[CheckResult]:

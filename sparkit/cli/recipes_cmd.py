@@ -29,19 +29,52 @@ def plan_cmd(
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.estimate import roofline_document
 
+    from sparkit.host import detect_host
+    from sparkit.memory.fit import compute_fit, memory_basis
+
     loaded = load_recipe(recipe, list(set_))
     plan = compile_plan(loaded, port=port)
     if strict and plan.validated_by is None:
         raise PreflightError(plan.validation_note or "the plan could not be validated by the engine's parser",
                              hint=_validation_hint(plan))
     roofline = roofline_document(loaded.recipe, recipe_name=loaded.name, context=context)
+    fit = compute_fit(plan, memory_basis(plan, detect_host()))
     if as_json:
-        print_json({**plan.to_dict(), "roofline": roofline})
+        print_json({**plan.to_dict(), "roofline": roofline, "memory_fit": fit.to_dict()})
         return
     render_plan(plan)
     from sparkit.cli.roofline_view import render_roofline
 
     render_roofline(console(), roofline, verbose=verbose)
+    render_fit(fit)
+
+
+_VERDICT_STYLE = {"fits": "green", "fits-with": "yellow", "does-not-fit": "bold red", "unknown": "yellow"}
+
+
+def render_fit(fit) -> None:
+    """The memory fit: every term, the arithmetic, the verdict."""
+    from rich.markup import escape
+
+    from sparkit.memory.units import gib
+
+    out = console()
+    out.print(f"\n[bold {_VERDICT_STYLE[fit.verdict]}]memory fit[/]: {escape(fit.summary)}", highlight=False, soft_wrap=True)
+    out.print(f"  checkpoint: {escape(fit.checkpoint_note)}", highlight=False, soft_wrap=True)
+    if fit.basis is not None:
+        out.print(f"  memory: {escape(fit.basis.source)}", highlight=False, soft_wrap=True)
+    group = None
+    for term in fit.terms:  # two lines a term: figures aligned, then how it was computed
+        label = term.group if term.group != group else ""
+        group = term.group
+        out.print(f"  {label:8} {gib(term.bytes):>10}  {escape(term.name)}", highlight=False, soft_wrap=True)
+        out.print(f"  {'':8} {'':>10}  [dim]{escape(term.detail)}[/]", highlight=False, soft_wrap=True)
+    for line in fit.arithmetic:
+        out.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    for note in fit.notes:
+        out.print(f"  [dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)
+    if fit.need:
+        out.print(f"  [yellow]needs:[/] {escape(fit.need)}", highlight=False, soft_wrap=True)
 
 
 def render_plan(plan) -> None:
@@ -197,7 +230,10 @@ def doctor_cmd(
     from sparkit.engines.base import registry
     from sparkit.host import detect_host, target_fit
 
+    from sparkit.memory.picture import memory_picture
+
     host = detect_host()
+    picture = memory_picture(host, _shipped_checkpoint_dirs())
     engines = [adapter.probe() for adapter in registry().values()]
     targets = []
     for name, engine, recipes in _shipped_targets():
@@ -206,10 +242,10 @@ def doctor_cmd(
     measured_now = _measure_bandwidth(host, bandwidth_mib) if bandwidth else None
     memory = _bandwidth_report(host, measured_now)
     if as_json:
-        print_json({"host": host.to_dict(), "engines": [e.__dict__ for e in engines], "targets": targets,
-                    "bandwidth": memory})
+        print_json({"host": host.to_dict(), "memory": picture.to_dict(), "engines": [e.__dict__ for e in engines],
+                    "targets": targets, "bandwidth": memory})
         return
-    render_doctor(host, engines, targets)
+    render_doctor(host, engines, targets, picture)
     render_bandwidth(memory)
 
 
@@ -294,6 +330,34 @@ def render_bandwidth(memory: dict) -> None:
         err_console().print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
+def _shipped_checkpoint_dirs() -> list:
+    """The checkpoints of the shipped recipes that are on this machine (their page-cache share is
+    part of the memory picture)."""
+    from sparkit.engines.builtin_models import parse_builtin
+    from sparkit.errors import SparkitError
+    from sparkit.memory.checkpoint import locate
+    from sparkit.recipes.load import load_recipe
+
+    dirs: dict = {}
+    for _name, path in _shipped():
+        try:
+            r = load_recipe(path).recipe
+        except SparkitError:
+            continue
+        for ref in filter(None, (r.model.path, r.stack.speculative.draft_model)):
+            build = None
+            parsed = parse_builtin(ref)
+            if parsed:
+                from sparkit.engines.embedded.builder import builtin_model_dir
+
+                name, seed, steps = parsed
+                build = str(builtin_model_dir(name, seed, steps) if steps else builtin_model_dir(name, seed))
+            location = locate(ref, build)
+            if location.directory is not None:
+                dirs.setdefault(location.directory.resolve(), None)
+    return list(dirs)
+
+
 def _shipped_targets() -> list[tuple[str, str, list[str]]]:
     """(target, engine, shipped recipe names) for every (target, engine) pair shipped."""
     from sparkit.errors import SparkitError
@@ -309,7 +373,7 @@ def _shipped_targets() -> list[tuple[str, str, list[str]]]:
     return [(t, e, names) for (t, e), names in groups.items()]
 
 
-def render_doctor(host, engines, targets) -> None:
+def render_doctor(host, engines, targets, picture=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -329,6 +393,8 @@ def render_doctor(host, engines, targets) -> None:
             out.print(f"  {escape(link)}", highlight=False)
     else:
         out.print(f"  no NVIDIA GPU: {escape(host.nvml_status)}", highlight=False)
+    if picture is not None:
+        render_picture(picture)
     out.print("\n[bold]engines[/]")
     for e in engines:
         state = f"[green]{escape(e.version or 'installed')}[/]" if e.importable else "[red]not installed[/]"
@@ -347,6 +413,31 @@ def render_doctor(host, engines, targets) -> None:
                       escape(", ".join(t["recipes"])))
     out.print()
     out.print(table)
+
+
+def render_picture(picture) -> None:
+    """The memory picture, figures side by side, then why they differ."""
+    from rich.markup import escape
+
+    from sparkit.memory.units import gib
+
+    out = console()
+    m = picture.meminfo
+    out.print("\n[bold]memory[/]" + (" (unified: the GPU shares it)" if picture.unified else ""))
+    rows: list[tuple] = [("the OS can give now (MemAvailable)", m["available"]),
+                         ("free, page cache excluded (MemFree)", m["free"]), ("page cache (reclaimable)", m["page_cache"])]
+    rows += [("  of it, a model's files", c.cached_bytes, c.directory) for c in picture.checkpoints if c.cached_bytes]
+    if picture.cuda_free_bytes is not None:
+        rows.append(("CUDA would report free (~MemFree)", picture.cuda_free_bytes))
+    rows.append(("swap used / total", None))
+    width = max(len(row[0]) for row in rows)
+    for label, value, *where in rows:
+        text = (f"{gib(m['swap_used'])} / {gib(m['swap_total'])}" if value is None else gib(value))
+        suffix = f"  [dim]{escape(where[0])}[/]" if where else ""
+        out.print(f"  {escape(label).ljust(width)}  {text}{suffix}", highlight=False, soft_wrap=True)
+    out.print(f"  {'NVML'.ljust(width)}  {escape(picture.nvml)}", highlight=False, soft_wrap=True)
+    for reason in picture.reasons:
+        out.print(f"  [dim]· {escape(reason)}[/]", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

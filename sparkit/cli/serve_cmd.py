@@ -51,6 +51,24 @@ def render_checks(results: list, title: str = "startup checks", stderr: bool = F
     (err_console() if stderr else console()).print(table)
 
 
+def guard_line(guard: dict | None) -> str:
+    """What the load guard did while the engine started, in one line."""
+    from sparkit.memory.units import gib
+
+    if not guard:
+        return "memory guard: no record"
+    if not guard.get("enabled"):
+        return f"memory guard off: {guard.get('reason', '')}"
+    line = (f"memory guard: lowest available {gib(guard['min_available'])} (floor {gib(guard['floor_bytes'])}, "
+            f"peak use {gib(guard['peak_used'])} over {guard['samples']} samples); ")
+    if guard.get("evictions"):
+        line += (f"evicted {gib(guard['evicted_bytes'])} of the checkpoint's page cache in {guard['evictions']} "
+                 f"pass{'es' if guard['evictions'] != 1 else ''}")
+    else:
+        line += "evicted nothing (free memory stayed above the floor)"
+    return line
+
+
 def _sigterm_as_interrupt() -> None:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -111,6 +129,7 @@ def up(
     def on_checking(run: Any) -> None:
         phase_line.close()
         err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}")
+        err_console().print(guard_line(run.memory_guard), highlight=False, soft_wrap=True)
         checking.start()
 
     try:
@@ -129,6 +148,7 @@ def up(
                 "pid": run.pid,
                 "log": str(run.log_path),
                 "preflight": [r.to_dict() for r in started.preflight],
+                "memory_guard": run.memory_guard,
                 "checks": [r.to_dict() for r in results],
                 "ok": started.ok,
             }

@@ -72,6 +72,7 @@ class EngineAdapter(Protocol):
     packages: tuple[str, ...]  # import names the engine needs on the serving host
     install_hint: str  # how to get them
     validation_hint: str  # how to get a plan validated by the engine's own parser where it is not
+    memory_model: str  # "mem_fraction_static" | "host_process" (how sparkit.memory.fit sizes it)
     secret_files: tuple[str, ...]  # run-directory files deliver_secret writes, removed once the engine is up
 
     def probe(self) -> EngineInfo:

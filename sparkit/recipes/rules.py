@@ -178,7 +178,7 @@ def expert_width(model_path: str) -> int | None:
 def _fp8_block_split(loaded: LoadedRecipe):
     r = loaded.recipe
     fp8 = r.stack.weights == "fp8" or (r.stack.quantization or "").startswith("fp8")
-    if not fp8 or r.engine != "sglang" or r.stack.tp == 1:
+    if not fp8 or r.stack.tp == 1:
         return []
     width = expert_width(r.model.path)
     moe_tp = max(1, r.stack.tp // r.stack.ep)

@@ -159,6 +159,28 @@ class CudaGraph(_Strict):
     """Largest prefill batch size captured (`--cuda-graph-max-bs-prefill`)."""
 
 
+class MemoryGuard(_Strict):
+    """The load guard: while the engine loads and warms up, sparkit watches the host's memory
+    (on a DGX Spark, the GPU's too). When free memory (MemFree) falls under the floor it evicts
+    the checkpoint's pages from the page cache (posix_fadvise DONTNEED, no root needed); when
+    available memory (MemAvailable) falls under it, it stops the engine before the machine
+    wedges, and `sparkit up` fails with exit 5 naming the peak, the floor and what to change.
+    Decisions go to memory-guard.jsonl in the run directory. `memory_guard: false` turns it off."""
+
+    enabled: bool = True
+    """Run the guard (Linux hosts; any engine)."""
+
+    floor_gib: float | None = Field(default=None, gt=0)
+    """Memory, in GiB, the OS keeps: the guard's threshold, and on unified memory what the memory
+    fit keeps free at steady state. Default: 5% of the host's memory, at least 2 GiB (about 6 GiB
+    on a DGX Spark)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
 class Server(_Strict):
     """How the server listens and engine extras."""
 
@@ -172,13 +194,18 @@ class Server(_Strict):
     """Name of the environment variable that holds the API key (never the key itself)."""
 
     mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
-    """Fraction of GPU memory for weights + KV cache (DGX Spark cookbook: 0.68)."""
+    """Fraction of the memory free at the engine's start that SGLang gives weights + KV cache; the
+    rest is for activations, CUDA graphs and, on unified memory, the OS (DGX Spark cookbook: 0.68).
+    The preflight checks it against the memory fit (`sparkit plan` shows the range that fits)."""
 
     max_running_requests: int | None = Field(default=None, ge=1)
     """Most requests decoded at once."""
 
     cuda_graph: CudaGraph = Field(default_factory=CudaGraph)
     """CUDA graph settings."""
+
+    memory_guard: MemoryGuard = Field(default_factory=MemoryGuard)
+    """The load guard (see `memory_guard.*`)."""
 
     enable_metrics: bool = True
     """Expose Prometheus /metrics (the startup checks read it)."""

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError
@@ -122,8 +123,9 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     run.create_time = processes.create_time(proc.pid)
     run.save()
 
+    guard = _start_guard(plan, run, proc)
     try:
-        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0)
+        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard)
     except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
         stop(run, grace=5)
         raise
@@ -131,6 +133,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         # The engine read its key at start; it need not stay on disk.
         for name in adapter.secret_files:
             (run.path / name).unlink(missing_ok=True)
+        _record_guard(run, guard)
     run = run.reload()
     run.state, run.ready_s = RunState.RUNNING, round(time.monotonic() - t0, 2)
     run.save()
@@ -138,8 +141,66 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     return run
 
 
+def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
+    """The load guard over this engine (None when the recipe turns it off or the OS cannot run it;
+    the run's record says which)."""
+    from sparkit.memory.floor import floor_bytes, guard_settings
+    from sparkit.memory.guard import GUARD_LOG, LoadGuard, guard_supported
+
+    settings = guard_settings(plan.recipe)
+    unsupported = guard_supported()
+    if not settings.get("enabled", True) or unsupported:
+        run = run.reload()
+        run.memory_guard = {"enabled": False, "reason": unsupported or "server.memory_guard.enabled is false"}
+        run.save()
+        return None
+    from sparkit.memory.checkpoint import plan_checkpoint_dirs
+    from sparkit.memory.meminfo import read_meminfo
+    from sparkit.memory.pagecache import weight_files
+
+    pgid = proc.pid
+    return LoadGuard(
+        pgid=pgid,
+        files=weight_files(plan_checkpoint_dirs(plan)),
+        floor_bytes=floor_bytes(plan.recipe, read_meminfo().total),
+        log_path=run.path / GUARD_LOG,
+        alive=lambda: proc.poll() is None or processes.group_alive(pgid),
+    ).start()
+
+
+def _record_guard(run: Run, guard: Any) -> None:
+    if guard is None:
+        return
+    summary = guard.stop()
+    run = run.reload()
+    run.memory_guard = {"enabled": True, **summary.to_dict()}
+    run.save()
+
+
+def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
+    """The engine was stopped by the load guard: what happened, in numbers, and what to change."""
+    gib = 1024**3
+    s = guard.summary
+    run = run.reload()
+    run.state, run.failure, run.stopped_at = RunState.FAILED, "stopped by the memory guard", now_iso()
+    run.save()
+    evicted = (f"; it had evicted {s.evicted_bytes / gib:.2f} GiB of the checkpoint's page cache first"
+               if s.evictions else "")
+    message = (f"the memory guard stopped the engine while {phase or 'starting'}: available memory fell to "
+               f"{(s.stopped_at_available or s.min_available) / gib:.2f} GiB, under the floor of "
+               f"{s.stop_below / gib:.2f} GiB (peak use {s.peak_used / gib:.2f} GiB above what was in use at the "
+               f"start, {s.start_available / gib:.2f} GiB available then){evicted}\n"
+               f"  guard log: {s.log}")
+    hint = ("lower server.mem_fraction_static (`sparkit plan RECIPE` shows the range that fits), a shorter "
+            "model.context_length or fewer server.max_running_requests, or a smaller checkpoint; "
+            "server.memory_guard.floor_gib sets the floor (server.memory_guard.enabled: false turns the guard off)")
+    error = LaunchError(message, hint=hint)
+    error.run = run  # type: ignore[attr-defined]
+    return error
+
+
 def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan: LaunchPlan, timeout: float,
-                  emit: Callable[..., None], t0: float) -> None:
+                  emit: Callable[..., None], t0: float, guard: Any = None) -> None:
     from sparkit.client import check_health
 
     phases = STARTUP_PHASES
@@ -165,8 +226,13 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
 
     with open(run.log_path, "r", errors="replace") as log:
         while True:
+            if guard is not None and guard.tripped.is_set():
+                guard.stop()  # waits until the guard has stopped the engine
+                raise _guard_failure(run, guard, phases[state["phase"]])
             code = proc.poll()
             if code is not None:
+                if guard is not None and guard.tripped.is_set():
+                    continue  # the guard stopped it: its message, not "exited"
                 raise _launch_failure(run, adapter, "the engine exited during start", code)
             read_phases(log)
             now = time.monotonic()

@@ -7,6 +7,7 @@
         activation-tp*.json    activation reports written from inside the engine
         checks.json            the last startup-check results
         probe.json             the last measured decode tok/s and accept length
+        memory-guard.jsonl     the load guard's decisions while the engine started
 
 The file names are declared here (RunFiles) and nowhere else. Never prints.
 """
@@ -70,6 +71,7 @@ class Run:
     ready_s: float | None = None  # seconds from launch to healthy
     stopped_at: str | None = None
     create_time: float | None = None  # the engine process's start time (pids are reused)
+    memory_guard: dict[str, Any] | None = None  # the load guard's summary (sparkit.memory.guard)
     root: Path = field(default_factory=runs_dir, repr=False)  # the runs directory it lives in
 
     # -- files ----------------------------------------------------------------------------------
@@ -126,7 +128,7 @@ class Run:
             raise ValueError(f"{path / RunFiles.META}: not a run record")
         # Records of sparkit before 0.3 kept state and its companions in `extra`.
         extra = data.pop("extra", None) or {}
-        for key in ("state", "failure", "ready_s", "stopped_at", "create_time"):
+        for key in ("state", "failure", "ready_s", "stopped_at", "create_time", "memory_guard"):
             if key in extra and key not in data:
                 data[key] = extra[key]
         known = {f.name for f in fields(cls)} - {"root"}

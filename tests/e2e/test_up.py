@@ -75,6 +75,9 @@ def test_up_detach_checks_status_chat_down(sparkit_home, tiny_model_dir):
     assert up.returncode == 0, up.stderr
     doc = json.loads(up.stdout)
     assert doc["ok"] is True
+    guard = doc["memory_guard"]  # on by default for the embedded engine: watched the start, stopped nothing
+    assert guard["enabled"] and not guard["stopped"] and guard["files"] >= 1 and guard["floor_bytes"] > 0
+    assert "memory guard: lowest available" in up.stderr
     checks = checks_by_name(doc)
     for name in ("resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed"):
         assert checks[name]["status"] == Status.PASS.value, checks[name]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import socket
 
-from sparkit.checks.preflight import run_preflight, weight_bytes
+import pytest
+
+from _shared import REPO_DIR
+
+from sparkit.checks.preflight import run_preflight
 from sparkit.checks.results import Status
 from sparkit.host import Gpu, Host, detect_host
 from sparkit.recipes.compile import compile_plan
@@ -32,7 +36,8 @@ def free_port() -> int:
 def test_tiny_passes_on_this_host():
     plan = compile_plan(load_recipe("tiny"), port=free_port())
     results = by_name(run_preflight(plan, detect_host()))
-    assert [r.name for r in run_preflight(plan, detect_host())] == ["gpus", "memory", "port", "model", "engine_packages"]
+    assert [r.name for r in run_preflight(plan, detect_host())] == ["gpus", "memory_now", "memory", "port", "model",
+                                                                    "engine_packages"]
     assert all(r.status == Status.PASS for r in results.values()), results
 
 
@@ -43,28 +48,53 @@ def test_gb10_recipe_on_a_host_without_gpu_fails_gpus():
     assert gpus.status == Status.FAIL and "needs 1 GPU(s), found 0" in gpus.detail and gpus.fix
 
 
-def test_gb10_recipe_on_gb10_fits_unified_memory():
-    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
-    results = by_name(run_preflight(plan, gb10_host()))
+@pytest.fixture(scope="module")
+def ling_fp4(tmp_path_factory):
+    """Ling-3.0-flash-fp4's headers over holes (scripts/make_sparse_ling.py): the real arithmetic."""
+    spec = importlib.util.spec_from_file_location("make_sparse_ling", REPO_DIR / "scripts" / "make_sparse_ling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_checkpoint(tmp_path_factory.mktemp("ling-fp4"), "fp4")
+
+
+def test_gb10_recipe_on_gb10_fits_unified_memory(ling_fp4):
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={ling_fp4}"]), port=free_port())
+    results = by_name(run_preflight(plan, gb10_host(ram=120 * GIB)))
     assert results["gpus"].status == Status.PASS
     mem = results["memory"]
-    assert mem.status == Status.PASS and "unified" in " ".join(mem.evidence)
-    # The same checkpoint on a 64 GB box does not fit at mem fraction 0.68.
-    small = by_name(run_preflight(plan, gb10_host(ram=64 * 10**9)))["memory"]
-    assert small.status == Status.FAIL and small.data["need_bytes"] > small.data["usable_bytes"]
+    assert mem.status == Status.PASS and mem.detail.startswith("fits: mem_fraction_static 0.68 is within")
+    assert mem.data["basis"]["kind"] == "unified" and mem.data["verdict"] == "fits"
+    # The same checkpoint on a 64 GiB box does not fit at any fraction.
+    small = by_name(run_preflight(plan, gb10_host(ram=64 * GIB)))["memory"]
+    assert small.status == Status.FAIL and small.data["verdict"] == "does-not-fit" and "does not fit" in small.detail
+    # A fraction that would take the OS's share on unified memory fails, naming the one that fits.
+    now = results["memory_now"]  # the picture on unified memory: what CUDA and NVML would claim, beside MemAvailable
+    assert now.status == Status.PASS and "CUDA would report ~" in now.detail and "NVML none (NotSupported)" in now.detail
+    assert any("counts the page cache as used" in line for line in now.evidence)
+    greedy = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={ling_fp4}",
+                                                                         "server.mem_fraction_static=0.92"]))
+    too_much = by_name(run_preflight(greedy, gb10_host(ram=120 * GIB)))["memory"]
+    assert too_much.status == Status.FAIL and "machine can hang" in too_much.cause
+    assert f"--set server.mem_fraction_static={too_much.data['max_fraction']}" in too_much.fix
 
 
-def test_memory_from_a_local_safetensors_index(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 200 * 10**9}}))
-    assert weight_bytes(str(tmp_path)) == (200 * 10**9, "model.safetensors.index.json metadata.total_size")
-    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={tmp_path}"]), port=free_port())
-    results = by_name(run_preflight(plan, gb10_host()))
-    assert results["memory"].status == Status.FAIL and results["model"].status == Status.PASS
-    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-baseline", [f"model.path={tmp_path}"]), port=free_port())
-    b200 = [Gpu(i, "NVIDIA B200", (10, 0), 180 * GIB) for i in range(4)]
-    results = by_name(run_preflight(plan, Host(gpus=b200, nvml_status="ok", ram_total_bytes=1024 * GIB)))
-    assert results["memory"].status == Status.PASS and results["gpus"].status == Status.PASS
+def test_a_hub_checkpoint_that_is_not_here_warns_with_what_the_fit_needs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
+    mem = by_name(run_preflight(plan, gb10_host()))["memory"]
+    assert mem.status == Status.WARN and "cannot read the checkpoint inclusionAI/Ling-3.0-flash-fp4" in mem.detail
+    assert "--set model.path=DIR" in mem.fix
+
+
+def test_memory_now_fails_under_the_guard_floor_and_passes_with_the_guard_off():
+    from sparkit.memory.meminfo import read_meminfo
+
+    high = (read_meminfo().total + 8 * GIB) / GIB
+    plan = compile_plan(load_recipe("tiny", [f"server.memory_guard.floor_gib={high}"]), port=free_port())
+    now = by_name(run_preflight(plan, detect_host()))["memory_now"]
+    assert now.status == Status.FAIL and "under the memory guard's floor" in now.detail and now.fix
+    off = compile_plan(load_recipe("tiny", [f"server.memory_guard.floor_gib={high}", "server.memory_guard.enabled=false"]))
+    assert by_name(run_preflight(off, detect_host()))["memory_now"].status == Status.PASS
 
 
 def test_port_in_use_fails():

@@ -42,6 +42,34 @@ def test_plan_json_with_set_and_port():
     assert plan["model_builds"][0]["name"] == "tiny-ling"
 
 
+def test_plan_shows_the_memory_fit_computed_from_the_checkpoint_headers(tmp_path, monkeypatch):
+    import importlib.util
+
+    from _shared import REPO_DIR
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    unread = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized"])
+    assert unread.exit_code == 0, unread.output
+    assert "memory fit: cannot read the checkpoint inclusionAI/Ling-3.0-flash-fp4" in unread.output
+    assert "needs: a local copy: --set model.path=DIR" in unread.output
+    spec = importlib.util.spec_from_file_location("make_sparse_ling", REPO_DIR / "scripts" / "make_sparse_ling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ling = module.write_checkpoint(tmp_path / "ling", "fp4")
+    shown = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--set", f"model.path={ling}"])
+    assert shown.exit_code == 0, shown.output
+    out = shown.output
+    assert "memory fit: fits: mem_fraction_static 0.68 is within [" in out
+    for line in ("routed experts", "FP8 lm_head copy (sparkit plugin)", "KV cache (7 MLA layers)",
+                 "linear-attention state (35 KDA layers)", "OS floor", "mem_fraction_static >= ", "mem_fraction_static <= "):
+        assert line in out, line
+    doc = json.loads(runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--set", f"model.path={ling}",
+                                         "--json"]).stdout)
+    assert doc["argv"][0] and doc["memory_fit"]["verdict"] == "fits"
+    assert doc["memory_fit"]["min_fraction"] < 0.68 < doc["memory_fit"]["max_fraction"]
+    assert doc["memory_fit"]["weights_bytes"] == sum(t["bytes"] for t in doc["memory_fit"]["terms"] if t["group"] == "weights")
+
+
 def test_plan_bad_recipe_raises_recipe_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  path: x/y\nstack:\n  lm_head: fp16\n")
@@ -117,8 +145,13 @@ def test_doctor_reports_a_host_without_gpu_cleanly():
     if not report["host"]["gpus"]:
         assert not targets["gb10", "sglang"]["ok"] and "needs 1 GPU" in targets["gb10", "sglang"]["why"]
         assert not targets["auto", "sglang"]["ok"]  # SGLang needs a GPU whatever the target
+    memory = report["memory"]
+    assert 0 < memory["meminfo"]["free"] <= memory["meminfo"]["available"] <= memory["meminfo"]["total"]
+    assert memory["unified"] is bool(report["host"]["gpus"] and all(g["unified_memory"] for g in report["host"]["gpus"]))
+    assert any("tiny-ling" in c["directory"] for c in memory["checkpoints"])  # the shipped recipes' local checkpoint
     text = runner.invoke(app, ["doctor"]).output
     assert "engines" in text and "sglang" in text
+    assert "the OS can give now (MemAvailable)" in text and "NVML" in text
 
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess:

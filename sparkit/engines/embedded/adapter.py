@@ -66,6 +66,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
     packages = ("torch", "safetensors", "transformers")
     install_hint = "pip install 'sparkit[embedded]'"
     validation_hint = ""  # its parser ships with sparkit: a plan is always validated
+    memory_model = "host_process"  # holds what it loads, in host memory (sparkit.memory.fit)
     secret_files = ()
 
     def probe(self) -> EngineInfo:

@@ -146,6 +146,7 @@ class SGLangAdapter(SGLangLogAdapter):
     packages = ("sglang",)
     install_hint = "pip install sglang"
     validation_hint = PARSER_INSTALL_HINT
+    memory_model = "mem_fraction_static"  # a static pool sized at start (sparkit.memory.fit)
     secret_files = (SECRETS_FILE,)
 
     def probe(self) -> EngineInfo:

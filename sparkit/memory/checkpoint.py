@@ -1,0 +1,110 @@
+"""Where a recipe's checkpoint is on this machine, or why it cannot be read.
+
+A model reference is a local directory, one of sparkit's built-in models (`sparkit:tiny-ling...`,
+built under SPARKIT_HOME or shipped with the package), or a hub id. A hub id is readable when the
+Hugging Face cache holds a snapshot of it (what `huggingface-cli download` or an engine's first
+start leaves); otherwise only its name is known, and `need` says what would make it readable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class CheckpointLocation:
+    ref: str  # what the recipe names
+    directory: Path | None  # where its config.json and weights are, when readable
+    how: str  # how it was found, or why not
+    need: str | None = None  # what would make it readable (None when it is)
+
+    @property
+    def readable(self) -> bool:
+        return self.directory is not None
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, as huggingface_hub resolves it (HF_HUB_CACHE, HF_HOME/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "huggingface" / "hub"
+
+
+def _hf_snapshot(hub_id: str) -> Path | None:
+    repo = hf_hub_cache() / ("models--" + hub_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    main = repo / "refs" / "main"
+    if main.is_file():
+        candidate = snapshots / main.read_text().strip()
+        if (candidate / "config.json").is_file():
+            return candidate
+    complete = [p for p in snapshots.iterdir() if (p / "config.json").is_file()]
+    return max(complete, key=lambda p: p.stat().st_mtime) if complete else None
+
+
+def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
+    """Find `ref` on disk. `build_dir` is where the plan builds a built-in model (plan.model_builds)."""
+    if ref.startswith("sparkit:"):
+        directory = Path(build_dir) if build_dir else None
+        if directory is not None and (directory / "config.json").is_file():
+            return CheckpointLocation(ref, directory, f"sparkit build {directory}")
+        return CheckpointLocation(ref, None, "sparkit builds it before the launch; not built yet",
+                                  need="it is read once built (`sparkit up` builds it; or `sparkit model make-tiny`)")
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return CheckpointLocation(ref, path, f"local directory {path}")
+        return CheckpointLocation(ref, None, f"{path} has no config.json", need="point model.path at a checkpoint directory")
+    if _HUB_ID.match(ref) and not ref.startswith((".", "/", "~")):
+        snapshot = _hf_snapshot(ref)
+        if snapshot is not None:
+            return CheckpointLocation(ref, snapshot, f"Hugging Face cache {snapshot}")
+        return CheckpointLocation(
+            ref, None, f"hub id, not downloaded (not in the Hugging Face cache {hf_hub_cache()})",
+            need=(f"a local copy: --set model.path=DIR with DIR a download of {ref} "
+                  f"(`huggingface-cli download {ref} --local-dir DIR`); only config.json and the "
+                  "safetensors headers are read"))
+    return CheckpointLocation(ref, None, f"{ref} is neither a local directory nor a hub id",
+                              need="fix model.path (a directory, or org/name on the hub)")
+
+
+def _build_dir_for(plan: Any, ref: str) -> str | None:
+    """The directory the plan builds a `sparkit:` reference into (its HF export for SGLang)."""
+    if not ref.startswith("sparkit:"):
+        return None
+    from sparkit.engines.builtin_models import parse_builtin
+
+    parsed = parse_builtin(ref)
+    for build in plan.model_builds:
+        if parsed and (build.get("name"), build.get("seed"), build.get("steps")) == (parsed[0], parsed[1], parsed[2]):
+            export = build.get("export_hf")
+            if export and (Path(export["dir"]) / "config.json").is_file():
+                return export["dir"]
+            return build["dir"]  # the export holds the same tensors; it is written at launch
+    return None
+
+
+def plan_checkpoints(plan: Any) -> dict[str, CheckpointLocation]:
+    """The checkpoints a plan's engine loads: "target", and "draft" when a separate draft model is set."""
+    recipe = plan.recipe or {}
+    target_ref = plan.model
+    out = {"target": locate(target_ref, _build_dir_for(plan, target_ref))}
+    draft_ref = ((recipe.get("stack") or {}).get("speculative") or {}).get("draft_model")
+    if draft_ref:
+        out["draft"] = locate(draft_ref, _build_dir_for(plan, draft_ref))
+    return out
+
+
+def plan_checkpoint_dirs(plan: Any) -> list[Path]:
+    """Local directories of the plan's checkpoints (for the page-cache picture and the load guard)."""
+    return [loc.directory for loc in plan_checkpoints(plan).values() if loc.directory is not None]

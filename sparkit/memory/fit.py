@@ -1,0 +1,687 @@
+"""The memory fit of a plan: what its engine will hold, term by term, and whether that fits.
+
+Weights come from the checkpoint's safetensors headers (every tensor's dtype and shape), with
+what the recipe's stack adds or frees at load: the FP8 lm_head copy (e4m3 + a float32 scale per
+row) that sparkit's plugin quantises online, next to the bf16 head it keeps for exact re-scoring
+when `stack.lm_head_exact_top_k > 0` (freed at 0); the NextN draft layer (loaded only with
+speculative decoding) or a separate draft checkpoint. The KV cache and the linear-attention
+state come from config.json (sparkit.memory.model_shape) at the recipe's context length and
+`max_running_requests` (1 when unset: batch 1 at full context is the least a server must hold).
+
+SGLang 0.5.23's semantics (mem_cache/kv_cache_configurator.py `_profile_available_bytes`): with
+P the memory free when the engine starts (pre_model_load_memory; on an integrated GPU such as
+GB10, psutil's MemAvailable), the KV pool is what is free after the weights load minus
+P x (1 - mem_fraction_static). So the static part (weights + pool) is P x f, and P x (1 - f) is
+left for activations and CUDA graphs and, on unified memory, for the OS. A recipe fits when
+
+    f >= (weights + KV needed) / P           (else SGLang refuses: no memory for the KV cache)
+    f <= 1 - (runtime headroom + floor) / P  (else activations, graphs or the OS run out)
+
+For a hybrid model SGLang splits the pool between the linear-attention state and the KV cache
+(mamba_full_memory_ratio, 0.9 by default), so the pool must be large enough for each share.
+Runtime headroom uses SGLang's own estimate (arg_groups/memory_hook.py): 512 MiB + 1.5 MiB per
+chunked-prefill token + 2 MiB per decode CUDA-graph batch size + the prefill graphs. The
+embedded engine has no memory fraction: everything it holds must fit in MemAvailable minus the
+floor.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkit.memory.floor import floor_bytes, floor_source
+from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
+from sparkit.memory.units import GIB, MIB, gib
+
+# Estimates of what an engine holds before it measures free memory (so P is that much lower than
+# what the OS reports before the launch): a CUDA context, and on unified memory also SGLang's
+# Python processes (scheduler, tokenizer manager, detokenizer), which live in the same memory.
+CUDA_CONTEXT_BYTES = 1 * GIB
+SGLANG_PROCESSES_BYTES = 2 * GIB
+# The embedded engine's process: Python, torch and the HTTP server. Measured: 244 MiB of unique
+# memory (psutil USS) serving tiny-ling after its startup checks, CPU torch 2.13 on x86-64.
+EMBEDDED_PROCESS_BYTES = 320 * MIB
+
+# A target machine sparkit cannot measure from here: GB10 has 128 GB of unified memory; at its
+# start an idle DGX OS desktop is assumed to use 6 GiB. On the Spark itself the fit reads
+# MemAvailable instead, so this assumption only shapes `plan` on another machine.
+NOMINAL_MEMORY_BYTES = {"gb10": 128 * 10**9}
+NOMINAL_IDLE_USE_BYTES = 6 * GIB
+
+# SGLang 0.5.23 defaults used below (checked against the installed source by the tests).
+SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9  # share of the pool for linear-attention state : KV cache
+SGLANG_MAMBA_SLOTS_PER_REQUEST = 3  # state slots per running request with the radix cache on
+SGLANG_BAILING_DRAFT_TOKENS = 4  # NEXTN defaults for Bailing when no speculative numbers are set
+SGLANG_MLA_PREFILL_GRAPHS_MIB = 1536
+SGLANG_MLA_PREFILL_GRAPH_MAX_TOKENS = 8192
+
+VERDICTS = ("fits", "fits-with", "does-not-fit", "unknown")
+
+
+@dataclass
+class FitTerm:
+    group: str  # "weights" | "kv" | "runtime" | "engine" | "reserve"
+    name: str
+    bytes: int
+    detail: str  # how it was computed
+
+
+@dataclass
+class MemoryBasis:
+    """The memory the engine will size itself from."""
+
+    kind: str  # "unified" (GB10: GPU and OS share host memory) | "gpu" (per GPU) | "host" (CPU engine)
+    capacity_bytes: int | None  # the device's total
+    available_bytes: int | None  # free when the engine starts (before its own overhead)
+    source: str  # where the figures come from
+    measured: bool  # False: a nominal figure for a machine that is not this one
+
+    @property
+    def shared_with_os(self) -> bool:
+        return self.kind in ("unified", "host")
+
+
+@dataclass
+class MemoryFit:
+    recipe: str
+    engine: str
+    verdict: str  # one of VERDICTS
+    summary: str  # one sentence
+    checkpoint: str | None  # the directory read
+    checkpoint_note: str  # where it was found, or why it could not be read
+    need: str | None = None  # what would make an unknown verdict known
+    terms: list[FitTerm] = field(default_factory=list)
+    basis: MemoryBasis | None = None
+    floor_bytes: int | None = None
+    mem_fraction_static: float | None = None
+    mem_fraction_source: str = ""
+    min_fraction: float | None = None  # SGLang: the least f that leaves a KV cache
+    max_fraction: float | None = None  # SGLang: the most f that leaves the runtime headroom and the floor
+    suggested_fraction: float | None = None  # for a fits-with verdict
+    required_available_bytes: int | None = None  # free memory the engine needs at start (per GPU)
+    engine_bytes: int | None = None  # what the engine holds at steady state (per GPU)
+    arithmetic: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def total(self, group: str) -> int:
+        return sum(t.bytes for t in self.terms if t.group == group)
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.total("weights")
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.total("kv")
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.total("runtime") + self.total("engine") + self.total("reserve")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(weights_bytes=self.weights_bytes, kv_bytes=self.kv_bytes, headroom_bytes=self.headroom_bytes)
+        return data
+
+
+_size = gib
+
+
+# ------------------------------------------------------------------------------- the basis
+
+def _memory_model(plan: Any) -> str:
+    """How the plan's engine takes memory (its adapter's `memory_model`): "mem_fraction_static"
+    (SGLang: a static pool, a fraction of the device's memory, sized at start) or "host_process"
+    (a process that holds what it loads, in host memory)."""
+    from sparkit.engines.base import get_adapter
+
+    return getattr(get_adapter(plan.engine), "memory_model", "mem_fraction_static")
+
+
+def memory_basis(plan: Any, host: Any) -> MemoryBasis | None:
+    """What the plan's engine will size from: this host when it is the plan's target, else the
+    target's nominal memory where sparkit knows it (GB10), else None."""
+    from sparkit.host import target_fit
+
+    target = str((plan.recipe or {}).get("target", "auto"))
+    if _memory_model(plan) == "host_process":
+        return MemoryBasis("host", host.ram_total_bytes, host.ram_available_bytes,
+                           "this host: MemAvailable", measured=True)
+    runs_here, _ = target_fit(host, target, plan.engine)
+    tp = int(((plan.recipe or {}).get("stack") or {}).get("tp", 1) or 1)
+    if runs_here and host.gpus:
+        gpus = host.gpus[:tp]
+        if all(g.unified_memory for g in gpus):
+            return MemoryBasis("unified", host.ram_total_bytes, host.ram_available_bytes,
+                               "this host: MemAvailable (what SGLang 0.5.23 sizes from on an integrated GPU)",
+                               measured=True)
+        totals = [g.memory_total_bytes for g in gpus]
+        if all(totals):
+            frees = [g.memory_free_bytes if g.memory_free_bytes is not None else g.memory_total_bytes for g in gpus]
+            return MemoryBasis("gpu", min(totals), min(frees), f"this host: NVML free memory of GPU0-{len(gpus) - 1}"
+                               if len(gpus) > 1 else "this host: NVML free memory of GPU0", measured=True)
+    if target in NOMINAL_MEMORY_BYTES:
+        capacity = NOMINAL_MEMORY_BYTES[target]
+        return MemoryBasis("unified", capacity, capacity - NOMINAL_IDLE_USE_BYTES,
+                           f"nominal {target} ({capacity / 10**9:.0f} GB; {gib(NOMINAL_IDLE_USE_BYTES)} assumed in use "
+                           "at start): this host is not one", measured=False)
+    return None
+
+
+# ------------------------------------------------------------------------------- the checkpoint
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.|\.w_gate_up$|\.w_down$|\.w13_weight|\.w2_weight")
+_SHARED_WITH_TARGET = re.compile(r"(embed_tokens|word_embeddings|shared_head\.head|lm_head)\.weight$")
+
+
+def _is_draft_layer(name: str, num_hidden_layers: int) -> bool:
+    if name.startswith(("mtp.", "model.mtp.")):
+        return True
+    m = _LAYER.search(name)
+    return bool(m) and int(m.group(1)) >= num_hidden_layers
+
+
+def _is_lm_head(name: str) -> bool:
+    return name in ("lm_head.weight", "model.lm_head.weight")
+
+
+@dataclass
+class _Checkpoint:
+    directory: Path
+    tensors: list
+    config: dict
+    shape: ModelShape | None
+    shape_problem: str | None
+
+
+def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
+    from sparkit.checkpoint import safetensors_files
+
+    files = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in safetensors_files(directory))
+    tensors = _cached_index(str(directory), files)
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        from sparkit.errors import DataError
+
+        raise DataError(f"{directory / 'config.json'}: unreadable ({exc})") from None
+    try:
+        shape, problem = model_shape(config, tp), None
+    except UnsupportedConfig as exc:
+        shape, problem = None, str(exc)
+    return _Checkpoint(directory, tensors, config, shape, problem)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_index(directory: str, files: tuple) -> list:
+    """The headers of a checkpoint, read once per process while its files stay the same (`plan`
+    and the preflight both need them; a Ling checkpoint has 127k tensors)."""
+    from sparkit.checkpoint import read_safetensors_index
+
+    return list(read_safetensors_index(Path(directory)).tensors.values())
+
+
+def _per_gpu(t, tp: int) -> int:
+    """Bytes of one tensor on one TP rank: matrices and expert stacks are split, vectors replicated."""
+    return t.nbytes if tp == 1 or len(t.shape) < 2 else -(-t.nbytes // tp)
+
+
+def _describe(tensors: list) -> str:
+    by_dtype: dict[str, int] = {}
+    for t in tensors:
+        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
+    parts = ", ".join(f"{d} {_size(b)}" for d, b in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
+    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from the safetensors headers ({parts})"
+
+
+# ------------------------------------------------------------------------------- flags
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, item in enumerate(argv):
+        if item == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if item.startswith(name + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def _int_flag(argv: list[str], name: str) -> int | None:
+    value = _flag(argv, name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _sglang_capacity_defaults(capacity: int | None, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode CUDA-graph max batch size) SGLang picks from the device's
+    capacity (arg_groups/memory_hook.py handle_gpu_memory_settings)."""
+    if capacity is None:
+        return 4096, 160
+    mib = capacity / MIB
+    if mib < 20 * 1024:
+        return 2048, 8
+    if mib < 35 * 1024:
+        return 4096, 48 if tp < 4 else 160
+    if mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def sglang_prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """SGLang 0.5.23's prefill CUDA-graph token counts up to max_tokens (cuda_graph_hook.py)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+# ------------------------------------------------------------------------------- the fit
+
+def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
+    """The memory fit of `plan` against `basis` (None: the requirement only)."""
+    from sparkit.errors import DataError
+    from sparkit.memory.checkpoint import plan_checkpoints
+
+    recipe = plan.recipe or {}
+    locations = plan_checkpoints(plan)
+    target = locations["target"]
+    fit = MemoryFit(recipe=plan.recipe_name, engine=plan.engine, verdict="unknown", summary="",
+                    checkpoint=str(target.directory) if target.directory else None, checkpoint_note=target.how,
+                    basis=basis)
+    if basis is not None:
+        fit.floor_bytes = floor_bytes(recipe, basis.capacity_bytes or basis.available_bytes or 0)
+    if not target.readable:
+        fit.summary = f"cannot read the checkpoint {target.ref}: {target.how}"
+        fit.need = target.need
+        return fit
+    tp = int((recipe.get("stack") or {}).get("tp", 1) or 1)
+    try:
+        ckpt = _read_checkpoint(target.directory, tp)
+        draft_loc = locations.get("draft")
+        draft = None
+        if draft_loc is not None and draft_loc.readable:
+            draft = _read_checkpoint(draft_loc.directory, tp)
+    except DataError as exc:
+        fit.summary = f"cannot read the checkpoint: {exc}"
+        fit.need = "a complete checkpoint (config.json and every .safetensors file its index names)"
+        return fit
+    extras: dict[str, Any] = {"checkpoint_file_bytes": sum(t.nbytes for t in ckpt.tensors)}
+    if _memory_model(plan) == "host_process":
+        _embedded_terms(fit, plan, ckpt, draft)
+    else:
+        extras.update(_sglang_terms(fit, plan, ckpt, draft, basis, tp))
+    if draft_loc is not None and not draft_loc.readable:
+        fit.notes.append(f"the draft checkpoint {draft_loc.ref} cannot be read ({draft_loc.how}): its weights "
+                         "and KV are not counted")
+        fit.need = draft_loc.need
+        fit.verdict, fit.summary = "unknown", f"cannot read the draft checkpoint {draft_loc.ref}: {draft_loc.how}"
+        return fit
+    if ckpt.shape is None:
+        fit.summary = f"cannot size the KV cache from config.json: {ckpt.shape_problem}"
+        fit.need = "a config.json with the model's attention shapes"
+        return fit
+    if _memory_model(plan) == "host_process":
+        _embedded_verdict(fit, basis)
+    else:
+        _sglang_verdict(fit, plan, basis, extras)
+    return fit
+
+
+def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None,
+                  basis: MemoryBasis | None, tp: int) -> dict[str, Any]:
+    """Adds the terms; returns what the verdict needs besides them."""
+    recipe = plan.recipe
+    stack, server, model = recipe.get("stack") or {}, recipe.get("server") or {}, recipe.get("model") or {}
+    spec = stack.get("speculative") or {}
+    method = spec.get("method", "none")
+    argv = list(plan.argv)
+    layers = ckpt.shape.num_hidden_layers if ckpt.shape else int(ckpt.config.get("num_hidden_layers", 0))
+    rank = f" / tp {tp}" if tp > 1 else ""
+
+    head = [t for t in ckpt.tensors if _is_lm_head(t.name)]
+    nextn = [t for t in ckpt.tensors if _is_draft_layer(t.name, layers)]
+    body = [t for t in ckpt.tensors if not _is_lm_head(t.name) and not _is_draft_layer(t.name, layers)]
+    experts = [t for t in body if _EXPERT.search(t.name)]
+    fit.terms.append(FitTerm("weights", "routed experts", sum(_per_gpu(t, tp) for t in experts),
+                             _describe(experts) + rank))
+    others = [t for t in body if not _EXPERT.search(t.name)]
+    fit.terms.append(FitTerm("weights", "attention, dense layers, embeddings, norms",
+                             sum(_per_gpu(t, tp) for t in others), _describe(others) + rank))
+    head_bytes = sum(_per_gpu(t, tp) for t in head)
+    fit.terms.append(FitTerm("weights", "lm_head (checkpoint)", head_bytes, _describe(head) + rank))
+
+    # The FP8 head: sparkit's plugin adds an e4m3 copy + a float32 scale per row and frees the
+    # bf16 weight only when exact re-scoring is off; SGLang's own (patched) FP8 head replaces it.
+    if stack.get("lm_head") == "fp8" and head:
+        rows = -(-head[0].shape[0] // tp)
+        cols = head[0].shape[1] if len(head[0].shape) > 1 else 1
+        fp8 = rows * cols + rows * 4
+        exact = int(stack.get("lm_head_exact_top_k", 0) or 0)
+        if plan.env.get("SGLANG_ENABLE_FP8_LM_HEAD") == "1":
+            fit.terms.append(FitTerm("weights", "FP8 lm_head (SGLang's own, replaces the bf16 weight)",
+                                     fp8 - head_bytes, f"e4m3 {rows} x {cols} + scales - the bf16 weight"))
+        else:
+            fit.terms.append(FitTerm("weights", "FP8 lm_head copy (sparkit plugin)", fp8,
+                                     f"e4m3 {rows} x {cols} x 1 B + a float32 scale per row"))
+            if exact:
+                fit.notes.append(f"the bf16 lm_head ({_size(head_bytes)}) stays loaded for exact re-scoring of "
+                                 f"the {exact} best FP8 candidates (stack.lm_head_exact_top_k {exact}; 0 frees it)")
+            else:
+                fit.terms.append(FitTerm("weights", "bf16 lm_head freed (lm_head_exact_top_k 0)", -head_bytes,
+                                         "only the FP8 copy is kept"))
+
+    draft_shape: ModelShape | None = None
+    draft_kv_layers = 0
+    if method == "nextn" and draft is None:
+        loaded = [t for t in nextn if not _SHARED_WITH_TARGET.search(t.name)]
+        fit.terms.append(FitTerm("weights", "NextN draft layer", sum(_per_gpu(t, tp) for t in loaded),
+                                 _describe(loaded) + rank + "; embedding and lm_head shared with the target"))
+        draft_shape, draft_kv_layers = ckpt.shape, (ckpt.shape.nextn_layers if ckpt.shape else 0) or 1
+    elif draft is not None:
+        d_layers = draft.shape.num_hidden_layers if draft.shape else 0
+        if method == "nextn":  # SGLang's NextN class loads only the draft checkpoint's NextN layer
+            loaded = [t for t in draft.tensors if _is_draft_layer(t.name, d_layers) and not _SHARED_WITH_TARGET.search(t.name)]
+            draft_kv_layers = (draft.shape.nextn_layers if draft.shape else 0) or 1
+            label = "NextN draft layer (from the draft checkpoint)"
+        else:
+            loaded = list(draft.tensors)
+            draft_kv_layers = draft.shape.full_attention_layers if draft.shape else 0
+            label = f"{method} draft model"
+        fit.terms.append(FitTerm("weights", label, sum(_per_gpu(t, tp) for t in loaded),
+                                 _describe(loaded) + rank + f" ({draft.directory})"))
+        draft_shape = draft.shape
+    elif nextn:
+        fit.notes.append(f"the checkpoint's NextN layer ({_size(sum(t.nbytes for t in nextn))}) is not loaded: "
+                         "no speculative decoding")
+
+    shape = ckpt.shape
+    if shape is None:
+        return {}
+    # KV cache and linear-attention state.
+    context = model.get("context_length") or shape.max_position_embeddings
+    if not context:
+        fit.notes.append("no context length (model.context_length or max_position_embeddings): the KV cache is not sized")
+        context = 0
+    requests = int(server.get("max_running_requests") or 1)
+    kv_dtype = (_flag(argv, "--kv-cache-dtype") or "auto").lower()
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(model.get("dtype", "auto")), 2)
+    kv_bytes = 1 if kv_dtype.startswith("fp8") else (2 if kv_dtype in ("bf16", "bfloat16", "fp16", "float16") else dtype_bytes)
+    cap = _int_flag(argv, "--max-total-tokens")
+    tokens = context * requests
+    tokens_note = f"{context} tokens x {requests} request(s)"
+    if cap is not None:  # the pool is exactly this large (when the static budget holds it)
+        tokens, tokens_note = cap, f"{cap} tokens (--max-total-tokens)"
+        if cap < context:
+            fit.notes.append(f"--max-total-tokens {cap} holds less than one request at the full context of {context}")
+    fit.notes.append(f"KV sized for max_running_requests {requests}" + ("" if server.get("max_running_requests") else
+                     " (unset: SGLang adds as many requests as the pool then holds)"))
+    per_token = shape.kv_bytes_per_token(kv_bytes)
+    kv_full = per_token * tokens
+    fit.terms.append(FitTerm("kv", f"KV cache ({shape.full_attention_layers} {shape.attention.upper()} layers)", kv_full,
+                             f"{shape.full_attention_layers} layers x {shape.kv_values_per_token_layer} values "
+                             f"({shape.detail}) x {kv_bytes} B x {tokens_note}"))
+    if draft_kv_layers and draft_shape is not None:
+        draft_per_token = draft_shape.kv_bytes_per_token(kv_bytes, layers=draft_kv_layers)
+        fit.terms.append(FitTerm("kv", "draft KV cache", draft_per_token * tokens,
+                                 f"{draft_kv_layers} layer(s) x {draft_shape.kv_values_per_token_layer} values x "
+                                 f"{kv_bytes} B x {tokens_note}"))
+        kv_full += draft_per_token * tokens
+    state = 0
+    if shape.hybrid:
+        per_request = shape.linear_state_bytes_per_request()
+        radix = "--disable-radix-cache" not in argv
+        ratio = SGLANG_MAMBA_SLOTS_PER_REQUEST if radix else 1
+        slots = _int_flag(argv, "--max-mamba-cache-size") or ratio * requests + 1
+        state = per_request * slots
+        fit.terms.append(FitTerm("kv", f"linear-attention state ({shape.linear_attention_layers} KDA layers)", state,
+                                 f"{shape.linear_attention_layers} layers x ({shape.linear_state_conv_values} bf16 conv + "
+                                 f"{shape.linear_state_temporal_values} x {shape.linear_state_temporal_bytes} B state) "
+                                 f"= {_size(per_request)} per slot x {slots} slots"
+                                 + (f" ({ratio} per request with the radix cache, + 1)" if radix else " (radix cache off)")))
+        if method != "none":
+            draft_tokens = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
+            snapshots = per_request * (requests + 1) * draft_tokens
+            fit.terms.append(FitTerm("kv", "speculative state snapshots", snapshots,
+                                     f"{_size(per_request)} x ({requests} + 1) requests x {draft_tokens} draft tokens"))
+            state += snapshots
+        ratio_full = float(_flag(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO)
+        pool = max(kv_full * (1 + ratio_full), state * (1 + ratio_full) / ratio_full)
+        split = int(pool - kv_full - state)
+        if split > 0:
+            share = "KV cache" if kv_full * (1 + ratio_full) >= state * (1 + ratio_full) / ratio_full else "state"
+            fit.terms.append(FitTerm("kv", "rest of the pool (SGLang's state : KV split)", split,
+                                     f"the pool is split state : KV = {ratio_full} : 1 (mamba_full_memory_ratio), so "
+                                     f"the {share} needs a pool of {_size(pool)}"))
+
+    # Runtime headroom: SGLang's own estimate.
+    capacity = basis.capacity_bytes if basis else None
+    chunked_default, max_bs_default = _sglang_capacity_defaults(capacity, tp)
+    if capacity is None:
+        fit.notes.append(f"device capacity unknown here: SGLang's defaults for an unknown device are assumed "
+                         f"(chunked prefill {chunked_default}, decode graphs up to batch {max_bs_default}); a larger "
+                         "GPU gets larger defaults and a larger activation estimate")
+    chunked = _int_flag(argv, "--chunked-prefill-size") or chunked_default
+    activations = (512 + max(chunked, 2048) * 1.5 + tp / 8 * 1024) * MIB
+    fit.terms.append(FitTerm("runtime", "activations (SGLang's estimate)", int(activations),
+                             f"512 MiB + 1.5 MiB x {max(chunked, 2048)} chunked-prefill tokens + {tp / 8 * 1024:g} MiB for tp {tp}"))
+    graph = server.get("cuda_graph") or {}
+    if graph.get("enabled", True):
+        max_bs = graph.get("max_bs_decode") or max_bs_default
+        if not graph.get("max_bs_decode") and server.get("max_running_requests"):
+            max_bs = min(max_bs, int(server["max_running_requests"]))
+        graphs = max_bs * 2 * MIB
+        detail = f"2 MiB x decode batch sizes up to {max_bs}"
+        if graph.get("prefill", True):
+            if shape.attention == "mla":
+                graphs += SGLANG_MLA_PREFILL_GRAPHS_MIB * MIB
+                detail += f" + {SGLANG_MLA_PREFILL_GRAPHS_MIB} MiB of MLA prefill graphs"
+            else:
+                prefill_max = min(chunked, cap) if cap else chunked
+                count = len(sglang_prefill_graph_sizes(prefill_max))
+                graphs += count * 8 * MIB
+                detail += f" + 8 MiB x {count} prefill graphs"
+        fit.terms.append(FitTerm("runtime", "CUDA graphs (SGLang's estimate)", int(graphs), detail))
+    if stack.get("lm_head") == "fp32" and head:
+        transient = -(-head[0].shape[0] // tp) * head[0].shape[1] * 4
+        fit.terms.append(FitTerm("runtime", "fp32 lm_head working copy", transient,
+                                 "--enable-fp32-lm-head converts the head to fp32 in every forward "
+                                 f"({-(-head[0].shape[0] // tp)} x {head[0].shape[1]} x 4 B)"))
+    unified = basis is not None and basis.kind == "unified"
+    fit.terms.append(FitTerm("engine", "CUDA context", CUDA_CONTEXT_BYTES, "estimate, held before the engine measures free memory"))
+    if unified:
+        fit.terms.append(FitTerm("engine", "SGLang processes (unified memory)", SGLANG_PROCESSES_BYTES,
+                                 "estimate: scheduler, tokenizer manager and detokenizer share the GPU's memory"))
+        fit.terms.append(FitTerm("reserve", "OS floor", fit.floor_bytes or 0, floor_source(recipe)))
+    return {"capped": cap is not None}
+
+
+def _floor3(x: float) -> float:
+    return math.floor(x * 1000) / 1000
+
+
+def _ceil3(x: float) -> float:
+    return math.ceil(x * 1000) / 1000
+
+
+def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras: dict[str, Any]) -> None:
+    recipe = plan.recipe
+    server = recipe.get("server") or {}
+    static = fit.weights_bytes + fit.kv_bytes
+    runtime = fit.total("runtime")
+    overhead = fit.total("engine")
+    reserve = fit.total("reserve")
+    slack_need = runtime + reserve
+    f = server.get("mem_fraction_static")
+    fit.mem_fraction_static, fit.mem_fraction_source = (f, "server.mem_fraction_static") if f else (None, "")
+    a = fit.arithmetic
+    a.append(f"weights {gib(fit.weights_bytes)} + KV and state {gib(fit.kv_bytes)} = {gib(static)} "
+             "(must fit in P x mem_fraction_static)")
+    a.append(f"runtime headroom {gib(runtime)}" + (f" + OS floor {gib(reserve)}" if reserve else "")
+             + f" = {gib(slack_need)} (must fit in P x (1 - mem_fraction_static))")
+
+    if basis is None or basis.available_bytes is None:
+        per = "per GPU " if _memory_model(plan) == "mem_fraction_static" else ""
+        if f:
+            p_need = max(static / f, slack_need / (1 - f))
+            fit.required_available_bytes = int(p_need + overhead)
+            fit.summary = (f"needs {gib(fit.required_available_bytes)} free {per}at start at mem_fraction_static {f} "
+                           "(no memory figure for this target here)")
+        else:
+            p_need = static + slack_need
+            fit.required_available_bytes = int(p_need + overhead)
+            fit.summary = (f"needs at least {gib(fit.required_available_bytes)} free {per}at start "
+                           "(no memory figure for this target here)")
+        a.append(f"P >= {gib(p_need)}, + {gib(overhead)} the engine holds before measuring = "
+                 f"{gib(fit.required_available_bytes)} free at start")
+        fit.need = "run on the target machine (or a GPU of the target kind) for a verdict"
+        return
+
+    p = basis.available_bytes - overhead
+    a.insert(0, f"P = {gib(basis.available_bytes)} free at start ({basis.source}) - {gib(overhead)} the engine "
+                f"holds before measuring = {gib(p)}")
+    if p <= 0:
+        fit.verdict, fit.summary = "does-not-fit", f"only {gib(basis.available_bytes)} is free: less than the engine's own start"
+        return
+    f_min, f_max = static / p, 1 - slack_need / p
+    fit.min_fraction, fit.max_fraction = _ceil3(f_min), _floor3(f_max)
+    a.append(f"mem_fraction_static >= {gib(static)} / {gib(p)} = {f_min:.3f}")
+    a.append(f"mem_fraction_static <= 1 - {gib(slack_need)} / {gib(p)} = {f_max:.3f}")
+    fit.required_available_bytes = int((static + slack_need) + overhead)
+    if f is None:
+        fit.mem_fraction_source = "unset"
+        fit.notes.append("server.mem_fraction_static is unset: SGLang derives one from the device's capacity "
+                         + ("(which NVML cannot report on GB10)" if basis.kind == "unified" else "")
+                         + "; set it to pin the fit")
+    if f_min > f_max:
+        short = static + slack_need - p
+        fit.verdict = "does-not-fit"
+        fit.summary = (f"does not fit: needs {gib(static + slack_need + overhead)}, {gib(short)} more than the "
+                       f"{gib(basis.available_bytes)} free")
+        a.append(f"{f_min:.3f} > {f_max:.3f}: no mem_fraction_static works")
+        return
+    if f is None:
+        fit.verdict, fit.suggested_fraction = "fits-with", fit.max_fraction
+        fit.summary = f"fits with mem_fraction_static between {fit.min_fraction} and {fit.max_fraction}"
+    elif f > f_max:
+        fit.verdict, fit.suggested_fraction = "fits-with", fit.max_fraction
+        fit.summary = (f"fits with mem_fraction_static <= {fit.max_fraction}; the recipe's {f} leaves "
+                       f"{gib(p * (1 - f))} for {gib(slack_need)} of headroom" + (" and OS floor" if reserve else ""))
+    elif f < f_min:
+        fit.verdict, fit.suggested_fraction = "fits-with", fit.min_fraction
+        fit.summary = (f"fits with mem_fraction_static >= {fit.min_fraction}; at the recipe's {f} the weights leave "
+                       "no memory for the KV cache (SGLang refuses to start)")
+    else:
+        fit.verdict = "fits"
+        fit.summary = f"fits: mem_fraction_static {f} is within [{fit.min_fraction}, {fit.max_fraction}]"
+    used_f = f if f is not None and f_min <= f <= f_max else fit.suggested_fraction
+    if used_f is not None:
+        if extras.get("capped"):
+            static_held = static
+            held_note = "weights + the capped pool"
+        else:
+            static_held = p * used_f
+            held_note = f"P x {used_f}: the pool fills the static budget"
+        fit.engine_bytes = int(overhead + static_held + runtime)
+        a.append(f"at steady state the engine holds {gib(fit.engine_bytes)} ({gib(overhead)} + {held_note} + "
+                 f"{gib(runtime)} runtime)" + (f", leaving {gib(basis.available_bytes - fit.engine_bytes)} of the "
+                                               f"{gib(basis.available_bytes)} free" if basis.shared_with_os else ""))
+    if basis.kind == "unified":
+        files = extras["checkpoint_file_bytes"]
+        peak = fit.weights_bytes + files + overhead
+        if peak > basis.available_bytes:
+            a.append(f"while loading: weights {gib(fit.weights_bytes)} + the checkpoint's page cache {gib(files)} = "
+                     f"{gib(peak - overhead)} > {gib(p)}: the kernel must drop page cache as the engine loads; "
+                     "sparkit's load guard evicts the checkpoint's pages itself")
+
+
+def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None) -> None:
+    """The embedded engine (sparkit.engines.embedded.engine): the checkpoint converted to the compute
+    dtype, experts kept in their quantised form next to a decoded copy, the lm_head in its format."""
+    recipe = plan.recipe
+    stack, model = recipe.get("stack") or {}, recipe.get("model") or {}
+    spec = stack.get("speculative") or {}
+    compute = {"bfloat16": 2, "float32": 4}.get(str(model.get("dtype", "auto")), 4)
+    cname = "bf16" if compute == 2 else "float32"
+    fmt = stack.get("weights", "bf16")
+
+    def expert_terms(tensors: list, label: str) -> None:
+        numel = sum(t.numel for t in tensors)
+        rows = sum(math.prod(t.shape[:-1]) for t in tensors)
+        stored = {"bf16": numel * 2, "fp8": numel + rows * 4 * 2, "mxfp4": numel // 2 + numel // 32}[fmt]
+        how = {"bf16": "bf16", "fp8": "e4m3 + two float32 scales per row", "mxfp4": "e2m1 + an e8m0 scale per 32"}[fmt]
+        fit.terms.append(FitTerm("weights", f"{label}: {fmt} form", stored, f"{numel} values as {how}"))
+        fit.terms.append(FitTerm("weights", f"{label}: decoded copy", numel * compute,
+                                 f"{numel} values x {compute} B ({cname}), decoded once at load"))
+
+    layers = ckpt.shape.num_hidden_layers if ckpt.shape else 0
+    head = [t for t in ckpt.tensors if _is_lm_head(t.name)]
+    experts = [t for t in ckpt.tensors if _EXPERT.search(t.name)]
+    rest = [t for t in ckpt.tensors if not _is_lm_head(t.name) and not _EXPERT.search(t.name)]
+    fit.terms.append(FitTerm("weights", "dense weights, embeddings, norms", sum(t.numel for t in rest) * compute,
+                             f"{sum(t.numel for t in rest)} values x {compute} B ({cname})"))
+    expert_terms(experts, "experts")
+    if head:
+        n, cols = head[0].shape[0], head[0].shape[1]
+        numel = n * cols
+        lm = stack.get("lm_head", "bf16")
+        if lm == "fp8":
+            exact = int(stack.get("lm_head_exact_top_k", 0) or 0)
+            fit.terms.append(FitTerm("weights", "FP8 lm_head", numel + n * 4, f"e4m3 {n} x {cols} + a float32 scale per row"))
+            if exact:
+                fit.terms.append(FitTerm("weights", "bf16 lm_head kept for exact re-scoring", numel * 2,
+                                         f"{n} x {cols} x 2 B (stack.lm_head_exact_top_k {exact})"))
+            if numel <= 1 << 26:
+                fit.terms.append(FitTerm("weights", "FP8 lm_head decoded for the CPU path", numel * 4,
+                                         f"{n} x {cols} x 4 B, kept by sparkit.kernels.fp8_linear on CPU"))
+        else:
+            b = 4 if lm == "fp32" else 2
+            fit.terms.append(FitTerm("weights", f"{lm} lm_head", numel * b, f"{n} x {cols} x {b} B"))
+    if spec.get("method") == "nextn" and draft is not None:
+        d_layers = draft.shape.num_hidden_layers if draft.shape else 0
+        d = [t for t in draft.tensors if _is_draft_layer(t.name, d_layers)]
+        d_experts = [t for t in d if _EXPERT.search(t.name)]
+        d_rest = [t for t in d if not _EXPERT.search(t.name)]
+        fit.terms.append(FitTerm("weights", "draft NextN layer (draft checkpoint)", sum(t.numel for t in d_rest) * compute,
+                                 f"{sum(t.numel for t in d_rest)} values x {compute} B ({draft.directory})"))
+        expert_terms(d_experts, "draft experts")
+    shape = ckpt.shape
+    if shape is None:
+        return
+    context = min(model.get("context_length") or shape.max_position_embeddings or 0, shape.max_position_embeddings or 1 << 62)
+    per_token = shape.kv_bytes_per_token(compute, layers=layers)
+    fit.terms.append(FitTerm("kv", "KV cache", per_token * context,
+                             f"{layers} layers x {shape.kv_values_per_token_layer} values ({shape.detail}) x "
+                             f"{compute} B x {context} tokens"))
+    if spec.get("method") == "nextn":
+        fit.terms.append(FitTerm("kv", "draft KV cache", shape.kv_bytes_per_token(compute, layers=1) * context,
+                                 f"1 layer x {shape.kv_values_per_token_layer} values x {compute} B x {context} tokens"))
+    fit.terms.append(FitTerm("engine", "engine process (Python, torch, HTTP server)", EMBEDDED_PROCESS_BYTES, "estimate"))
+    fit.terms.append(FitTerm("reserve", "OS floor", fit.floor_bytes or 0, floor_source(recipe)))
+
+
+def _embedded_verdict(fit: MemoryFit, basis: MemoryBasis | None) -> None:
+    need = fit.weights_bytes + fit.kv_bytes + fit.total("runtime") + fit.total("engine")
+    fit.engine_bytes = need
+    fit.mem_fraction_source = "n/a (the embedded engine has no memory fraction)"
+    fit.required_available_bytes = need + fit.total("reserve")
+    fit.arithmetic.append(f"weights {gib(fit.weights_bytes)} + KV {gib(fit.kv_bytes)} + engine process "
+                          f"{gib(fit.total('engine'))} = {gib(need)}")
+    if basis is None or basis.available_bytes is None:
+        fit.summary = f"needs {gib(fit.required_available_bytes)} free"
+        return
+    room = basis.available_bytes - fit.total("reserve")
+    fit.arithmetic.append(f"room = {gib(basis.available_bytes)} free ({basis.source}) - OS floor "
+                          f"{gib(fit.total('reserve'))} = {gib(room)}")
+    if need <= room:
+        fit.verdict, fit.summary = "fits", f"fits: needs {gib(need)} of {gib(room)}"
+    else:
+        fit.verdict, fit.summary = "does-not-fit", f"does not fit: needs {gib(need)}, {gib(room)} is free above the floor"
