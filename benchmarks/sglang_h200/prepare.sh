@@ -11,6 +11,9 @@
 #    textual, httpx, platformdirs, ...; session.sh installs only those the device cannot import),
 #    and humming-kernels' own dependencies (cuda-bindings, the CUDA C++ headers for NVRTC, tabulate).
 # 3. A GSM8K subset (the first 40 test and 20 train questions of ../shared/data/gsm8k).
+# 4. With NCCL=1 (for the TP2/TP4 sessions, STEPS=setup,tp): the real NCCL 2.30.7 that torch
+#    2.14.1 pins (nvidia-nccl-cu13 2.30.7's libnccl.so.2, 252 MB; xz -6 makes it smaller), split
+#    into pieces n00, n01, ... carried like the kit's; session.sh preloads it instead of the stub.
 # Everything lands in .sglang-h200/ (git-ignored). It prints the `run` calls to make, in order.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,14 +38,24 @@ mkdir -p .sglang-h200/gsm8k
 head -n 40 "$SHARED/data/gsm8k/test.jsonl" > .sglang-h200/gsm8k/test.jsonl
 head -n 20 "$SHARED/data/gsm8k/train.jsonl" > .sglang-h200/gsm8k/train.jsonl
 
-pieces=$(ls -d .sglang-h200/p?? | sort)
+if [ "${NCCL:-0}" = 1 ]; then
+  WHEEL=$(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_18_x86_64 -d .sglang-h200/nccl-wheel nvidia-nccl-cu13==2.30.7 2>/dev/null; ls .sglang-h200/nccl-wheel/*.whl)
+  rm -rf .sglang-h200/n?? && mkdir -p .sglang-h200/nccl
+  unzip -o -q -j "$WHEEL" nvidia/nccl/lib/libnccl.so.2 -d .sglang-h200/nccl
+  xz -T0 -6 -f .sglang-h200/nccl/libnccl.so.2
+  (cd .sglang-h200 && split -b "$PIECE" -d -a 2 nccl/libnccl.so.2.xz nccl-part. && for f in nccl-part.*; do
+     n=n${f#nccl-part.}; mkdir -p "$n" && mv "$f" "$n/"; done)
+fi
+
+pieces=$(ls -d .sglang-h200/p?? .sglang-h200/n?? 2>/dev/null | sort)
 last=$(echo "$pieces" | tail -n 1)
 echo
 echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp ~30 s after a call):"
 for p in $(echo "$pieces" | head -n -1); do
   echo "  run(command=\"mkdir -p /tmp/acc && cp $p/* /tmp/acc/\", carry=[\"$p\"])"
 done
-echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
+echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && { ls /tmp/acc/nccl-part.* >/dev/null 2>&1 && cat /tmp/acc/nccl-part.* > /tmp/acc/libnccl.so.2.xz; true; } && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
 echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"], timeout_s=600)"
 tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
 for p in $pieces; do

@@ -16,6 +16,11 @@
 #           verify   `sparkit verify` NEXTN against plain decoding, both with the FP8 head
 #           v3       a tiny BailingMoeV3 (Ling-3.0's KDA + MLA layout, dummy weights) + NEXTN + plugin
 #           humming  tiny/tiny-sglang-humming (online MXFP4 experts through humming)
+#   tp      (not in the default: only on a machine of 2 or 4 GPUs, with the real NCCL carried; run
+#           as STEPS=setup,tp) TP2: `sparkit verify tiny/tiny-sglang-tp2 --against tiny/tiny-sglang`
+#           (greedy outputs TP2 vs TP1), up/check/bench/down of the TP2 recipe, both ranks' reports;
+#           with 4 GPUs also ling-3.0-flash/tp4-nextn-h200 on a tiny BailingMoeV3 (dummy weights)
+#           at TP1/TP2/TP4, and SGLang's own error for FP8 block-128 experts of width 768 split TP4
 #   main    on the main server: status, logs, check, a logprob capture for the cross-engine
 #           comparison, bench, eval gsm8k, a Pilot chat session, /metrics, down (then: no process left)
 #   ab      the five main-stack variants decoded interleaved, request by request
@@ -49,6 +54,12 @@ if has setup; then
   stamp "setup: the kit (torch 2.14.1, sglang 0.5.23)"
   bash .sglang-h200/scripts/dev_setup.sh > "$W/setup.log" 2>&1
   stamp "setup rc=$?"; tail -n 12 "$W/setup.log" | tee -a "$OUT/summary.txt"
+fi
+if has setup && [ -f /tmp/acc/libnccl.so.2.xz ] && [ -f /tmp/sglenv.sh ]; then
+  # The real NCCL 2.30.7 that torch 2.14.1 pins (prepare.sh NCCL=1) instead of the single-GPU stub.
+  mkdir -p /tmp/nccl && xz -d -c /tmp/acc/libnccl.so.2.xz > /tmp/nccl/libnccl.so.2
+  sed -i 's#^export LD_PRELOAD=.*#export LD_PRELOAD=/tmp/nccl/libnccl.so.2#' /tmp/sglenv.sh
+  stamp "real NCCL: $(strings /tmp/nccl/libnccl.so.2 | grep -m1 -o 'NCCL version [0-9.]*')"
 fi
 if [ "$REHEARSE" != 1 ]; then
   if [ ! -f /tmp/sglenv.sh ]; then stamp "no /tmp/sglenv.sh: this machine was not set up"; save; exit 3; fi
@@ -181,6 +192,62 @@ if has ab; then
   timeout 240 python3 benchmarks/decode_interleaved.py $urls --input-len 256 --output-len 256 --num-prompts 6 --repeats 2 \
     --json "$W/ab-decode.json" > "$W/ab-decode.txt" 2>&1
   stamp "interleaved rc=$?"; tee -a "$OUT/summary.txt" < "$W/ab-decode.txt"; save
+fi
+
+if has tp; then
+  NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+  stamp "tp: $NGPU GPU(s); LD_PRELOAD=${LD_PRELOAD:-}"
+  if [ "$NGPU" -ge 2 ]; then
+    timeout 900 python3 -m sparkit.cli.main verify tiny/tiny-sglang-tp2 --against tiny/tiny-sglang --json \
+      > "$W/tp2-verify.json" 2> "$W/tp2-verify.err"; stamp "tp2 verify (TP2 vs TP1 greedy) rc=$?"
+    timeout 480 python3 -m sparkit.cli.main up tiny/tiny-sglang-tp2 --port auto --detach --timeout 420 --json \
+      > "$W/tp2-up.json" 2> "$W/tp2-up.err"; stamp "tp2 up rc=$?"
+    RUN2=$(json_field "$W/tp2-up.json" run)
+    if [ -n "$RUN2" ]; then
+      timeout 120 python3 -m sparkit.cli.main check "$RUN2" --json > "$W/tp2-check.json" 2>&1; stamp "tp2 check rc=$?"
+      timeout 300 python3 -m sparkit.cli.main bench "$RUN2" --input-len 128 --output-len 128 --num-prompts 8 --json \
+        --out "$W/tp2-bench.json" > /dev/null 2> "$W/tp2-bench.err"; stamp "tp2 bench rc=$?"
+      ls /tmp/sparkit-home/runs/"$RUN2"/activation-tp*.json 2>&1 | tee -a "$OUT/summary.txt"
+      timeout 60 python3 -m sparkit.cli.main down "$RUN2" --json > "$W/tp2-down.json" 2>&1; stamp "tp2 down rc=$?"
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | wc -l | xargs -I{} stamp "GPU processes after tp2 down: {}"
+    fi
+    save
+  fi
+  if [ "$NGPU" -ge 4 ]; then
+    (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/v3-make.log" 2>&1 \
+       && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/v3-make.log" 2>&1)
+    V3=/tmp/models/tiny-bailing-v3-mtp
+    for tp in 1 2 4; do
+      timeout 600 python3 -m sparkit.cli.main up ling-3.0-flash/tp4-nextn-h200 --set model.path=$V3 --set stack.tp=$tp \
+        --set server.mem_fraction_static=0.5 --set 'server.extra_args=[--flashinfer-allreduce-fusion-backend, trtllm, --load-format, dummy, --max-total-tokens, "65536"]' \
+        --port auto --detach --timeout 540 --json > "$W/tp4h-$tp-up.json" 2> "$W/tp4h-$tp-up.err"; stamp "tp4-nextn-h200 tp=$tp up rc=$?"
+      R=$(json_field "$W/tp4h-$tp-up.json" run)
+      if [ -n "$R" ]; then
+        curl -s "$(json_field "$W/tp4h-$tp-up.json" url)/server_info" > "$W/tp4h-$tp-server_info.json"
+        timeout 300 python3 -m sparkit.cli.main bench "$R" --input-len 128 --output-len 128 --num-prompts 8 --json \
+          --out "$W/tp4h-$tp-bench.json" > /dev/null 2> "$W/tp4h-$tp-bench.err"; stamp "tp=$tp bench rc=$?"
+        timeout 60 python3 -m sparkit.cli.main down "$R" > /dev/null 2>&1
+      fi
+      save
+    done
+    # The rule fp8-block-quant-tp-split against SGLang's own error: FP8 block-128 experts of width 768, TP4.
+    python3 - "$V3" /tmp/models/tiny-v3-fp8-768 <<'PY'
+import json, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+c = json.load(open(f"{dst}/config.json"))
+c["moe_intermediate_size"] = c["moe_shared_expert_intermediate_size"] = 768
+c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+json.dump(c, open(f"{dst}/config.json", "w"), indent=1)
+PY
+    timeout 400 python3 -m sglang.launch_server --model-path /tmp/models/tiny-v3-fp8-768 --trust-remote-code --load-format dummy \
+      --tp-size 4 --port 31999 --max-total-tokens 65536 > "$W/fp8-block-tp4.log" 2>&1 &
+    FP8PID=$!; sleep 240; kill -TERM $FP8PID 2>/dev/null; wait $FP8PID 2>/dev/null
+    stamp "SGLang's own fp8 block/TP4 error: $(grep -m1 -E "not divisible|divisible by|block" "$W/fp8-block-tp4.log" | cut -c1-200)"
+    python3 -m sparkit.cli.main plan ling-3.0-flash/tp4-nextn-h200 --set model.path=/tmp/models/tiny-v3-fp8-768 \
+      --set stack.weights=fp8 > "$W/fp8-block-tp4-plan.txt" 2>&1; stamp "sparkit plan of the same: rc=$?"
+    save
+  fi
 fi
 
 if has main && [ -n "${RUN:-}" ]; then

@@ -26,6 +26,12 @@ def _target(plan: LaunchPlan) -> str:
 def check_gpus(plan: LaunchPlan, host: Host) -> CheckResult:
     target = _target(plan)
     ok, why = target_fit(host, target, plan.engine)
+    tp = int((plan.recipe.get("stack") or {}).get("tp", 1) or 1)
+    if ok and tp > 1 and host.gpu_count < tp:
+        # A target of "one or more" GPUs (hopper, auto) says nothing of how many a TP plan spreads over.
+        return CheckResult("gpus", "GPUs", Status.FAIL, f"stack.tp {tp} needs {tp} GPUs, found {host.gpu_count}",
+                           evidence=[f"GPU{g.index}: {g.name} {g.sm}" for g in host.gpus] or [host.nvml_status],
+                           fix=f"run on a host with {tp} GPUs, or --set stack.tp={max(host.gpu_count, 1)}")
     if target in ("auto", "cpu") and ok:
         return CheckResult("gpus", "GPUs", Status.PASS, f"target {target}: {why}",
                            evidence=[f"{host.gpu_count} GPU(s) detected"])

@@ -312,6 +312,23 @@ def test_tp_every_rank_must_share_its_own_head_shard():
     assert result.status == Status.WARN and "TP rank(s) [1] wrote no report" in result.detail
 
 
+def test_tp4_reads_all_four_ranks():
+    """TP4 (the H200 x4 session): every rank's report counts; the one rank whose draft kept the
+    target's weight tensor is named, and a rank that wrote nothing is a warning, not a pass."""
+    plan = make_plan(tp=4)
+    ranks = [_rank(report(), r, 4) for r in range(4)]
+    assert check_shared_lm_head(plan, ServerEvidence(engine="sglang", reports=ranks)).status == Status.PASS
+    bad = ranks[:3] + [_rank(report(shared=False), 3, 4)]
+    result = check_shared_lm_head(plan, ServerEvidence(engine="sglang", reports=bad))
+    assert result.status == Status.FAIL and result.data["unshared_ranks"] == [3]
+    missing = [ranks[0], ranks[1], ranks[3]]
+    result = check_shared_lm_head(plan, ServerEvidence(engine="sglang", reports=missing))
+    assert result.status == Status.WARN and "TP rank(s) [2] wrote no report" in result.detail
+    mixed = ranks[:2] + [_rank(report(head_dtype="bfloat16"), 2, 4), ranks[3]]
+    result = check_lm_head_dtype(plan, ServerEvidence(engine="sglang", reports=mixed))
+    assert result.status == Status.FAIL and "rank 2: bfloat16" in result.detail
+
+
 def test_tp_lm_head_shards_in_different_dtypes_fail():
     plan = make_plan(tp=2)
     mixed = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(head_dtype="bfloat16"), 1, 2)])

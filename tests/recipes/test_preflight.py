@@ -178,3 +178,19 @@ def test_a_port_left_in_time_wait_by_a_stopped_server_is_free():
             time_wait_blocks_a_plain_bind = True
     assert time_wait_blocks_a_plain_bind, "no TIME_WAIT socket was left: the test did not reproduce the case"
     assert by_name(run_preflight(plan, detect_host()))["port"].status == Status.PASS
+
+
+def h200_host(count: int) -> Host:
+    gpus = [Gpu(i, "NVIDIA H200", (9, 0), 141 * GIB) for i in range(count)]
+    return Host(gpus=gpus, nvml_status="ok", ram_total_bytes=512 * GIB, ram_available_bytes=500 * GIB, cpu_cores=64)
+
+
+@pytest.mark.parametrize("recipe, tp", [("tiny/tiny-sglang-tp2", 2), ("ling-3.0-flash/tp4-nextn-h200", 4)])
+def test_a_tp_plan_needs_as_many_gpus_as_ranks(recipe, tp):
+    """The H200 TP recipes target `hopper` (one GPU or more): the GPU count comes from stack.tp."""
+    plan = compile_plan(load_recipe(recipe), port=free_port())
+    short = by_name(run_preflight(plan, h200_host(tp - 1)))["gpus"]
+    assert short.status == Status.FAIL and f"stack.tp {tp} needs {tp} GPUs, found {tp - 1}" in short.detail
+    assert f"--set stack.tp={tp - 1}" in short.fix
+    enough = by_name(run_preflight(plan, h200_host(tp)))["gpus"]
+    assert enough.status == Status.PASS, enough.detail

@@ -43,8 +43,8 @@ def test_every_shipped_recipe_plans(name):
 def test_sglang_recipes_are_the_ling_ladder_and_tiny_ling_on_sglang():
     assert sorted(SGLANG_RECIPES) == sorted([f"ling-3.0-flash/{n}" for n in (
         "spark-baseline", "spark-humming", "spark-humming-fp8head", "spark-optimized",
-        "tp4-baseline", "tp4-nextn", "tp4-dspark")] + [f"tiny/tiny-sglang{n}" for n in (
-        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming")])
+        "tp4-baseline", "tp4-nextn", "tp4-dspark", "tp4-nextn-h200")] + [f"tiny/tiny-sglang{n}" for n in (
+        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming", "-tp2")])
 
 
 def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
