@@ -1,7 +1,7 @@
 """`sparkit tune`: sweep recipe parameters, one server per point, and pick the best.
 
 For each combination of `--param KEY=v1,v2,...` values the recipe is loaded with
-those overrides and launched (sparkit.runs.launch). By default all points are up
+those overrides and started through the `up` pipeline (sparkit.runs.transient_server: preflight, build, launch, wait). By default all points are up
 at once and benchmarked interleaved, prompt by prompt (one request in flight at
 a time), so that load drifting on a shared machine hits every point alike;
 `interleave=False` runs them one after another (one server at a time). The
