@@ -279,6 +279,23 @@ def _accept_not_compared_because(baseline: SideResult, candidate: SideResult) ->
     return f"the {' and the '.join(silent)} server reported no spec_verify_ct"
 
 
+def startup_gate(startup: dict[str, list[CheckResult]]) -> CheckResult:
+    """Both servers' startup checks: outputs equal to the baseline's prove an optimisation lossless
+    only when it is the one running (an inactive FP8 head or a draft accepting nothing would pass
+    the output gates trivially)."""
+    failed = {side: [r.name for r in results if r.status == Status.FAIL] for side, results in startup.items()}
+    failed = {side: names for side, names in failed.items() if names}
+    data = {side: [r.to_dict() for r in results] for side, results in startup.items()}
+    if not failed:
+        return CheckResult("startup_checks", "optimisations active", Status.PASS,
+                           "every startup check passed on both servers: what ran is what the recipes ask for",
+                           data=data)
+    named = "; ".join(f"{side}: {', '.join(names)}" for side, names in failed.items())
+    return CheckResult("startup_checks", "optimisations active", Status.FAIL, f"startup checks failed ({named})",
+                       data=data, cause="what ran is not what the recipe asks for, so equal outputs prove nothing about it",
+                       fix="`sparkit up RECIPE` shows the failed checks with their causes and fixes")
+
+
 def describe_judgement(rounding: list[str], checks: list[CheckResult]) -> str:
     """What the gate judged by, in words, from the checks that ran: byte-exactness, or (for a
     rounding-changing optimisation) token agreement and accept length; a skipped gate says why."""
@@ -296,6 +313,8 @@ def describe_judgement(rounding: list[str], checks: list[CheckResult]) -> str:
     pollution = by_name.get("state_pollution")
     if pollution is not None and pollution.status != Status.SKIP:
         text += "; the greedy re-run after sampled requests must be byte-exact"
+    if "startup_checks" in by_name:
+        text += "; both servers' startup checks must pass"
     return text
 
 
@@ -371,12 +390,14 @@ def run_verify(
         baseline_loaded.recipe.model_dump(mode="json"), candidate_loaded.recipe.model_dump(mode="json"), declared_rounding or []
     )
     sides: list[SideResult] = []
+    startup: dict[str, list[CheckResult]] = {}
     for step, (loaded, pollution) in enumerate(((baseline_loaded, False), (candidate_loaded, True))):
         reference = sides[0] if sides else None
         if on_progress:
             on_progress(f"verify {loaded.name}", step, 2)
         plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
-        with runs.transient_server(plan, timeout=launch_timeout) as started:
+        with runs.transient_server(plan, timeout=launch_timeout, checks=True) as started:
+            startup["baseline" if step == 0 else "candidate"] = started.checks
             target = started.server
             sides.append(asyncio.run(collect_outputs(
                 target.url, api_key=target.api_key, prompts=prompts, max_new_tokens=max_new_tokens,
@@ -391,7 +412,7 @@ def run_verify(
         recipe=candidate_loaded.name,
         baseline=baseline_loaded.name,
         rounding_changes=rounding,
-        checks=judge(baseline, candidate, rounding, max_new_tokens),
+        checks=[startup_gate(startup), *judge(baseline, candidate, rounding, max_new_tokens)],
         candidate=_side_summary(candidate),
         reference=_side_summary(baseline),
     )

@@ -30,6 +30,7 @@ def test_mtp_on_versus_off_is_greedy_identical(tiny_model_dir):
     assert checks["greedy_outputs"].data["identical"] == 3
     assert checks["accept_length"].status == Status.SKIP  # the baseline does not speculate
     assert checks["state_pollution"].status == Status.PASS
+    assert checks["startup_checks"].status == Status.PASS
     assert report.passed
     assert all(len(o["output_ids"]) == 256 for o in report.candidate["outputs"])
 
@@ -59,8 +60,10 @@ def test_a_wrong_draft_fails_the_accept_length_gate_but_not_the_greedy_one(tiny_
     checks = checks_of(report)
     # Speculation never changes greedy output, even with a useless draft ...
     assert checks["greedy_outputs"].status == Status.PASS
-    # ... but the accept length collapses and the gate says so.
+    # ... but the accept length collapses and the gate says so; the candidate's own startup check
+    # (acceptance) already says its draft is not doing its job.
     assert checks["accept_length"].status == Status.FAIL
+    assert checks["startup_checks"].status == Status.FAIL and "candidate: acceptance" in checks["startup_checks"].detail
     assert checks["accept_length"].data["candidate"] < checks["accept_length"].data["baseline"] - 0.5
     assert not report.passed
 
@@ -84,4 +87,5 @@ def test_the_readme_example_says_what_it_was_judged_by(tiny_model_dir, tmp_path)
     assert summary == (
         "verify passed (tiny against tiny/tiny-baseline): judged by token agreement, not byte-exactness "
         "(stack.lm_head: bf16 -> fp8 changes rounding); accept length not compared: the baseline has no "
-        "speculative decoding; the greedy re-run after sampled requests must be byte-exact")
+        "speculative decoding; the greedy re-run after sampled requests must be byte-exact; both servers' "
+        "startup checks must pass")
