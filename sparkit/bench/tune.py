@@ -104,6 +104,9 @@ class SweepPoint:
     figures: dict[str, Any] = field(default_factory=dict)
     tpot_per_request_ms: list[float] = field(default_factory=list)
     step_time_per_request_ms: list[float] = field(default_factory=list)
+    # Startup checks that failed on this point's server: its figures are kept and shown, but it is
+    # never recommended (what ran is not what its recipe asks for).
+    startup_failed: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -150,9 +153,12 @@ class Ranking:
 
 
 def rank(points: list[SweepPoint]) -> Ranking:
-    done = [i for i, p in enumerate(points) if p.status == "done" and p.figures.get("tpot_mean_ms") is not None]
+    done = [i for i, p in enumerate(points)
+            if p.status == "done" and p.figures.get("tpot_mean_ms") is not None and not p.startup_failed]
     if not done:
-        return Ranking([], None, None, None, None, None, "no point finished")
+        inactive = [p.label for p in points if p.startup_failed]
+        return Ranking([], None, None, None, None, None, "no point finished" + (
+            f" with its startup checks passing (failed: {', '.join(inactive)})" if inactive else ""))
     tpot = {i: points[i].figures["tpot_mean_ms"] for i in done}
     fastest = min(done, key=lambda i: tpot[i])
     # Within noise of the fastest, prefer the cheaper step.
@@ -333,7 +339,8 @@ def run_tune(
             plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
             if on_progress:
                 on_progress(f"start {point.label}", 0, 1)
-            started = servers.enter_context(runs.transient_server(plan, timeout=launch_timeout))
+            started = servers.enter_context(runs.transient_server(plan, timeout=launch_timeout, checks=True))
+            point.startup_failed = [r.name for r in started.failed_checks]
             if on_progress:
                 on_progress(f"start {point.label}", 1, 1)
             return started

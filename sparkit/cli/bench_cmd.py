@@ -403,6 +403,8 @@ def tune(
         err_console().print(
             f"[{index + 1}/{total}] {point.label}: {point.status}"
             + (f", TPOT {_fmt(f.get('tpot_mean_ms'), 3)} ms, accept {_fmt(f.get('accept_length_mean'))}" if point.status == "done" else f" {point.error or ''}")
+            + (f" [yellow](startup checks failed: {', '.join(point.startup_failed)}; not recommended)[/]"
+               if point.startup_failed else "")
         )
 
     with progress_reporter() as on_progress:

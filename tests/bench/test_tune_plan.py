@@ -139,3 +139,17 @@ def test_an_invalid_value_is_refused_before_any_server_starts(tmp_path):
     with pytest.raises(RecipeError, match="num_steps"):
         run_tune("tiny", ["speculative.num_steps=2,0"], BenchConfig(), out_path=tmp_path / "s.json")
     assert not (tmp_path / "s.json").exists()
+
+
+def test_a_point_whose_startup_checks_failed_is_never_recommended():
+    from sparkit.bench.tune import SweepPoint, rank
+
+    def point(label: str, tpot: float, failed: list[str]) -> SweepPoint:
+        return SweepPoint(values={"stack.speculative.num_steps": label}, overrides=[], status="done",
+                          figures={"tpot_mean_ms": tpot}, tpot_per_request_ms=[tpot] * 8, startup_failed=failed)
+
+    points = [point("3", 2.0, []), point("5", 1.0, ["acceptance"])]
+    ranking = rank(points)
+    assert ranking.best == 0 and 1 not in ranking.order  # the faster point's draft was not doing its job
+    only_failed = rank([points[1]])
+    assert only_failed.best is None and "startup checks passing (failed: " in only_failed.verdict
