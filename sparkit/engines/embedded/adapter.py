@@ -194,8 +194,11 @@ class EmbeddedAdapter(SGLangLogAdapter):
                 provisions.append(Provision("draft_lm_head=shared", "embedded",
                                             f"--draft-lm-head-sharing {sharing or 'module'}"))
 
+        # -P (3.11's safe path): `-m` would put the working directory first on sys.path, and a
+        # `sparkit/` folder there (a checkout, a project named so) would be imported instead of the
+        # installed sparkit; PYTHONPATH still applies.
         return EngineLaunch(
-            argv=[sys.executable, "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
+            argv=[sys.executable, "-P", "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
             provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
             validated_by="the embedded server's own argument parser and flag rules",
         )
