@@ -137,12 +137,10 @@ _SAMPLING_NEUTRAL: dict[str, Any] = {
     "repetition_penalty": (1.0,),
     "n": (1,),
     "logit_bias": ({},),
-    "json_schema": (),
     "regex": (),
     "ebnf": (),
     "stop_regex": (),
     "custom_params": (),
-    "custom_logit_processor": (),
     "watermark": (),
 }
 
@@ -178,6 +176,7 @@ class GenerateSamplingParams(_SamplingFields, _Request):
     NEUTRAL: ClassVar[dict[str, Any]] = {
         **_SAMPLING_NEUTRAL,
         "min_new_tokens": (0,),
+        "json_schema": (),
         "beam_width": (1,),
         "structural_tag": (),
         "choice": ([],),
@@ -297,17 +296,14 @@ class StreamOptions(_Lenient):
 _OPENAI_NEUTRAL: dict[str, Any] = {
     **_SAMPLING_NEUTRAL,
     "min_tokens": (0,),
+    "custom_logit_processor": (),
     "response_format": ({"type": "text"},),
     "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
     "routed_dp_rank": (0,), "data_parallel_rank": (0,), "disagg_prefill_dp_rank": (0,),
     "return_hidden_states": (False,), "return_routed_experts": (False,), "routed_experts_start_len": (0,),
     "return_cached_tokens_details": (False,), "return_token_ids": (False,),
     "lora_path": (), "session_id": (), "session_params": (), "images_config": (), "mm_processor_kwargs": (),
-    "extra_key": ANY, "cache_salt": ANY, "priority": ANY, "custom_labels": ANY,
-    # OpenAI-only: storage, moderation, caching hints, service tiers
-    "metadata": ANY, "store": (False,), "prompt_cache_key": ANY, "prompt_cache_options": ANY,
-    "prompt_cache_retention": ANY, "safety_identifier": ANY, "service_tier": ("auto", "default"),
-    "moderation": (),
+    "extra_key": ANY, "cache_salt": ANY, "priority": ANY,
 }
 
 
@@ -341,6 +337,10 @@ class ChatCompletionRequest(_OpenAIRequest):
         "return_flat_raw_top_logprobs_b64": ANY,
         "max_dynamic_patch": (), "min_dynamic_patch": (), "use_audio_in_video": (False,), "video_config": (),
         "audio": (), "modalities": (["text"],), "prediction": (), "verbosity": (), "web_search_options": (),
+        # OpenAI-only: storage, moderation, caching hints, service tiers
+        "metadata": ANY, "store": (False,), "prompt_cache_key": ANY, "prompt_cache_options": ANY,
+        "prompt_cache_retention": ANY, "safety_identifier": ANY, "service_tier": ("auto", "default"),
+        "moderation": (),
     }
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -359,7 +359,8 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 class CompletionRequest(_OpenAIRequest):
-    NEUTRAL: ClassVar[dict[str, Any]] = {**_OPENAI_NEUTRAL, "best_of": (1,), "suffix": ("",)}
+    NEUTRAL: ClassVar[dict[str, Any]] = {**_OPENAI_NEUTRAL, "best_of": (1,), "suffix": ("",), "custom_labels": ANY,
+                                         "json_schema": ()}
 
     prompt: str | list[int]
     echo: bool = False
