@@ -165,6 +165,9 @@ class EmbeddedAdapter(SGLangLogAdapter):
             warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
                             "shared-head trap (the draft reads FP8 bytes as bf16: accept length ~1.0); the "
                             "draft_lm_head check is expected to fail")
+        if flag_name("debug_corrupt_expert_dequant") in server.extra_args:
+            warnings.append("server.extra_args: --debug-corrupt-expert-dequant deliberately computes wrong expert "
+                            "weights; the known-answer check is expected to fail")
         env = dict(server.env)
 
         # The embedded engine reports NEXTN as NEXTN; the recipe asks for a shared head and the

@@ -44,6 +44,8 @@ class EmbeddedEngine:
         model.to(device=self.device, dtype=self.dtype)
         model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype,
                                            exact_top_k=config.lm_head_exact_top_k)
+        if config.debug_corrupt_expert_dequant:
+            self.notes.append("DEBUG: fp8 expert dequantisation deliberately corrupted (experts 0 and 1 swapped)")
         if config.lm_head_dtype == "fp8":
             self.notes.append("Online FP8 quantization enabled for lm_head.")
             self.notes.append(f"FP8 lm_head path: {model.lm_head.quant_method.kernel(model.lm_head)}")
@@ -177,7 +179,7 @@ class EmbeddedEngine:
 
         for module in model.modules():
             if isinstance(module, MoE):
-                module.quantize_experts(fmt, self.dtype, corrupt_scale_index=self.config.debug_corrupt_expert_dequant)
+                module.quantize_experts(fmt, self.dtype, corrupt_expert_index=self.config.debug_corrupt_expert_dequant)
                 for holder in (module.experts_gate_up, module.experts_down):
                     for name, tensor in holder.tensors().items():
                         setattr(holder, name, tensor.to(self.device))

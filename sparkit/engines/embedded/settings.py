@@ -79,8 +79,9 @@ class EngineConfig:
     context_length: int | None = setting(None, "unset = the model's max_position_embeddings", type=int)
     seed: int = setting(0, type=int)
     # A deliberately broken kernel, for proving the known-answer check (recipes/tiny/tiny-broken-kernel.yaml):
-    # fp8 experts decoded with an off-by-one scale index. Reported in the resolved args.
-    debug_corrupt_expert_dequant: bool = setting(False, "DEBUG: decode fp8 experts with their neighbour row's scale "
+    # fp8 experts 0 and 1 decoded from each other's weights (quant.Fp8ExpertWeights). Reported in the
+    # resolved args and the activation report's notes.
+    debug_corrupt_expert_dequant: bool = setting(False, "DEBUG: decode fp8 experts 0 and 1 from each other's weights "
                                                  "(a wrong-numbers kernel bug, for testing the known-answer check)",
                                                  store_true=True)
 
