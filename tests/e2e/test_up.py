@@ -169,7 +169,10 @@ def test_wrong_draft_fails_acceptance_with_exit_code_6(sparkit_home, tiny_model_
 
 def test_a_broken_kernel_passes_every_check_but_the_known_answer_and_up_exits_6(sparkit_home, tiny_model_dir):
     """Fluent, fast, its draft accepted: only the numbers are wrong, and only the known answer says so."""
-    up = run_sparkit(sparkit_home, "up", "tiny/tiny-broken-kernel", *model_args(tiny_model_dir), "--json")
+    # --detach: were the check to pass, `up` would return (exit 0) instead of serving in the foreground
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-broken-kernel", *model_args(tiny_model_dir), "--json", "--detach")
+    if up.returncode == 0:
+        run_sparkit(sparkit_home, "down", "--all")
     assert up.returncode == 6, up.stderr
     checks = checks_by_name(json.loads(up.stdout))
     known = checks["known_answer"]
