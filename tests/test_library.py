@@ -35,7 +35,8 @@ def test_load_compile_start_check_talk_stop(sparkit_home):
     plan = sparkit.compile_plan(loaded, port=free_port())
     with sparkit.transient_server(plan, checks=True) as started:
         assert started.ok, [(r.name, r.detail) for r in started.failed_checks]
-        assert {r.name for r in started.checks} >= {"lm_head_dtype", "shared_lm_head", "acceptance"}
+        assert {r.name for r in started.checks} >= {"lm_head_dtype", "shared_lm_head", "acceptance", "known_answer"}
+        assert next(r for r in started.checks if r.name == "known_answer").status is sparkit.Status.PASS
         assert sparkit.select_run(plan.recipe_name).id == started.run.id
 
         async def ask() -> str:

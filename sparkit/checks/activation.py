@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparkit.checks.evidence import ServerInfo
+from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT, KnownAnswerScore
 from sparkit.engines.sglang.log import LogEvidence
 from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.activation import ActivationReport
@@ -92,6 +93,7 @@ class ServerEvidence:
     reports: list[ActivationReport] = field(default_factory=list)
     probe: ProbeResult | None = None
     server_info_error: str | None = None
+    known_answer: KnownAnswerScore | None = None  # the reference text scored (when the plan states a value)
 
     @property
     def args(self) -> dict[str, Any] | None:
@@ -588,6 +590,49 @@ def check_decode_speed(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     return _result(name, title, Status.PASS, detail, evidence=evidence, data=data)
 
 
+def check_known_answer(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """The server's perplexity on the shipped reference text against the recipe's stated value."""
+    name, title = "known_answer", "known answer"
+    exp = plan.expectations
+    want = exp.reference_perplexity
+    if want is None:
+        return _result(name, title, Status.SKIP, "the recipe states no reference perplexity (checks.reference_perplexity)")
+    tolerance = exp.reference_perplexity_tolerance or DEFAULT_TOLERANCE
+    score = ev.known_answer
+    data: dict[str, Any] = {"expected": want, "tolerance": tolerance,
+                            **(score.to_dict() if score is not None else {"perplexity": None})}
+    if score is None or score.perplexity is None:
+        reason = score.unavailable if score is not None and score.unavailable else "the reference text was not scored"
+        return _result(
+            name, title, Status.WARN, f"the known-answer check could not run: {reason}",
+            evidence=[f"reference: {REFERENCE_TEXT.name}"], data=data,
+            fix="the check needs prompt logprobs from /generate (return_logprob, logprob_start_len 0): "
+                "SGLang and sparkit's embedded engine give them; re-run `sparkit check` once the server answers",
+        )
+    got = score.perplexity
+    gap = got / want - 1.0
+    evidence = [
+        f"{score.passages} passages of {REFERENCE_TEXT.name} (<= {PASSAGE_MAX_BYTES} bytes each, from the sequence "
+        f"start), {score.tokens} tokens scored",
+        "per passage: " + ", ".join(f"{p:.3f}" for p in score.per_passage),
+    ]
+    data["gap"] = gap
+    if abs(gap) > tolerance:
+        return _result(
+            name, title, Status.FAIL,
+            f"perplexity {got:.3f} on the reference text, the recipe expects {want:.3f} ({gap:+.0%}, beyond ±{tolerance:.0%})",
+            evidence=evidence, data=data,
+            cause="the model computes wrong numbers: a kernel, a quantisation or a checkpoint problem "
+                  "(the server can be fluent, fast and well accepted and still be wrong)",
+            fix="compare with a run of the same checkpoint without the suspect optimisation (e.g. bf16 experts or "
+                "lm_head, another MoE backend); check the checkpoint's files; if the change is intended, update "
+                "checks.reference_perplexity",
+        )
+    return _result(name, title, Status.PASS,
+                   f"perplexity {got:.3f} on the reference text, expected {want:.3f} ±{tolerance:.0%} ({gap:+.1%})",
+                   evidence=evidence, data=data)
+
+
 def _ranks_note(ev: ServerEvidence) -> str:
     return f" (rank 0 of {len(ev.reports)} reports)" if len(ev.reports) > 1 else ""
 
@@ -651,6 +696,7 @@ ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [
     check_shared_lm_head,
     check_acceptance,
     check_decode_speed,
+    check_known_answer,
     check_ignored_settings,
 ]
 

@@ -89,6 +89,10 @@ async def gather_evidence(
         ev.server_info_error = exc.message
     if probe:
         ev.probe = await probe_generation(url, api_key=api_key)
+        if plan.expectations.reference_perplexity is not None:
+            from sparkit.checks.known_answer import score_reference
+
+            ev.known_answer = await score_reference(url, api_key=api_key)
     if run_dir is not None:
         run_dir = Path(run_dir)
         log_path = run_dir / RunFiles.LOG

@@ -70,6 +70,8 @@ def _expectations(recipe: Recipe, launch: EngineLaunch) -> Expectations:
         mem_fraction_static=recipe.server.mem_fraction_static,
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
+        reference_perplexity=recipe.checks.reference_perplexity,
+        reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance,
     )
     known = {f.name for f in fields(Expectations)}
     unknown = set(launch.expectations) - known

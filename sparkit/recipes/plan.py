@@ -46,6 +46,9 @@ class Expectations:
     mem_fraction_static: float | None = None
     min_accept_length: float | None = None
     min_decode_tok_s: float | None = None
+    # the known-answer check (sparkit.checks.known_answer): stated perplexity and relative tolerance
+    reference_perplexity: float | None = None
+    reference_perplexity_tolerance: float | None = None
     # Resolved-args keys (SGLang ServerArgs names) and the values the recipe asked for.
     server_args: dict[str, Any] = field(default_factory=dict)
 

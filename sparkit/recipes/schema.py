@@ -243,6 +243,14 @@ class Checks(_Strict):
     min_decode_tok_s: float | None = Field(default=None, gt=0)
     """Minimum batch-1 decode throughput in tokens/s (not asserted when unset)."""
 
+    reference_perplexity: float | None = Field(default=None, ge=1)
+    """The known answer: the perplexity the served model scores on sparkit's reference text (tiny-ling's,
+    sparkit/checks/data/reference-tiny-ling.txt, scored in short passages through the server's prompt
+    logprobs). A wrong kernel, quantisation or checkpoint moves it; not asserted when unset."""
+
+    reference_perplexity_tolerance: float | None = Field(default=None, gt=0, lt=1)
+    """Largest relative gap to `reference_perplexity` that passes (default 0.10)."""
+
 
 class Recipe(_Strict):
     """A recipe: what to serve and how. Keys not listed here are errors."""

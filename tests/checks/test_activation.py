@@ -281,7 +281,8 @@ def test_ignored_settings_pass_warn_fail():
 def test_evaluate_runs_every_check_once():
     results = evaluate(make_plan(engine="embedded"), ServerEvidence("embedded", server_info=resolved(), reports=[report()], probe=probe(3.0)))
     assert [r.name for r in results] == [
-        "resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed", "ignored_settings",
+        "resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed", "known_answer",
+        "ignored_settings",
     ]
     assert all(r.status in (Status.PASS, Status.SKIP) for r in results), [r.to_dict() for r in results]
 

@@ -79,8 +79,9 @@ def test_up_detach_checks_status_chat_down(sparkit_home, tiny_model_dir):
     assert guard["enabled"] and not guard["stopped"] and guard["files"] >= 1 and guard["floor_bytes"] > 0
     assert "memory guard: lowest available" in up.stderr
     checks = checks_by_name(doc)
-    for name in ("resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed"):
+    for name in ("resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed", "known_answer"):
         assert checks[name]["status"] == Status.PASS.value, checks[name]
+    assert checks["known_answer"]["data"]["perplexity"] == pytest.approx(1.469, rel=0.01)
     assert checks["acceptance"]["data"]["accept_length"] > 1.5
     assert checks["decode_speed"]["data"]["decode_tok_s"] > 0
     pid = doc["pid"]
@@ -164,6 +165,39 @@ def test_wrong_draft_fails_acceptance_with_exit_code_6(sparkit_home, tiny_model_
     assert "wrong draft" in acceptance["cause"]
     assert "accept length" in up.stderr
     assert engine_processes(sparkit_home) == []  # failed checks stop the server
+
+
+def test_a_broken_kernel_passes_every_check_but_the_known_answer_and_up_exits_6(sparkit_home, tiny_model_dir):
+    """Fluent, fast, its draft accepted: only the numbers are wrong, and only the known answer says so."""
+    # --detach: were the check to pass, `up` would return (exit 0) instead of serving in the foreground
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-broken-kernel", *model_args(tiny_model_dir), "--json", "--detach")
+    if up.returncode == 0:
+        run_sparkit(sparkit_home, "down", "--all")
+    assert up.returncode == 6, up.stderr
+    checks = checks_by_name(json.loads(up.stdout))
+    known = checks["known_answer"]
+    assert known["status"] == "fail"
+    assert known["data"]["perplexity"] > 1.469 * 1.5 and known["data"]["expected"] == 1.469
+    assert "the model computes wrong numbers: a kernel, a quantisation or a checkpoint problem" in known["cause"]
+    assert known["fix"]
+    assert checks["acceptance"]["status"] == "pass" and checks["acceptance"]["data"]["accept_length"] > 1.5
+    for name in ("resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "decode_speed"):
+        assert checks[name]["status"] == "pass", checks[name]
+    assert "known answer" in up.stderr
+    assert engine_processes(sparkit_home) == []  # failed checks stop the server
+
+
+def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_embedded_server):
+    """The first reference passage: SGLang 0.5.23 on the H200 (bf16, FP8 head) scored 1.7304
+    (tests/fixtures/sglang-0.5.23-h200/known-answer-passage1.json); the same checkpoint here, in
+    float32 on the CPU, through the same request, within 0.5%."""
+    from sparkit.checks.known_answer import reference_passages, score_reference
+
+    capture = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200" / "known-answer-passage1.json").read_text())
+    server = start_embedded_server(lm_head_dtype="fp8", expert_weights="fp8")
+    score = asyncio.run(score_reference(server.url, passages=reference_passages()[:1]))
+    assert score.unavailable is None and score.tokens == len(capture["passage"].encode())
+    assert score.perplexity == pytest.approx(1.7304, rel=0.005)
 
 
 def test_unshared_head_fails_shared_head_and_acceptance(sparkit_home, tiny_model_dir):

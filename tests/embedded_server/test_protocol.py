@@ -30,14 +30,28 @@ def test_generate_request_parses_sampling_params():
     [
         (b"{not json", "malformed JSON"),
         (b"", "empty request body"),
-        (b"[1, 2]", "batched requests"),
+        (b"[1, 2]", "one prompt per request"),
         (b'"text"', "must be a JSON object"),
-        ({"text": "a", "sampling_param": {}}, "sampling_param: unknown field"),
         ({"text": "a", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token: unknown field"),
         ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
         ({"text": "a", "input_ids": [1]}, "exactly one of"),
         ({}, "exactly one of"),
-        ({"text": ["a", "b"]}, "batched requests"),
+        ({"text": ["a", "b"]}, "one prompt per request"),
+        ({"input_ids": [[1, 2], [3]]}, "one prompt per request"),
+        ({"text": "a", "sampling_params": [{}, {}]}, "one prompt per request"),
+        ({"text": "a", "sampling_params": {"min_p": 0.5}}, "min_p=0.5 is not supported by the embedded engine (it takes only null or 0.0)"),
+        ({"text": "a", "lora_path": "adapter-1"}, 'lora_path="adapter-1" is not supported'),
+        ({"text": "a", "return_routed_experts": True}, "return_routed_experts=true is not supported"),
+        ({"text": "a", "sampling_params": {"json_schema": "{}"}}, "json_schema"),
+        ({"text": "a", "logprob_start_len": -2}, "logprob_start_len"),
+        ({"text": "a", "sampling_params": {"temperature": 1e308}}, "sampling_params.temperature: Input should be less than or equal to 100"),
+        ({"text": "\ud800abc"}, "text: contains the unpaired UTF-16 surrogate \\ud800"),
+        (b'{"text": "a", "sampling_params": {"temperature": Infinity}}', "Infinity is not a JSON number"),
+        (b'{"text": "a", "sampling_params": {"temperature": NaN}}', "NaN is not a JSON number"),
+        (b'{"text": "a", "sampling_params": {"temperature": 1e400}}', "sampling_params.temperature: inf is out of range"),
+        (b"[" * 1000 + b"]" * 1000, "nested more than 32 levels"),
+        (b"[" * 100000, "nested more than 32 levels"),
+        (b'{"text": "a", "x": ' + b'{"a": ' * 40 + b"1" + b"}" * 40 + b"}", "nested more than 32 levels"),
         ({"text": "a", "sampling_params": {"top_k": 0}}, "top_k must be -1"),
         ({"text": "a", "sampling_params": {"n": 2}}, "n=2 is not supported"),
         ({"text": "a", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature"),
@@ -77,10 +91,13 @@ def test_chat_request_accepts_what_the_openai_client_and_sparkit_send():
     [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2 is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "store": True}, "store=true is not supported by the embedded engine (it takes only null or false)"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools="),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 'tool_choice="required" is not supported'),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": -1}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "frequency_penalty=0.5 is not supported"),
-        ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus: unknown field"),
     ],
 )
 def test_bad_chat_bodies(body, needle):
@@ -94,8 +111,40 @@ def test_completion_prompt_forms():
     assert one.prompt_text_or_ids() == "abc"
     ids = proto.parse_body(b'{"prompt": [1, 2, 3]}', proto.CompletionRequest, "/v1/completions")
     assert ids.prompt_text_or_ids() == [1, 2, 3]
-    with pytest.raises(proto.ApiError, match="batched prompts"):
-        proto.parse_body(b'{"prompt": ["a", "b"]}', proto.CompletionRequest, "/v1/completions")
+    nested = proto.parse_body(b'{"prompt": [[1, 2, 3]]}', proto.CompletionRequest, "/v1/completions")
+    assert nested.prompt_text_or_ids() == [1, 2, 3]  # one prompt as token ids, as an eval harness sends it
+    for batch in (b'{"prompt": ["a", "b"]}', b'{"prompt": [[1], [2]]}'):
+        with pytest.raises(proto.ApiError, match="one prompt per request"):
+            proto.parse_body(batch, proto.CompletionRequest, "/v1/completions")
+
+
+def test_generate_prompt_shapes_of_one_request():
+    for body, ids in (({"input_ids": [1, 2]}, [1, 2]), ({"input_ids": [[1, 2]]}, [1, 2])):
+        assert parse(body).input_ids == ids
+    assert parse({"text": ["one"]}).text == "one"
+    assert parse({"text": "a", "sampling_params": [{"max_new_tokens": 3}]}).sampling_params.max_new_tokens == 3
+
+
+def test_neutral_values_are_accepted_and_unknown_top_level_keys_ignored_as_sglang_does():
+    ignored: list[str] = []
+    # what sglang.bench_serving --backend sglang sends with every request
+    req = proto.parse_body(json.dumps({
+        "text": "hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "json_schema": None, "logit_bias": {}},
+        "stream": True, "lora_path": None, "return_routed_experts": False, "logprob_start_len": -1,
+        "some_future_field": 1,
+    }).encode(), proto.GenerateRequest, "/generate", ignored)
+    assert req.sampling_params.max_new_tokens == 4 and req.logprob_start_len == -1
+    assert ignored == ["some_future_field"]
+    chat = proto.parse_body(json.dumps({
+        "messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": True, "metadata": {"k": "v"},
+        "store": False, "logit_bias": {}, "tool_choice": "auto", "response_format": {"type": "text"}, "n": 1,
+    }).encode(), proto.ChatCompletionRequest, "/v1/chat/completions", ignored)
+    assert chat.messages[0].text() == "x"
+
+
+def test_unknown_sampling_params_are_rejected_as_sglang_rejects_them():
+    with pytest.raises(proto.ApiError, match="sampling_params.temprature: unknown field"):
+        parse({"text": "a", "sampling_params": {"temprature": 0.5}})
 
 
 def _progress(**kw):

@@ -228,7 +228,7 @@ def test_tiny_compiles_to_the_embedded_engine():
     plan = compile_plan(load_recipe("tiny"), port=30555)
     model_dir = str(SHIPPED_DIR / "tiny-ling-s0")  # the build that ships with the package
     assert plan.engine == "embedded"
-    assert plan.argv[:5] == [sys.executable, "-m", "sparkit.engines.embedded", "--model-path", model_dir]
+    assert plan.argv[:6] == [sys.executable, "-P", "-m", "sparkit.engines.embedded", "--model-path", model_dir]
     args = plan.argv[3:]
 
     def value(flag):

@@ -165,6 +165,9 @@ class EmbeddedAdapter(SGLangLogAdapter):
             warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
                             "shared-head trap (the draft reads FP8 bytes as bf16: accept length ~1.0); the "
                             "draft_lm_head check is expected to fail")
+        if flag_name("debug_corrupt_expert_dequant") in server.extra_args:
+            warnings.append("server.extra_args: --debug-corrupt-expert-dequant deliberately computes wrong expert "
+                            "weights; the known-answer check is expected to fail")
         env = dict(server.env)
 
         # The embedded engine reports NEXTN as NEXTN; the recipe asks for a shared head and the
@@ -194,8 +197,11 @@ class EmbeddedAdapter(SGLangLogAdapter):
                 provisions.append(Provision("draft_lm_head=shared", "embedded",
                                             f"--draft-lm-head-sharing {sharing or 'module'}"))
 
+        # -P (3.11's safe path): `-m` would put the working directory first on sys.path, and a
+        # `sparkit/` folder there (a checkout, a project named so) would be imported instead of the
+        # installed sparkit; PYTHONPATH still applies.
         return EngineLaunch(
-            argv=[sys.executable, "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
+            argv=[sys.executable, "-P", "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
             provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
             validated_by="the embedded server's own argument parser and flag rules",
         )

@@ -38,6 +38,38 @@ class SamplingParams:
 
 
 @dataclass
+class LogprobRequest:
+    """Which log-probabilities a request wants (SGLang's return_logprob / logprob_start_len /
+    top_logprobs_num). Output tokens' logprobs always come with it; prompt positions from
+    `input_start` on (None: none; position 0 has no logprob, nothing precedes it)."""
+
+    input_start: int | None = None
+    top: int = 0  # the top-N alternatives per position, besides the chosen token (0 = none)
+
+
+@dataclass
+class TokenLogprobs:
+    """Log-probabilities of some positions under the target model: `logprobs[i]` is that of
+    `token_ids[i]` (None for the first prompt token), `top[i]` the N best (logprob, id) there
+    (None where logprobs[i] is None; absent when not asked for)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top: list[list[tuple[float, int]] | None] | None = None
+
+    def extend(self, other: "TokenLogprobs") -> None:
+        self.token_ids += other.token_ids
+        self.logprobs += other.logprobs
+        if other.top is not None:
+            self.top = (self.top or []) + other.top
+
+    def truncate(self, n: int) -> None:
+        del self.token_ids[n:], self.logprobs[n:]
+        if self.top is not None:
+            del self.top[n:]
+
+
+@dataclass
 class StepOutput:
     """What one engine step committed for a request.
 
@@ -51,6 +83,10 @@ class StepOutput:
     num_proposed_drafts: int = 0
     finished: bool = False
     finish_reason: dict | None = None  # SGLang shape: {"type": "length", "length": N} | {"type": "stop", "matched": id_or_str}
+    # with a LogprobRequest: the committed tokens' logprobs (one per token_ids entry), and on the
+    # first step the prompt's (LogprobRequest.input_start on)
+    logprobs: TokenLogprobs | None = None
+    input_logprobs: TokenLogprobs | None = None
 
 
 class EngineProtocol(Protocol):
@@ -60,8 +96,13 @@ class EngineProtocol(Protocol):
     context_length: int
     model_name: str  # served model name
 
-    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: "CancelFlag") -> Iterator[StepOutput]:
+    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: "CancelFlag",
+                 logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
         """Prefill then decode. Yields one StepOutput per step; the last has finished=True.
+
+        Logprobs are the target model's, whatever drafted the tokens: log_softmax of its logits
+        (divided by the temperature when sampling, as SGLang's sampler returns them); prompt
+        logprobs are of the raw logits (SGLang's input logprobs).
 
         Stops early (finish_reason {"type": "abort"}) as soon as `cancelled()` is true,
         freeing all per-request state (KV cache) before returning.

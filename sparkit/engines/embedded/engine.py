@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from sparkit.engines.embedded.api import CancelFlag, SamplingParams, StepOutput
+from sparkit.engines.embedded.api import CancelFlag, LogprobRequest, SamplingParams, StepOutput, TokenLogprobs
 from sparkit.errors import LaunchError
 from sparkit.engines.embedded.settings import EngineConfig  # noqa: F401 (the engine's configuration, declared there)
 
@@ -44,6 +44,8 @@ class EmbeddedEngine:
         model.to(device=self.device, dtype=self.dtype)
         model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype,
                                            exact_top_k=config.lm_head_exact_top_k)
+        if config.debug_corrupt_expert_dequant:
+            self.notes.append("DEBUG: fp8 expert dequantisation deliberately corrupted (experts 0 and 1 swapped)")
         if config.lm_head_dtype == "fp8":
             self.notes.append("Online FP8 quantization enabled for lm_head.")
             self.notes.append(f"FP8 lm_head path: {model.lm_head.quant_method.kernel(model.lm_head)}")
@@ -87,7 +89,8 @@ class EmbeddedEngine:
 
     # ---------------------------------------------------------------- protocol
 
-    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: CancelFlag) -> Iterator[StepOutput]:
+    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: CancelFlag,
+                 logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
         if not input_ids:
             raise ValueError("input_ids is empty")
         if len(input_ids) >= self.context_length:
@@ -99,7 +102,9 @@ class EmbeddedEngine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.model_config.vocab_size})")
         generator = _make_generator(self.device, params.seed) if params.seed is not None else self._generator
         # Validation above runs at call time (this method is not a generator); steps run lazily.
-        return self._steps(_Request(self, list(input_ids), params, generator), cancelled)
+        if logprobs is not None and logprobs.input_start is not None and not 0 <= logprobs.input_start <= len(input_ids):
+            raise ValueError(f"logprob_start_len {logprobs.input_start} is outside the prompt (0..{len(input_ids)})")
+        return self._steps(_Request(self, list(input_ids), params, generator, logprobs), cancelled)
 
     def _steps(self, run: "_Request", cancelled: CancelFlag) -> Iterator[StepOutput]:
         try:
@@ -174,7 +179,7 @@ class EmbeddedEngine:
 
         for module in model.modules():
             if isinstance(module, MoE):
-                module.quantize_experts(fmt, self.dtype)
+                module.quantize_experts(fmt, self.dtype, corrupt_expert_index=self.config.debug_corrupt_expert_dequant)
                 for holder in (module.experts_gate_up, module.experts_down):
                     for name, tensor in holder.tensors().items():
                         setattr(holder, name, tensor.to(self.device))
@@ -187,8 +192,10 @@ class EmbeddedEngine:
 class _Request:
     """State of one generation: committed tokens, RNG, finish rules."""
 
-    def __init__(self, engine: EmbeddedEngine, prompt: list[int], params: SamplingParams, generator):
+    def __init__(self, engine: EmbeddedEngine, prompt: list[int], params: SamplingParams, generator,
+                 logprobs: LogprobRequest | None = None):
         self.engine, self.params, self.generator = engine, params, generator
+        self.want = logprobs
         self.seq = prompt
         self.prompt_len = len(prompt)
         self.greedy = _is_greedy(params)
@@ -235,20 +242,68 @@ class _Request:
         cache.length = ids.shape[1]
         return hidden
 
+    # -- logprobs: the target's, from the logits each committed token was chosen from
+
+    def _output_logprobs(self, logits, tokens: list[int]) -> TokenLogprobs | None:
+        """logits [>= len(tokens), V]: row i is where tokens[i] was chosen. Greedy: log_softmax of
+        the logits; sampling: of logits / temperature (SGLang's sampler returns those)."""
+        if self.want is None or not tokens:
+            return None
+        from sparkit.engines.embedded.speculative import GREEDY_EPS
+
+        rows = logits[: len(tokens)]
+        if not self.greedy:
+            rows = rows / max(self.params.temperature, GREEDY_EPS)
+        return _pick_logprobs(rows.log_softmax(-1), tokens, self.want.top)
+
+    def _input_logprobs(self, hidden) -> TokenLogprobs | None:
+        """The prompt's logprobs from position want.input_start on, from the prefill's hidden
+        states (raw logits, as SGLang's input logprobs); position 0 has none."""
+        if self.want is None or self.want.input_start is None:
+            return None
+        start, n = self.want.input_start, self.prompt_len
+        out = TokenLogprobs(top=[] if self.want.top else None)
+        if start >= n:
+            return out
+        if start == 0:
+            out.token_ids.append(self.seq[0])
+            out.logprobs.append(None)
+            if out.top is not None:
+                out.top.append(None)
+        first = max(start, 1)
+        if first < n:
+            rows = self._target_logits(hidden[:, first - 1 : n - 1]).log_softmax(-1)
+            out.extend(_pick_logprobs(rows, self.seq[first:n], self.want.top))
+        return out
+
+    def _prefill_only(self, cancelled) -> Iterator[StepOutput]:
+        """max_new_tokens 0: nothing to generate; the prompt still runs when its logprobs are
+        wanted (an eval harness scoring a text)."""
+        finish = {"type": "length", "length": 0}
+        inputs = None
+        if self.want is not None and self.want.input_start is not None and not cancelled():
+            with torch.inference_mode():
+                inputs = self._input_logprobs(self._prefill())
+        yield StepOutput([], verify_step=False, finished=True, finish_reason=finish, input_logprobs=inputs)
+
     def plain(self, cancelled) -> Iterator[StepOutput]:
         engine = self.engine
         if self.max_new == 0:
-            yield StepOutput([], verify_step=False, finished=True, finish_reason={"type": "length", "length": 0})
+            yield from self._prefill_only(cancelled)
             return
         if cancelled():
             yield _aborted()
             return
         with torch.inference_mode():
             hidden = self._prefill()
-            token = self.pick(self._target_logits(hidden[:, -1:])[-1])
+            inputs = self._input_logprobs(hidden)
+            logits = self._target_logits(hidden[:, -1:])
+            token = self.pick(logits[-1])
         while True:
             committed, finish = self.commit([token])
-            yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish)
+            yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish,
+                             logprobs=self._output_logprobs(logits, committed), input_logprobs=inputs)
+            inputs = None
             if finish is not None:
                 return
             if cancelled():
@@ -259,7 +314,8 @@ class _Request:
                 pos = cache.length
                 hidden = engine.model.forward_hidden(torch.tensor([[token]], device=self.device), cache, pos)
                 cache.length = pos + 1
-                token = self.pick(self._target_logits(hidden)[-1])
+                logits = self._target_logits(hidden)
+                token = self.pick(logits[-1])
 
     def speculative(self, cancelled) -> Iterator[StepOutput]:
         from sparkit.engines.embedded.speculative import NextnDrafter, logits_to_probs, verify_greedy, verify_rejection
@@ -267,7 +323,7 @@ class _Request:
         engine = self.engine
         k = engine.num_steps
         if self.max_new == 0:
-            yield StepOutput([], verify_step=False, finished=True, finish_reason={"type": "length", "length": 0})
+            yield from self._prefill_only(cancelled)
             return
         if cancelled():
             yield _aborted()
@@ -276,9 +332,12 @@ class _Request:
         drafter.reset()
         with torch.inference_mode():
             hidden = self._prefill()
-            token = self.pick(self._target_logits(hidden[:, -1:])[-1])
+            inputs = self._input_logprobs(hidden)
+            first_logits = self._target_logits(hidden[:, -1:])
+            token = self.pick(first_logits[-1])
         committed, finish = self.commit([token])
-        yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish)
+        yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish,
+                         logprobs=self._output_logprobs(first_logits, committed), input_logprobs=inputs)
         if finish is not None:
             return
         with torch.inference_mode():
@@ -313,8 +372,11 @@ class _Request:
             committed, finish = self.commit(new_tokens)
             engine.total_verify_steps += 1
             engine.total_committed_in_verify += len(committed)
+            # the logprobs of what was committed are the target's verify logits at those positions
+            # (row j chose token j), never the draft's
             yield StepOutput(committed, verify_step=True, num_accepted_drafts=len(committed) - 1 if finish else accepted,
-                             num_proposed_drafts=k, finished=finish is not None, finish_reason=finish)
+                             num_proposed_drafts=k, finished=finish is not None, finish_reason=finish,
+                             logprobs=self._output_logprobs(logits, committed))
             if finish is not None:
                 return
             with torch.inference_mode():
@@ -324,6 +386,17 @@ class _Request:
         from sparkit.engines.embedded.speculative import logits_to_probs, sample
 
         return int(sample(logits_to_probs(logits[None].float(), self.params), self.generator)[0])
+
+
+def _pick_logprobs(rows, tokens: list[int], top: int) -> TokenLogprobs:
+    """rows [n, V] of logprobs: row i's value at tokens[i], and its `top` best (value, id)."""
+    index = torch.tensor(tokens, device=rows.device).view(-1, 1)
+    chosen = rows.gather(1, index).view(-1).tolist()
+    best = None
+    if top:
+        values, ids = rows.topk(min(top, rows.shape[-1]), dim=-1)
+        best = [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
+    return TokenLogprobs(list(tokens), chosen, best)
 
 
 def _aborted() -> StepOutput:

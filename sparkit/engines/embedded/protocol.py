@@ -1,34 +1,56 @@
 """Request parsing and response shaping for the embedded server's SGLang/OpenAI HTTP API.
 
-Pure data in, data out: no HTTP framework, no torch. server.py owns the sockets;
+Pure data in, data out: no HTTP framework, no torch. routes.py owns the sockets;
 this module decides what a valid request is and what each response looks like,
 so that it can be unit-tested without starting anything.
 
-Request bodies are user input, hence pydantic models with `extra="forbid"`: a
-misspelled field is a 400 naming the field, not a silently ignored knob.
-Sampling features the embedded engine does not implement (n > 1, logprobs,
-penalties) are accepted only at their neutral value and otherwise rejected with a
-message saying so, rather than ignored.
+Every field SGLang 0.5.23's request types define (GenerateReqInput and its API contract,
+sampling_params, the OpenAI protocol models) and every field the OpenAI API defines is declared
+here, once: either honoured (a field of the pydantic model) or listed in the model's `NEUTRAL`
+table with the values that mean "off" (what this engine does anyway). A neutral value is
+accepted; any other value is a 400 naming the field and the values it can take, rather than a
+silently ignored knob. tests/embedded_server/test_api_fields.py reads the installed sglang and
+openai packages and fails on a field declared nowhere, so a new SGLang field shows up there.
 
-Shapes follow sglang 0.5.23 (sglang/srt/entrypoints/openai/protocol.py and
-serving_chat.py): `meta_info` keys, `sglext.spec_tokens_details`, the extra
-usage / sglext chunks that close a stream, and `data: [DONE]`.
+A key no request type defines follows SGLang: ignored at the top level of /generate and of the
+OpenAI bodies (SGLang's GenerateRequest contract and its pydantic models ignore unknown keys; the
+names come back in the `x-sparkit-ignored-fields` response header), rejected inside
+sampling_params (SGLang's contract rejects unknown sampling keys), as a 400 naming the key.
+
+Before validation the body itself is bounded: NaN/Infinity, numbers that overflow to infinity,
+nesting deeper than MAX_JSON_DEPTH and strings holding unpaired UTF-16 surrogates are 400s naming
+where they are (each used to be a 500 further in).
+
+Shapes follow sglang 0.5.23 (sglang/srt/entrypoints/openai/protocol.py, serving_chat.py,
+serving_completions.py, managers/tokenizer_manager.py): `meta_info` keys and logprob tuples
+`(logprob, token_id, text-or-None)`, `sglext.spec_tokens_details`, the extra usage / sglext
+chunks that close a stream, and `data: [DONE]`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from sparkit.engines.embedded.api import TokenLogprobs
 
 # /generate's default when sampling_params.max_new_tokens is absent (SGLang's default).
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128
 # OpenAI's /v1/completions default for max_tokens.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
+# Deeper JSON is refused before it reaches anything recursive (json, pydantic, the encoder):
+# no request of either API nests more than a handful of levels.
+MAX_JSON_DEPTH = 32
+# Above this, sampling is uniform noise for any model whose logits are O(10); SGLang has no bound,
+# OpenAI's is 2. A bound at all is what keeps `1e308` from being taken as a setting.
+MAX_TEMPERATURE = 100.0
+ONE_PROMPT = "the embedded engine serves one prompt per request (batch 1): send one request per prompt"
 
 
 class ApiError(Exception):
@@ -51,32 +73,87 @@ def error_body(status: int, message: str, *, type: str = "BadRequestError", para
     return {"error": {"message": message, "type": type, "param": param, "code": status}}
 
 
-# -- request models -----------------------------------------------------------------------
+# -- declared fields ---------------------------------------------------------------------------
+
+# A NEUTRAL entry whose every value is harmless here (routing hints, labels, cache salts...).
+ANY = "any"
 
 
-class _Strict(BaseModel):
+def is_neutral(value: Any, allowed: Any) -> bool:
+    """None and empty containers are always "off"; else one of the declared values (a bool is
+    not taken for 0 or 1)."""
+    if allowed == ANY or value is None or (isinstance(value, (list, dict)) and not value):
+        return True
+    return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
+
+
+def _neutral_problem(name: str, value: Any, allowed: Any) -> str:
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    takes = "".join(f" or {json.dumps(a)}" for a in allowed)
+    return f"{name}={shown} is not supported by the embedded engine (it takes only null{takes})"
+
+
+class _Request(BaseModel):
+    """A request body: declared fields honoured, NEUTRAL ones checked and dropped, unknown keys
+    handled as SGLang handles them at this level (UNKNOWN)."""
+
     model_config = ConfigDict(extra="forbid")
+    NEUTRAL: ClassVar[dict[str, Any]] = {}
+    UNKNOWN: ClassVar[Literal["ignore", "reject"]] = "reject"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        kept, problems = {}, []
+        for key, value in data.items():
+            if key in cls.model_fields:
+                kept[key] = value
+            elif key in cls.NEUTRAL:
+                if not is_neutral(value, cls.NEUTRAL[key]):
+                    problems.append(_neutral_problem(key, value, cls.NEUTRAL[key]))
+            elif cls.UNKNOWN == "ignore":
+                if isinstance(info.context, dict):
+                    info.context.setdefault("ignored", []).append(key)
+            else:
+                kept[key] = value  # extra="forbid" names it
+        if problems:
+            raise ValueError("; ".join(problems))
+        return kept
 
 
-def _neutral(value: float | int | None, neutral: float | int, name: str) -> None:
-    if value is not None and value != neutral:
-        raise ValueError(f"{name}={value} is not supported by the embedded engine (only {neutral})")
+class _Lenient(_Request):
+    UNKNOWN: ClassVar[Literal["ignore", "reject"]] = "ignore"
 
 
-class _SamplingMixin(_Strict):
-    temperature: float | None = Field(None, ge=0.0, description="0 = greedy")
+# Values SGLang's OpenAI sampling fields and the OpenAI API share.
+_SAMPLING_NEUTRAL: dict[str, Any] = {
+    "min_p": (0.0,),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "n": (1,),
+    "logit_bias": ({},),
+    "regex": (),
+    "ebnf": (),
+    "stop_regex": (),
+    "custom_params": (),
+    "watermark": (),
+}
+
+
+class _SamplingFields(BaseModel):
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE, description="0 = greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
-    min_p: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    n: int | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -85,15 +162,6 @@ class _SamplingMixin(_Strict):
             raise ValueError("top_k must be -1 (off) or >= 1")
         return value
 
-    @model_validator(mode="after")
-    def _unsupported(self):
-        _neutral(self.min_p, 0.0, "min_p")
-        _neutral(self.frequency_penalty, 0.0, "frequency_penalty")
-        _neutral(self.presence_penalty, 0.0, "presence_penalty")
-        _neutral(self.repetition_penalty, 1.0, "repetition_penalty")
-        _neutral(self.n, 1, "n")
-        return self
-
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -101,19 +169,61 @@ class _SamplingMixin(_Strict):
         return [s for s in stops if s]
 
 
-class GenerateSamplingParams(_SamplingMixin):
+class GenerateSamplingParams(_SamplingFields, _Request):
+    """/generate's sampling_params: SGLang's API contract (sglang.api.v1.SamplingParams), whose
+    unknown keys are rejected."""
+
+    NEUTRAL: ClassVar[dict[str, Any]] = {
+        **_SAMPLING_NEUTRAL,
+        "min_new_tokens": (0,),
+        "json_schema": (),
+        "beam_width": (1,),
+        "structural_tag": (),
+        "choice": ([],),
+        # fast (Rust) tokenizers do not read it; tiny-ling's is one
+        "spaces_between_special_tokens": ANY,
+        # SGLang sends every N tokens; this engine sends every step: a client sees the same text
+        "stream_interval": ANY,
+    }
     max_new_tokens: int | None = Field(None, ge=0)
-    min_new_tokens: int | None = None
     sampling_seed: int | None = None
 
-    @model_validator(mode="after")
-    def _min_new(self):
-        _neutral(self.min_new_tokens, 0, "min_new_tokens")
-        return self
+
+def _one_prompt_list(value: Any, what: str) -> Any:
+    """A batch of one ([x]) is that prompt; a batch of more is refused."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        if len(value) != 1:
+            raise ValueError(f"{len(value)} {what} given: {ONE_PROMPT}")
+        return value[0]
+    return value
 
 
-class GenerateRequest(_Strict):
-    """SGLang's native /generate body (single request; batches are refused)."""
+class GenerateRequest(_Lenient):
+    """SGLang's native /generate body (one prompt; GenerateReqInput's fields)."""
+
+    NEUTRAL: ClassVar[dict[str, Any]] = {
+        # multimodal, embeddings, LoRA, structured outputs, disaggregation, hidden states
+        "input_embeds": (), "image_data": (), "video_data": (), "audio_data": (), "mm_hashes": (),
+        "mm_content_hashes": (), "use_audio_in_video": (False,), "video_config": (), "modalities": (),
+        "max_dynamic_patch": (), "min_dynamic_patch": (), "image_max_dynamic_patch": (),
+        "video_max_dynamic_patch": (), "images_config": (), "mm_processor_kwargs": (),
+        "need_wait_for_mm_inputs": (False,), "num_items_assigned": (), "encoder_urls": (),
+        "multi_item_delimiter_indices": (), "token_indices_to_pool": (),
+        "lora_path": (), "lora_id": (), "custom_logit_processor": (), "positional_embed_overrides": (),
+        "watermark": (), "session_id": (), "session_params": (), "kv_hints": (),
+        "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (), "bootstrap_pair_key": (),
+        "decode_tp_size": (), "routed_dp_rank": (0,), "data_parallel_rank": (0,), "disagg_prefill_dp_rank": (0,),
+        "http_worker_ipc": (), "background": (False,), "require_reasoning": (False,), "max_thinking_tokens": (),
+        "return_hidden_states": (False,), "return_routed_experts": (False,), "routed_experts_start_len": (0,),
+        "return_indexer_topk": (False,), "return_bytes": (False,), "return_entropy": (False,),
+        "return_prompt_token_ids": (False,), "return_sampling_mask": (False,),
+        "token_ids_logprob": (), "sampling_logprobs_mode": ("selected",),
+        "return_flat_raw_top_logprobs": (False,), "return_flat_raw_output_top_logprobs": (False,),
+        "return_flat_raw_top_logprobs_b64": ANY,  # only read with the flat forms
+        # labels, routing and bookkeeping: no effect on what one engine at batch 1 computes
+        "log_metrics": ANY, "no_logs": ANY, "custom_labels": ANY, "routing_key": ANY, "conversation_id": ANY,
+        "priority": ANY, "extra_key": ANY, "cache_salt": ANY, "external_trace_header": ANY, "received_time": ANY,
+    }
 
     text: str | None = None
     input_ids: list[int] | None = None
@@ -121,22 +231,50 @@ class GenerateRequest(_Strict):
     stream: bool = False
     rid: str | None = None
     return_logprob: bool = False
+    logprob_start_len: int = Field(-1, ge=-1)  # -1: no prompt logprobs (SGLang's default)
+    top_logprobs_num: int = Field(0, ge=0)
+    return_text_in_logprobs: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        text = data.get("text")
+        if isinstance(text, list):
+            if len(text) != 1:
+                raise ValueError(f"text: {len(text)} prompts given: {ONE_PROMPT}")
+            data["text"] = text[0]
+        data["input_ids"] = _one_prompt_list(data.get("input_ids"), "input_ids prompts")
+        for key in ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num"):
+            value = data.get(key)
+            if isinstance(value, list):
+                if len(value) != 1:
+                    raise ValueError(f"{key}: a list of {len(value)} (a batch): {ONE_PROMPT}")
+                data[key] = value[0]
+        if data.get("sampling_params") is None:
+            data.pop("sampling_params", None)
+        for key in ("logprob_start_len", "top_logprobs_num", "return_logprob"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
     @model_validator(mode="after")
     def _one_prompt(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
-        if self.return_logprob:
-            raise ValueError("return_logprob is not supported by the embedded engine")
         return self
 
 
-class TextPart(_Strict):
+class TextPart(_Request):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Lenient):
+    NEUTRAL: ClassVar[dict[str, Any]] = {"tool_calls": (), "tool_call_id": (), "function_call": (),
+                                         "reasoning_content": (), "refusal": (), "audio": ()}
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -149,12 +287,27 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(_Lenient):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _OpenAIMixin(_SamplingMixin):
+# Fields SGLang's two OpenAI request models share that this engine does not implement.
+_OPENAI_NEUTRAL: dict[str, Any] = {
+    **_SAMPLING_NEUTRAL,
+    "min_tokens": (0,),
+    "custom_logit_processor": (),
+    "response_format": ({"type": "text"},),
+    "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
+    "routed_dp_rank": (0,), "data_parallel_rank": (0,), "disagg_prefill_dp_rank": (0,),
+    "return_hidden_states": (False,), "return_routed_experts": (False,), "routed_experts_start_len": (0,),
+    "return_cached_tokens_details": (False,), "return_token_ids": (False,),
+    "lora_path": (), "session_id": (), "session_params": (), "images_config": (), "mm_processor_kwargs": (),
+    "extra_key": ANY, "cache_salt": ANY, "priority": ANY,
+}
+
+
+class _OpenAIRequest(_SamplingFields, _Lenient):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0)
     stream: bool = False
@@ -169,72 +322,174 @@ class _OpenAIMixin(_SamplingMixin):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_OpenAIMixin):
+class ChatCompletionRequest(_OpenAIRequest):
+    NEUTRAL: ClassVar[dict[str, Any]] = {
+        **_OPENAI_NEUTRAL,
+        # no tools: with none given, "auto"/"none" and either parallel setting change nothing
+        "tools": (), "tool_choice": ("auto", "none"), "parallel_tool_calls": (True, False),
+        "functions": (), "function_call": ("auto", "none"),
+        "continue_final_message": (False,), "reasoning_effort": ("none",), "thinking": (), "task": (),
+        "stream_reasoning": ANY,  # tiny-ling does not reason: nothing to separate or stream
+        "separate_reasoning": ANY,
+        "return_prompt_token_ids": (False,), "return_meta_info": (False,), "return_input_ids_in_sglext": (False,),
+        "return_output_ids_in_sglext": (False,), "return_sampling_mask": (False,),
+        "sampling_logprobs_mode": ("selected",), "return_flat_raw_output_top_logprobs": (False,),
+        "return_flat_raw_top_logprobs_b64": ANY,
+        "max_dynamic_patch": (), "min_dynamic_patch": (), "use_audio_in_video": (False,), "video_config": (),
+        "audio": (), "modalities": (["text"],), "prediction": (), "verbosity": (), "web_search_options": (),
+        # OpenAI-only: storage, moderation, caching hints, service tiers
+        "metadata": ANY, "store": (False,), "prompt_cache_key": ANY, "prompt_cache_options": ANY,
+        "prompt_cache_retention": ANY, "safety_identifier": ANY, "service_tier": ("auto", "default"),
+        "moderation": (),
+    }
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0)
     chat_template_kwargs: dict[str, Any] | None = None
-    separate_reasoning: bool = True
-
-    @model_validator(mode="after")
-    def _no_logprobs(self):
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs are not supported by the embedded engine")
-        return self
+    input_ids: list[int] | None = None  # SGLang's extension: the prompt's ids, the template skipped
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def top_logprobs_num(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0
 
-class CompletionRequest(_OpenAIMixin):
-    prompt: str | list[int] | list[str]
+
+class CompletionRequest(_OpenAIRequest):
+    NEUTRAL: ClassVar[dict[str, Any]] = {**_OPENAI_NEUTRAL, "best_of": (1,), "suffix": ("",), "custom_labels": ANY,
+                                         "json_schema": ()}
+
+    prompt: str | list[int]
     echo: bool = False
-    suffix: str | None = None
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0)
 
-    @model_validator(mode="after")
-    def _single(self):
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                raise ValueError("batched prompts are not supported by the embedded engine (send one prompt per request)")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported by the embedded engine")
-        if self.echo or self.suffix:
-            raise ValueError("echo and suffix are not supported by the embedded engine")
-        _neutral(self.best_of, 1, "best_of")
-        return self
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            if len(value) != 1:
+                raise ValueError(f"{len(value)} prompts given: {ONE_PROMPT}")
+            return value[0]
+        return _one_prompt_list(value, "token-id prompts")
 
     def prompt_text_or_ids(self) -> str | list[int]:
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            return self.prompt[0]
-        return self.prompt  # type: ignore[return-value]
+        return self.prompt
 
 
-def parse_body(raw: bytes, model: type[BaseModel], where: str) -> Any:
-    """JSON bytes -> a validated request model, or ApiError(400) naming the offending field."""
+class AbortRequest(_Lenient):
+    """SGLang's AbortReq as /abort_request reads it."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+class TokenizeRequest(_Lenient):
+    """SGLang's TokenizeRequest (its model allows extra keys)."""
+
+    NEUTRAL: ClassVar[dict[str, Any]] = {"tools": (), "tool_choice": ("auto", "none"), "reasoning_effort": ("none",),
+                                         "continue_final_message": (False,)}
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` or `messages`")
+        return self
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+# -- parsing -------------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (send a finite number)")
+
+
+def _check_json_values(data: Any) -> None:
+    """Depth, unpaired surrogates, non-finite floats: each a ValueError naming where (iterative,
+    so that the check cannot itself recurse too deep)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            shown = where if len(where) <= 40 else where[:37] + "..."
+            raise ValueError(f"{shown}: nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_string(key, f"{where}.{key}".lstrip(".") if where else "a key")
+                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                stack.append((item, f"{where}.{i}" if where else str(i), depth + 1))
+        elif isinstance(value, str):
+            _check_string(value, where or "the body")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where or 'the body'}: {value} is out of range (send a finite number)")
+
+
+def _check_string(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        raise ValueError(f"{where}: contains the unpaired UTF-16 surrogate \\u{ord(bad):04x}, which is not text "
+                         "(encode the character as a surrogate pair or as UTF-8)") from None
+
+
+def parse_json(raw: bytes, where: str) -> Any:
+    """JSON bytes -> a checked Python value, or ApiError(400)."""
     if isinstance(raw, (bytes, bytearray)) and not raw.strip():
         raise ApiError(400, f"{where}: empty request body; send a JSON object")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ApiError(400, f"{where}: the body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"{where}: malformed JSON: {exc}") from None
+    try:
+        _check_json_values(data)
+    except ValueError as exc:
+        raise ApiError(400, f"{where}: {exc}") from None
+    return data
+
+
+def parse_body(raw: bytes, model: type[BaseModel], where: str, ignored: list[str] | None = None) -> Any:
+    """JSON bytes -> a validated request model, or ApiError(400) naming the offending field.
+    Top-level keys no request type defines are appended to `ignored` (SGLang ignores them)."""
+    data = parse_json(raw, where)
     if isinstance(data, list):
-        raise ApiError(400, f"{where}: batched requests are not supported by the embedded engine; send one JSON object per request")
+        raise ApiError(400, f"{where}: a JSON array is a batch: {ONE_PROMPT}")
     if not isinstance(data, dict):
         raise ApiError(400, f"{where}: the body must be a JSON object, got {type(data).__name__}")
-    if model is GenerateRequest and isinstance(data.get("text"), list):
-        raise ApiError(400, f"{where}: batched requests are not supported by the embedded engine; send one prompt per request")
+    context: dict[str, Any] = {}
     try:
-        return model.model_validate(data)
+        parsed = model.model_validate(data, context=context)
     except ValidationError as exc:
         raise ApiError(400, f"{where}: {describe_validation_error(exc, model)}", param=_first_loc(exc)) from None
+    if ignored is not None:
+        ignored.extend(context.get("ignored", []))
+    return parsed
 
 
 def _first_loc(exc: ValidationError) -> str | None:
     errors = exc.errors()
     return ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0]["loc"] else None
+
+
+_UNION_NOISE = {"str", "list[str]", "list[int]", "list[TextPart]", "int", "float", "bool"}
 
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -244,7 +499,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     for err in exc.errors():
         loc_parts = [str(p) for p in err["loc"]]
         # Union members add their type name to the location; drop it for readability.
-        loc_parts = [p for p in loc_parts if p not in {"str", "list[str]", "list[int]", "list[TextPart]", "function-after[_single(), CompletionRequest]"}]
+        loc_parts = [p for p in loc_parts if p not in _UNION_NOISE and not p.startswith("function-")]
         loc = ".".join(loc_parts)
         if err["type"] == "extra_forbidden":
             message = "unknown field"
@@ -263,14 +518,26 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
 def _allowed_fields(model: type[BaseModel], parents: list[str]) -> list[str]:
     current: Any = model
     for name in parents:
+        if name.isdigit():
+            continue
         info = getattr(current, "model_fields", {}).get(name)
         if info is None:
             return []
         annotation = info.annotation
-        current = next((a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")), annotation)
-        if not hasattr(current, "model_fields"):
+        current = _model_in(annotation)
+        if current is None:
             return []
-    return sorted(getattr(current, "model_fields", {}))
+    return sorted(set(getattr(current, "model_fields", {})) | set(getattr(current, "NEUTRAL", {})))
+
+
+def _model_in(annotation: Any) -> Any:
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 # -- what the worker reports ----------------------------------------------------------------
@@ -291,6 +558,8 @@ class RequestProgress:
     spec_num_proposed_drafts: int = 0
     e2e_latency: float | None = None
     first_token_latency: float | None = None
+    input_logprobs: TokenLogprobs | None = None  # with a LogprobRequest asking for prompt logprobs
+    output_logprobs: TokenLogprobs | None = None  # with a LogprobRequest: one per output id
 
     @property
     def completion_tokens(self) -> int:
@@ -318,7 +587,86 @@ def spec_details(progress: RequestProgress) -> dict[str, Any]:
     }
 
 
-def meta_info(progress: RequestProgress) -> dict[str, Any]:
+class TokenTextSource(Protocol):
+    """Token id -> its raw bytes and display text (tokenizer.TokenTexts)."""
+
+    def raw(self, token_id: int) -> bytes: ...
+
+    def text(self, token_id: int) -> str: ...
+
+
+@dataclass
+class LogprobView:
+    """How a response shows a request's logprobs: `top` alternatives per position (0: none);
+    `texts` fills the text of SGLang's (logprob, id, text) tuples (None: `return_text_in_logprobs`
+    was not asked, the text is None as in SGLang)."""
+
+    top: int = 0
+    texts: TokenTextSource | None = None
+
+
+def _triples(logprobs: TokenLogprobs, texts: TokenTextSource | None) -> list[list[Any]]:
+    return [[lp, tid, texts.text(tid) if texts else None] for tid, lp in zip(logprobs.token_ids, logprobs.logprobs)]
+
+
+def _top_triples(logprobs: TokenLogprobs, texts: TokenTextSource | None) -> list[Any]:
+    return [None if row is None else [[lp, tid, texts.text(tid) if texts else None] for lp, tid in row]
+            for row in (logprobs.top or [])]
+
+
+def sglang_logprobs(progress: RequestProgress, view: LogprobView) -> dict[str, Any]:
+    """meta_info's logprob keys, SGLang's shapes (tokenizer_manager.add_logprob_to_meta_info)."""
+    inputs = progress.input_logprobs or TokenLogprobs()
+    outputs = progress.output_logprobs or TokenLogprobs()
+    meta: dict[str, Any] = {
+        "input_token_logprobs": _triples(inputs, view.texts),
+        "output_token_logprobs": _triples(outputs, view.texts),
+        "output_token_logprobs_length": len(outputs.token_ids),
+    }
+    if view.top > 0:
+        meta["input_top_logprobs"] = _top_triples(inputs, view.texts)
+        meta["output_top_logprobs"] = _top_triples(outputs, view.texts)
+    return meta
+
+
+def completion_logprobs(parts: list[TokenLogprobs], texts: TokenTextSource, top: int, offset: int = 0) -> tuple[dict[str, Any], int]:
+    """OpenAI's legacy `logprobs` object over `parts` (with echo: the prompt's, then the
+    output's); returns it and the text offset after it (a stream continues from there)."""
+    out: dict[str, Any] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for part in parts:
+        for tid, lp in zip(part.token_ids, part.logprobs):
+            token = texts.text(tid)
+            out["tokens"].append(token)
+            out["token_logprobs"].append(lp)
+            out["text_offset"].append(offset)
+            offset += len(token)
+        if top > 0:
+            out["top_logprobs"] += [None if row is None else {texts.text(tid): lp for lp, tid in row} for row in (part.top or [])]
+    return out, offset
+
+
+def chat_logprobs(part: TokenLogprobs, texts: TokenTextSource, top: int) -> dict[str, Any]:
+    """OpenAI's chat `logprobs` object ({"content": [...]}) for the tokens of `part`."""
+    def entry(tid: int, lp: float) -> dict[str, Any]:
+        return {"token": texts.text(tid), "bytes": list(texts.raw(tid)), "logprob": lp}
+
+    content = []
+    for i, (tid, lp) in enumerate(zip(part.token_ids, part.logprobs)):
+        item = entry(tid, lp)
+        row = part.top[i] if part.top is not None and i < len(part.top) else None
+        item["top_logprobs"] = [entry(t, v) for v, t in row[:top]] if top and row else []
+        content.append(item)
+    return {"content": content}
+
+
+def slice_logprobs(logprobs: TokenLogprobs | None, start: int, end: int | None = None) -> TokenLogprobs:
+    if logprobs is None:
+        return TokenLogprobs()
+    return TokenLogprobs(logprobs.token_ids[start:end], logprobs.logprobs[start:end],
+                         None if logprobs.top is None else logprobs.top[start:end])
+
+
+def meta_info(progress: RequestProgress, logprobs: LogprobView | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": progress.rid,
         "finish_reason": progress.finish_reason,
@@ -330,16 +678,18 @@ def meta_info(progress: RequestProgress) -> dict[str, Any]:
         meta["e2e_latency"] = progress.e2e_latency
     if progress.speculative:
         meta.update(spec_details(progress))
+    if logprobs is not None:
+        meta.update(sglang_logprobs(progress, logprobs))
     return meta
 
 
-def generate_response(progress: RequestProgress, *, streaming: bool = False) -> dict[str, Any]:
+def generate_response(progress: RequestProgress, *, streaming: bool = False, logprobs: LogprobView | None = None) -> dict[str, Any]:
     """/generate's body, and each streamed chunk (cumulative text and counts, like SGLang).
 
     Streamed chunks carry `output_ids` only in the final one: resending the cumulative
     ids on every step is quadratic, and the JSON encoding would compete for the GIL
     with the engine thread of this same process."""
-    body: dict[str, Any] = {"text": progress.text, "meta_info": meta_info(progress)}
+    body: dict[str, Any] = {"text": progress.text, "meta_info": meta_info(progress, logprobs)}
     if not streaming or progress.finished:
         body["output_ids"] = list(progress.output_ids)
     return body
@@ -377,7 +727,8 @@ def sglext(progress: RequestProgress, want_spec: bool) -> dict[str, Any] | None:
     return None
 
 
-def chat_completion(progress: RequestProgress, model: str, created: int, want_spec: bool) -> dict[str, Any]:
+def chat_completion(progress: RequestProgress, model: str, created: int, want_spec: bool, *,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": progress.rid,
         "object": "chat.completion",
@@ -387,7 +738,7 @@ def chat_completion(progress: RequestProgress, model: str, created: int, want_sp
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": progress.text, "reasoning_content": None, "tool_calls": None},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": openai_finish_reason(progress.finish_reason),
                 "matched_stop": matched_stop(progress.finish_reason),
             }
@@ -400,7 +751,8 @@ def chat_completion(progress: RequestProgress, model: str, created: int, want_sp
     return body
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: dict | None = None) -> dict[str, Any]:
+def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: dict | None = None, *,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion.chunk",
@@ -410,7 +762,7 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish
             {
                 "index": 0,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": openai_finish_reason(finish),
                 "matched_stop": matched_stop(finish),
             }
@@ -418,7 +770,9 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish
     }
 
 
-def completion(progress: RequestProgress, model: str, created: int, want_spec: bool) -> dict[str, Any]:
+def completion(progress: RequestProgress, model: str, created: int, want_spec: bool, *,
+               logprobs: dict[str, Any] | None = None, echo: str = "") -> dict[str, Any]:
+    """`echo`: the prompt's text, put before the completion (OpenAI's echo)."""
     body: dict[str, Any] = {
         "id": progress.rid,
         "object": "text_completion",
@@ -427,8 +781,8 @@ def completion(progress: RequestProgress, model: str, created: int, want_spec: b
         "choices": [
             {
                 "index": 0,
-                "text": progress.text,
-                "logprobs": None,
+                "text": echo + progress.text,
+                "logprobs": logprobs,
                 "finish_reason": openai_finish_reason(progress.finish_reason),
                 "matched_stop": matched_stop(progress.finish_reason),
             }
@@ -441,7 +795,8 @@ def completion(progress: RequestProgress, model: str, created: int, want_spec: b
     return body
 
 
-def completion_chunk(rid: str, model: str, created: int, text: str, finish: dict | None = None) -> dict[str, Any]:
+def completion_chunk(rid: str, model: str, created: int, text: str, finish: dict | None = None, *,
+                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
@@ -451,7 +806,7 @@ def completion_chunk(rid: str, model: str, created: int, text: str, finish: dict
             {
                 "index": 0,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": openai_finish_reason(finish),
                 "matched_stop": matched_stop(finish),
             }

@@ -234,12 +234,30 @@ class Fp8ExpertWeights(ExpertWeights):
         # scale * 2^120 must stay finite in float32 (it does for any sane weight: scale = amax / 448)
         self.scale_shifted = self.scale * _E4M3_TO_F32_SHIFT if float(self.scale.max()) < 2.0**7 else None
 
+    # Debug only (EngineConfig.debug_corrupt_expert_dequant): experts 0 and 1 swapped in the map
+    # from expert id to stored weights, a kernel indexing bug. On tiny-ling it writes text that
+    # still reads like its corpus, and the draft (same experts) keeps agreeing with the target
+    # (accept length ~2, above the recipe's 1.5): only the numbers are wrong (perplexity x1.9).
+    # An off-by-one over all experts is louder: gibberish, accept length ~1.1.
+    corrupt_expert_index = False
+
+    def _index(self, idx):
+        if not self.corrupt_expert_index:
+            return idx
+        import torch
+
+        swapped = torch.arange(self.weight.shape[0], device=idx.device)
+        swapped[0], swapped[1] = 1, 0
+        return swapped[idx]
+
     def _select(self, idx):
+        idx = self._index(idx)
         if self.scale_shifted is None:
             return dequantize_fp8(torch_index_select(self.weight, idx), torch_index_select(self.scale, idx), self.compute_dtype)
         return dequantize_fp8_bits(torch_index_select(self.weight, idx), torch_index_select(self.scale_shifted, idx), self.compute_dtype)
 
     def _dense(self, e: int):
+        e = {0: 1, 1: 0}.get(e, e) if self.corrupt_expert_index else e
         return dequantize_fp8(self.weight[e], self.scale[e], self.compute_dtype)
 
     def tensors(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import shlex
@@ -16,12 +17,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sparkit.engines.embedded import protocol as proto
-from sparkit.engines.embedded.api import SamplingParams
+from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
 from sparkit.engines.embedded.metrics import ServerMetrics
 from sparkit.engines.embedded.settings import API_KEY_ENV, engine_config, redacted_argv
 from sparkit.engines.embedded.worker import EngineWorker, Job
@@ -52,6 +53,40 @@ class ServerState:
         self.uvicorn_server: Any = None
         self.exit_code = 0
         self.vocab_size = int(model_config.get("vocab_size") or 0)
+        self.max_request_bytes = args.max_request_bytes
+        self.allow_request_chat_template = args.allow_request_chat_template
+        self.live_jobs: dict[str, Job] = {}  # by rid, for /abort_request
+        self._token_texts: Any = None
+        self._longest_token: int | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def token_texts(self) -> Any:
+        if self._token_texts is None:
+            from sparkit.engines.embedded.tokenizer import TokenTexts
+
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
+
+    @property
+    def longest_token_chars(self) -> int:
+        """No token of the vocabulary spans more characters than this (its stored form is at
+        least as long as its text), so a text longer than context * this cannot fit."""
+        if self._longest_token is None:
+            self._longest_token = max((len(piece) for piece in self.tokenizer.get_vocab()), default=1)
+        return self._longest_token
+
+    def submit(self, job: Job) -> None:
+        require_ready(self).submit(job)
+        self.live_jobs[job.rid] = job
+
+    def done(self, job: Job) -> None:
+        job.cancel.set()
+        if self.live_jobs.get(job.rid) is job:
+            del self.live_jobs[job.rid]
 
     # -- resolved facts, available once the engine loaded
     @property
@@ -86,7 +121,8 @@ class ServerState:
         return resolved
 
     def launch_command(self) -> str:
-        return shlex.join([sys.executable, "-m", "sparkit.engines.embedded", *redacted_argv(self.argv)])
+        return shlex.join([sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m", "sparkit.engines.embedded",
+                           *redacted_argv(self.argv)])
 
     def accepts_model(self, name: str | None) -> bool:
         return name in (None, "", "default", self.served_name, str(self.args.model_path), self.model_path.name)
@@ -118,8 +154,9 @@ class JobStream(StreamingResponse):
         finally:
             self.job.cancel.set()
 
-def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool, rid: str | None, internal: bool = False) -> Job:
+def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool, rid: str | None, internal: bool = False, logprobs: LogprobRequest | None = None) -> Job:
     return Job(
+        logprobs=logprobs,
         rid=rid or proto.new_request_id(),
         input_ids=ids,
         params=params,
@@ -132,7 +169,7 @@ def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop
         internal=internal,
     )
 
-async def updates(job: Job):
+async def updates(state: ServerState, job: Job):
     """Yield the job's progress snapshots until it finishes; errors are raised.
 
     Snapshots are cumulative, so when the client reads slower than the engine
@@ -149,11 +186,11 @@ async def updates(job: Job):
             if item.finished:
                 return
     finally:
-        job.cancel.set()
+        state.done(job)
 
 async def run_to_end(state: ServerState, job: Job, request: Request) -> proto.RequestProgress:
     """Non-streamed: wait for the end, watching for the client leaving meanwhile."""
-    require_ready(state).submit(job)
+    state.submit(job)
     try:
         last_check = time.monotonic()
         while True:
@@ -170,7 +207,62 @@ async def run_to_end(state: ServerState, job: Job, request: Request) -> proto.Re
                 if await request.is_disconnected():
                     raise proto.ApiError(499, "client disconnected", type="ClientClosedRequest")
     finally:
-        job.cancel.set()
+        state.done(job)
+
+
+async def read_body(request: Request, state: ServerState) -> bytes:
+    """The body, read up to --max-request-bytes and never further (a 413 before anything is
+    parsed); a client gone mid-body ends the request quietly (ClientDisconnect's handler)."""
+    limit = state.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise proto.ApiError(413, f"the request body ({int(declared)} bytes) exceeds the server's limit of {limit} bytes "
+                             "(--max-request-bytes)", type="RequestTooLarge")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise proto.ApiError(413, f"the request body exceeds the server's limit of {limit} bytes (--max-request-bytes)",
+                                 type="RequestTooLarge")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse(request: Request, state: ServerState, model: Any, where: str, ignored: list[str]) -> Any:
+    return proto.parse_body(await read_body(request, state), model, where, ignored)
+
+
+def with_ignored(response: Response, ignored: list[str]) -> Response:
+    """Keys no request type defines are ignored, as SGLang ignores them; the response names them."""
+    if ignored:
+        response.headers["x-sparkit-ignored-fields"] = ",".join(sorted(set(ignored)))[:1000]
+    return response
+
+
+def check_text_fits(state: ServerState, text: str, field: str) -> None:
+    """Refuse, before tokenising, a text that cannot fit in the context whatever its tokens."""
+    context = state.context_length
+    if context and len(text) > context * state.longest_token_chars:
+        raise proto.ApiError(400, f"{field}: {len(text)} characters cannot fit in the model's context of {context} tokens "
+                             f"(no token of its vocabulary is longer than {state.longest_token_chars} characters)")
+
+
+async def encode(state: ServerState, text: str, field: str) -> list[int]:
+    """Tokenise off the event loop: a long text must not hold up /health and the other clients."""
+    check_text_fits(state, text, field)
+    return await asyncio.to_thread(state.tokenizer.encode, text, add_special_tokens=False)
+
+
+def logprob_request(state: ServerState, want: bool, start: int | None, top: int, n_prompt: int, field: str) -> LogprobRequest | None:
+    if not want:
+        return None
+    if start is not None and start > n_prompt:
+        raise proto.ApiError(400, f"logprob_start_len={start} is higher than the number of input tokens ({n_prompt})",
+                             param="logprob_start_len")
+    vocab = len(state.tokenizer)
+    if top > vocab:
+        raise proto.ApiError(400, f"{field}={top}: the vocabulary has {vocab} tokens", param=field)
+    return LogprobRequest(input_start=start, top=top)
 
 def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, default_max: int | None) -> int:
     """Validate prompt length against the context; returns max_new_tokens to use."""
@@ -234,120 +326,256 @@ async def health_generate(request: Request) -> Response:
 
 async def generate(request: Request) -> Response:
     state = _state(request)
-    req: proto.GenerateRequest = proto.parse_body(await request.body(), proto.GenerateRequest, "/generate")
+    ignored: list[str] = []
+    req: proto.GenerateRequest = await parse(request, state, proto.GenerateRequest, "/generate", ignored)
     worker = require_ready(state)
     sp = req.sampling_params
-    if req.input_ids is not None:
-        ids = list(req.input_ids)
-    else:
-        ids = worker.engine.tokenizer.encode(req.text, add_special_tokens=False)
+    ids = list(req.input_ids) if req.input_ids is not None else await encode(state, req.text, "text")
     max_new = check_prompt(state, ids, sp.max_new_tokens, proto.DEFAULT_GENERATE_MAX_NEW_TOKENS)
-    job = new_job(ids, sampling(sp, max_new, sp.sampling_seed), sp.stop_list(), no_stop_trim=sp.no_stop_trim, skip_special=sp.skip_special_tokens, stream=req.stream, rid=req.rid)
+    # SGLang: logprob_start_len -1 (its default) means no prompt positions
+    start = None if req.logprob_start_len == -1 else req.logprob_start_len
+    logprobs = logprob_request(state, req.return_logprob, start, req.top_logprobs_num, len(ids), "top_logprobs_num")
+    view = proto.LogprobView(req.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None) if logprobs else None
+    job = new_job(ids, sampling(sp, max_new, sp.sampling_seed), sp.stop_list(), no_stop_trim=sp.no_stop_trim, skip_special=sp.skip_special_tokens, stream=req.stream, rid=req.rid, logprobs=logprobs)
     if not req.stream:
-        return JSONResponse(proto.generate_response(await run_to_end(state, job, request)))
-    worker.submit(job)
+        return with_ignored(JSONResponse(proto.generate_response(await run_to_end(state, job, request), logprobs=view)), ignored)
+    state.submit(job)
 
     async def body():
         try:
-            async for progress in updates(job):
-                yield proto.sse(proto.generate_response(progress, streaming=True))
+            async for progress in updates(state, job):
+                yield proto.sse(proto.generate_response(progress, streaming=True, logprobs=view))
         except proto.ApiError as exc:
             yield proto.sse(exc.body())
         yield proto.SSE_DONE
 
-    return JobStream(body(), job)
+    return with_ignored(JobStream(body(), job), ignored)
 
 def check_model(state: ServerState, name: str | None) -> None:
     if not state.accepts_model(name):
         raise proto.ApiError(404, f"The model `{name}` does not exist; this server serves `{state.served_name}`.", type="NotFoundError", param="model")
 
+def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """chat_template_kwargs are variables for the model's template. A key that is an argument of
+    apply_chat_template itself would change what the call does (`tokenize`, `return_dict`,
+    `tools`...) and `chat_template` would run a template the request wrote: refused, the last
+    unless --allow-request-chat-template."""
+    kwargs = dict(kwargs or {})
+    reserved = set(inspect.signature(state.tokenizer.apply_chat_template).parameters) - {"kwargs"}
+    reserved |= {"messages", "conversation", "add_generation_prompt"}
+    for key in sorted(kwargs):
+        if key == "chat_template" and state.allow_request_chat_template:
+            continue
+        if key == "chat_template":
+            raise proto.ApiError(400, "chat_template_kwargs.chat_template: this server runs only the model's own chat "
+                                 "template (start it with --allow-request-chat-template to allow one per request)",
+                                 param="chat_template_kwargs.chat_template")
+        if key in reserved:
+            raise proto.ApiError(400, f"chat_template_kwargs.{key}: an argument of the templating call, not a template "
+                                 "variable", param=f"chat_template_kwargs.{key}")
+    return kwargs
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    req: proto.ChatCompletionRequest = proto.parse_body(await request.body(), proto.ChatCompletionRequest, "/v1/chat/completions")
+    ignored: list[str] = []
+    req: proto.ChatCompletionRequest = await parse(request, state, proto.ChatCompletionRequest, "/v1/chat/completions", ignored)
     check_model(state, req.model)
-    worker = require_ready(state)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-    try:
-        prompt = worker.engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(req.chat_template_kwargs or {}))
-    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-        raise proto.ApiError(400, f"messages: the chat template failed: {exc}") from None
-    ids = worker.engine.tokenizer.encode(prompt, add_special_tokens=False)
+    require_ready(state)
+    if req.input_ids is not None:  # SGLang's extension: the prompt's ids, the template skipped
+        ids = list(req.input_ids)
+    else:
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        for i, m in enumerate(messages):
+            check_text_fits(state, m["content"], f"messages.{i}.content")
+        kwargs = template_kwargs(state, req.chat_template_kwargs)
+        tokenizer = state.tokenizer
+
+        def render() -> list[int]:
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            return tokenizer.encode(prompt, add_special_tokens=False)
+
+        try:  # off the event loop: /health and the other clients go on meanwhile
+            ids = await asyncio.to_thread(render)
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise proto.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
     max_new = check_prompt(state, ids, req.requested_max_tokens(), None)
-    return await openai_response(state, "chat", req, ids, max_new, request)
+    logprobs = logprob_request(state, req.logprobs, None, req.top_logprobs_num, len(ids), "top_logprobs")
+    return with_ignored(await openai_response(state, "chat", req, ids, max_new, request, logprobs), ignored)
 
 async def completions(request: Request) -> Response:
     state = _state(request)
-    req: proto.CompletionRequest = proto.parse_body(await request.body(), proto.CompletionRequest, "/v1/completions")
+    ignored: list[str] = []
+    req: proto.CompletionRequest = await parse(request, state, proto.CompletionRequest, "/v1/completions", ignored)
     check_model(state, req.model)
-    worker = require_ready(state)
+    require_ready(state)
     prompt = req.prompt_text_or_ids()
-    ids = list(prompt) if isinstance(prompt, list) else worker.engine.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = list(prompt) if isinstance(prompt, list) else await encode(state, prompt, "prompt")
     max_new = check_prompt(state, ids, req.max_tokens, proto.DEFAULT_COMPLETION_MAX_TOKENS)
-    return await openai_response(state, "completion", req, ids, max_new, request)
+    # echo + logprobs: the prompt's logprobs too (what loglikelihood evaluation reads), as SGLang
+    start = 0 if req.echo and req.logprobs is not None else None
+    logprobs = logprob_request(state, req.logprobs is not None, start, req.logprobs or 0, len(ids), "logprobs")
+    return with_ignored(await openai_response(state, "completion", req, ids, max_new, request, logprobs), ignored)
 
-async def openai_response(state: ServerState, kind: str, req: Any, ids: list[int], max_new: int, request: Request) -> Response:
+async def openai_response(state: ServerState, kind: str, req: Any, ids: list[int], max_new: int, request: Request,
+                          logprobs: LogprobRequest | None) -> Response:
     model = state.served_name
     created = proto.now_created()
-    job = new_job(ids, sampling(req, max_new, req.seed), req.stop_list(), no_stop_trim=req.no_stop_trim, skip_special=req.skip_special_tokens, stream=req.stream, rid=req.rid)
+    texts = state.token_texts
+    top = logprobs.top if logprobs else 0
+    echo = ""
+    if kind == "completion" and req.echo:
+        prompt = req.prompt_text_or_ids()
+        echo = prompt if isinstance(prompt, str) else state.tokenizer.decode(ids)
+    job = new_job(ids, sampling(req, max_new, req.seed), req.stop_list(), no_stop_trim=req.no_stop_trim, skip_special=req.skip_special_tokens, stream=req.stream, rid=req.rid, logprobs=logprobs)
     if kind == "chat":
         job.rid = "chatcmpl-" + job.rid if not req.rid else job.rid
     else:
         job.rid = "cmpl-" + job.rid if not req.rid else job.rid
+
+    def shaped_logprobs(progress: Any, start: int, end: int | None, offset: int) -> tuple[dict | None, int]:
+        """The logprobs of output positions start:end (with echo, the prompt's before the first)."""
+        if logprobs is None:
+            return None, offset
+        part = proto.slice_logprobs(progress.output_logprobs, start, end)
+        if kind == "chat":
+            return proto.chat_logprobs(part, texts, top), offset
+        parts = [progress.input_logprobs] if start == 0 and progress.input_logprobs is not None else []
+        return proto.completion_logprobs(parts + [part], texts, top, offset)
+
     if not req.stream:
         progress = await run_to_end(state, job, request)
-        shape = proto.chat_completion if kind == "chat" else proto.completion
-        return JSONResponse(shape(progress, model, created, req.return_spec_tokens_details))
-    require_ready(state).submit(job)
+        shown, _ = shaped_logprobs(progress, 0, None, 0)
+        if kind == "chat":
+            return JSONResponse(proto.chat_completion(progress, model, created, req.return_spec_tokens_details, logprobs=shown))
+        return JSONResponse(proto.completion(progress, model, created, req.return_spec_tokens_details, logprobs=shown, echo=echo))
+    state.submit(job)
 
     # stream_options.continuous_usage_stats: SGLang puts the cumulative usage on every
     # chunk, which is how a client counts the several tokens of a speculative chunk.
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
-    def content(progress: Any, delta: str | None, finish: Any) -> bytes:
-        chunk = _content_chunk(kind, job.rid, model, created, delta, finish)
-        if continuous:
+    def content(progress: Any, delta: str | None, finish: Any, shown: dict | None = None) -> bytes:
+        chunk = _content_chunk(kind, job.rid, model, created, delta, finish, shown)
+        if continuous and progress is not None:
             chunk["usage"] = proto.usage(progress)
         return proto.sse(chunk)
 
     async def body():
         sent = ""
+        sent_logprobs, offset = 0, len(echo)
+        first = True
         try:
             if kind == "chat":
                 yield proto.sse(proto.chat_chunk(job.rid, model, created, {"role": "assistant", "content": ""}))
-            async for progress in updates(job):
+            elif echo:
+                yield content(None, echo, None)
+            async for progress in updates(state, job):
                 delta = progress.text[len(sent):] if progress.text.startswith(sent) else ""
                 sent = progress.text if delta else sent
+                shown = None
+                if logprobs is not None:
+                    have = len(progress.output_logprobs.token_ids) if progress.output_logprobs else 0
+                    if have > sent_logprobs or (first and progress.input_logprobs is not None):
+                        start = 0 if first else sent_logprobs
+                        shown, offset = shaped_logprobs(progress, start, have, 0 if first and kind == "completion" and echo else offset)
+                        sent_logprobs = have
+                first = False
                 if progress.finished:
-                    if delta:
-                        yield content(progress, delta, None)
+                    if delta or shown:
+                        yield content(progress, delta, None, shown)
                     yield content(progress, None, progress.finish_reason)
                     for chunk in proto.closing_chunks(kind, progress, model, created, include_usage=req.include_usage, want_spec=req.return_spec_tokens_details):
                         yield proto.sse(chunk)
-                elif delta:
-                    yield content(progress, delta, None)
+                elif delta or shown:
+                    yield content(progress, delta, None, shown)
         except proto.ApiError as exc:
             yield proto.sse(exc.body())
         yield proto.SSE_DONE
 
     return JobStream(body(), job)
 
+def model_card(state: ServerState, name: str) -> dict[str, Any]:
+    """SGLang's ModelCard."""
+    return {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "sparkit",
+            "root": name, "parent": None, "max_model_len": state.context_length}
+
+
 async def models(request: Request) -> Response:
     state = _state(request)
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.served_name,
-                    "object": "model",
-                    "created": int(state.started_at),
-                    "owned_by": "sparkit",
-                    "root": state.served_name,
-                    "max_model_len": state.context_length,
-                }
-            ],
-        }
-    )
+    return JSONResponse({"object": "list", "data": [model_card(state, state.served_name)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """GET /v1/models/{id}: the card of the served model, else SGLang's 404 body."""
+    state = _state(request)
+    name = request.path_params["model"]
+    if name != state.served_name:
+        return JSONResponse({"error": {"message": f"The model '{name}' does not exist", "type": "invalid_request_error",
+                                       "param": "model", "code": "model_not_found"}}, status_code=404)
+    return JSONResponse(model_card(state, name))
+
+
+async def abort_request(request: Request) -> Response:
+    """SGLang's /abort_request: {"rid": ..., "abort_all": bool}; 200 with an empty body, a rid that
+    is not running included (SGLang does the same)."""
+    state = _state(request)
+    body = await parse(request, state, proto.AbortRequest, "/abort_request", [])
+    targets = list(state.live_jobs.values()) if body.abort_all else [state.live_jobs[body.rid]] if body.rid in state.live_jobs else []
+    for job in targets:
+        job.cancel.set()
+    return Response(status_code=200)
+
+
+async def tokenize(request: Request) -> Response:
+    """SGLang's /tokenize (and /v1/tokenize): {"tokens", "count", "max_model_len"}."""
+    state = _state(request)
+    req: proto.TokenizeRequest = await parse(request, state, proto.TokenizeRequest, request.url.path, [])
+    check_model(state, req.model)
+    require_ready(state)
+    tokenizer = state.tokenizer
+    if req.messages is not None:
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        for i, m in enumerate(messages):
+            check_text_fits(state, m["content"], f"messages.{i}.content")
+        kwargs = template_kwargs(state, req.chat_template_kwargs)
+        add_generation = True if req.add_generation_prompt is None else req.add_generation_prompt
+
+        def render() -> list[int]:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation, **kwargs)
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        tokens: Any = await asyncio.to_thread(render)
+        count: Any = len(tokens)
+    else:
+        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
+        for i, text in enumerate(prompts):
+            check_text_fits(state, text, "prompt" if isinstance(req.prompt, str) else f"prompt.{i}")
+        encoded = await asyncio.to_thread(lambda: [tokenizer.encode(t, add_special_tokens=req.add_special_tokens) for t in prompts])
+        tokens, count = (encoded[0], len(encoded[0])) if isinstance(req.prompt, str) else (encoded, [len(e) for e in encoded])
+    return JSONResponse({"tokens": tokens, "count": count, "max_model_len": state.context_length})
+
+
+async def detokenize(request: Request) -> Response:
+    """SGLang's /detokenize (and /v1/detokenize): {"text"} (a list for a list of id lists)."""
+    state = _state(request)
+    req: proto.DetokenizeRequest = await parse(request, state, proto.DetokenizeRequest, request.url.path, [])
+    check_model(state, req.model)
+    require_ready(state)
+    batches = req.tokens if req.tokens and isinstance(req.tokens[0], list) else [req.tokens]
+    for ids in batches:
+        if state.vocab_size and any(not 0 <= i < state.vocab_size for i in ids):
+            raise proto.ApiError(400, f"tokens: every id must be an integer in [0, {state.vocab_size})", param="tokens")
+    texts = [state.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) for ids in batches]
+    return JSONResponse({"text": texts if req.tokens and isinstance(req.tokens[0], list) else texts[0]})
+
+
+async def version(request: Request) -> Response:
+    """{"version": ...}. SGLang 0.5.23 has no /version (its version is in /server_info); vLLM and
+    tools written for it ask here, and the answer is this shape."""
+    from sparkit._version import __version__
+
+    return JSONResponse({"version": __version__})
 
 async def server_info(request: Request) -> Response:
     state = _state(request)
@@ -407,6 +635,13 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/abort_request", abort_request, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/v1/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/v1/detokenize", detokenize, methods=["POST"]),
+    Route("/version", version, methods=["GET"]),
     Route("/server_info", server_info, methods=["GET"]),
     Route("/get_server_info", server_info, methods=["GET"]),
     Route("/model_info", model_info, methods=["GET"]),
@@ -425,6 +660,10 @@ async def http_error(request: Request, exc: Exception) -> Response:
     message = f"{request.method} {request.url.path}: {exc.detail}"
     return JSONResponse(proto.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError")), status_code=exc.status_code)
 
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """The client closed the connection mid-body: nobody to answer, nothing to log."""
+    return Response(status_code=499)
+
 async def internal_error(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
     return JSONResponse(proto.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError"), status_code=500)
@@ -434,17 +673,19 @@ def create_app(state: ServerState) -> Any:
     """The Starlette app over `state` (its routes find it as request.app.state.sparkit)."""
     app = Starlette(
         routes=ROUTES,
-        exception_handlers={proto.ApiError: api_error, HTTPException: http_error, Exception: internal_error},
+        exception_handlers={proto.ApiError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
+                            Exception: internal_error},
     )
     app.state.sparkit = state
     return BearerAuth(app, state.api_key) if state.api_key else app
 
 
-def _content_chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: dict | None) -> dict:
+def _content_chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: dict | None,
+                   logprobs: dict | None = None) -> dict:
     if kind == "chat":
         delta = {"content": text} if text is not None else {}
-        return proto.chat_chunk(rid, model, created, delta, finish)
-    return proto.completion_chunk(rid, model, created, text or "", finish)
+        return proto.chat_chunk(rid, model, created, delta, finish, logprobs=logprobs)
+    return proto.completion_chunk(rid, model, created, text or "", finish, logprobs=logprobs)
 
 
 class BearerAuth:

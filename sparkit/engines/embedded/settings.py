@@ -78,6 +78,12 @@ class EngineConfig:
         "tensor (reproduces SGLang 0.5.23's shared-head trap)", choices=LM_HEAD_SHARING, flag_default=None)
     context_length: int | None = setting(None, "unset = the model's max_position_embeddings", type=int)
     seed: int = setting(0, type=int)
+    # A deliberately broken kernel, for proving the known-answer check (recipes/tiny/tiny-broken-kernel.yaml):
+    # fp8 experts 0 and 1 decoded from each other's weights (quant.Fp8ExpertWeights). Reported in the
+    # resolved args and the activation report's notes.
+    debug_corrupt_expert_dequant: bool = setting(False, "DEBUG: decode fp8 experts 0 and 1 from each other's weights "
+                                                 "(a wrong-numbers kernel bug, for testing the known-answer check)",
+                                                 store_true=True)
 
     @property
     def speculative(self) -> bool:
@@ -104,6 +110,9 @@ class EngineConfig:
             out.append(f"{name('lm_head_exact_top_k')} must be an integer >= 0")
         if self.context_length is not None and self.context_length < 2:
             out.append(f"{name('context_length')} must be >= 2")
+        if self.debug_corrupt_expert_dequant and self.expert_weights != "fp8":
+            out.append(f"{name('debug_corrupt_expert_dequant')} corrupts fp8 expert decoding: it needs "
+                       f"{name('expert_weights')} fp8")
         return out
 
     def resolved(self) -> dict[str, Any]:
@@ -133,6 +142,7 @@ class EngineConfig:
             "speculative_num_draft_tokens": self.num_draft_tokens if spec else None,
             "speculative_draft_model_path": self.speculative_draft_model_path if spec else None,
             "draft_lm_head_sharing": self.draft_lm_head_sharing if spec else None,
+            "debug_corrupt_expert_dequant": self.debug_corrupt_expert_dequant,
         }
 
 
@@ -150,6 +160,11 @@ class ServerOptions:
                                          "lift)", type=float, metavar="MS")
     torch_threads: int = setting(0, "intra-op threads for the engine (0 = auto: one per 20M parameters, at most "
                                  "the CPU count)", type=int, metavar="N")
+    max_request_bytes: int = setting(4 * 1024 * 1024, "largest request body accepted (HTTP 413 beyond); read up "
+                                     "to this, never further, before parsing", type=int, metavar="BYTES")
+    # A template in a request is code the server runs: off unless the operator says so.
+    allow_request_chat_template: bool = setting(False, "let chat_template_kwargs.chat_template replace the model's "
+                                                "chat template for one request", store_true=True)
 
     def problems(self) -> list[str]:
         out = []
@@ -159,6 +174,8 @@ class ServerOptions:
             out.append("--debug-step-delay-ms must be >= 0")
         if self.torch_threads < 0:
             out.append("--torch-threads must be >= 0 (0 = auto)")
+        if self.max_request_bytes < 1024:
+            out.append("--max-request-bytes must be >= 1024")
         return out
 
 

@@ -37,6 +37,9 @@ def logits_to_probs(logits, params):
         cumulative = sorted_probs.cumsum(dim=-1)
         # keep the smallest prefix whose mass reaches top_p (the first token always stays)
         drop_sorted = (cumulative - sorted_probs) >= params.top_p
+        # A top_p below float32's resolution (1e-300 rounds to 0) would drop every token and leave
+        # nothing to sample (NaN probabilities): the most likely token always stays.
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

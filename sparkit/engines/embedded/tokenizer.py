@@ -98,3 +98,38 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars.append(256 + n)
             n += 1
     return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+class TokenTexts:
+    """Each token id's raw bytes and display text, as logprob entries show them (cached: the
+    vocabulary is small and the same ids come back in every response).
+
+    Byte-level tokens are read through GPT-2's byte map, so a lone byte of a multi-byte
+    character has its real bytes; its display text is that byte as latin-1 (one character per
+    byte, lossless), as SGLang's `_lossless_token_text` renders such fragments."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._from_char = {c: b for b, c in _bytes_to_unicode().items()}
+        self._cache: dict[int, tuple[bytes, str]] = {}
+
+    def _entry(self, token_id: int) -> tuple[bytes, str]:
+        entry = self._cache.get(token_id)
+        if entry is None:
+            piece = self.tokenizer.convert_ids_to_tokens(int(token_id)) or ""
+            if piece and all(c in self._from_char for c in piece):
+                raw = bytes(self._from_char[c] for c in piece)
+            else:  # a special or added token: its text is what it is
+                raw = self.tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("latin-1")
+            entry = self._cache[token_id] = (raw, text)
+        return entry
+
+    def raw(self, token_id: int) -> bytes:
+        return self._entry(token_id)[0]
+
+    def text(self, token_id: int) -> str:
+        return self._entry(token_id)[1]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from sparkit.engines.embedded import protocol as proto
-from sparkit.engines.embedded.api import SamplingParams
+from sparkit.engines.embedded.api import LogprobRequest, SamplingParams, TokenLogprobs
 from sparkit.engines.embedded.metrics import DecodeWindow, ServerMetrics
 
 DECODE_LOG_INTERVAL = 40  # decode steps between "Decode batch." lines and gauge updates (as SGLang)
@@ -43,6 +43,7 @@ class Job:
     updates: asyncio.Queue
     cancel: threading.Event = field(default_factory=threading.Event)
     internal: bool = False  # warm-up / health_generate: not counted in metrics
+    logprobs: LogprobRequest | None = None
     arrived: float = field(default_factory=time.perf_counter)
 
     def publish(self, item: proto.RequestProgress | BaseException) -> None:
@@ -165,7 +166,8 @@ class EngineWorker:
         longest_stop = max((len(s) for s in job.stops), default=0)
         last_step_at = started
         try:
-            steps = self.engine.generate(list(job.input_ids), job.params, job.cancel.is_set)
+            extra = {"logprobs": job.logprobs} if job.logprobs is not None else {}
+            steps = self.engine.generate(list(job.input_ids), job.params, job.cancel.is_set, **extra)
             for step in steps:
                 if self.step_delay_s and not job.internal:
                     time.sleep(self.step_delay_s)
@@ -176,6 +178,13 @@ class EngineWorker:
                     progress.spec_num_correct_drafts += step.num_accepted_drafts
                     progress.spec_num_proposed_drafts += step.num_proposed_drafts
                 stop_hit = self._commit(job, progress, new_ids, longest_stop)
+                if step.input_logprobs is not None:
+                    progress.input_logprobs = step.input_logprobs
+                if step.logprobs is not None:
+                    if progress.output_logprobs is None:
+                        progress.output_logprobs = TokenLogprobs(top=[] if step.logprobs.top is not None else None)
+                    progress.output_logprobs.extend(step.logprobs)
+                    progress.output_logprobs.truncate(len(progress.output_ids))  # a stop string may end the step early
                 if new_ids and progress.first_token_latency is None:
                     progress.first_token_latency = now - job.arrived
                 elif new_ids and not job.internal:
@@ -260,4 +269,11 @@ class EngineWorker:
 
 
 def _snapshot(progress: proto.RequestProgress) -> proto.RequestProgress:
-    return replace(progress, output_ids=list(progress.output_ids))
+    """A copy the event loop may read while this thread goes on appending."""
+    return replace(progress, output_ids=list(progress.output_ids), output_logprobs=_copy(progress.output_logprobs))
+
+
+def _copy(logprobs: TokenLogprobs | None) -> TokenLogprobs | None:
+    if logprobs is None:
+        return None
+    return TokenLogprobs(list(logprobs.token_ids), list(logprobs.logprobs), None if logprobs.top is None else list(logprobs.top))
