@@ -58,7 +58,12 @@ def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> Non
     """Make every planned build (and export) exist; reuses what is already there."""
     if not builds:
         return
-    from sparkit.engines.embedded.builder import ensure_model
+    from sparkit.engines.embedded.builder import ensure_model, remove_dead_builds
+    from sparkit.paths import cache_dir
+
+    # What a start killed mid-build left in the cache goes now, even when this start builds
+    # nothing (the shipped checkpoint is used in place).
+    remove_dead_builds(cache_dir() / "models")
 
     for build in builds:
         name = build.get("name", "tiny-ling")
