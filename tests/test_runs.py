@@ -376,3 +376,99 @@ def test_a_transient_server_is_stopped_however_its_block_ends(sparkit_home, stan
             raise RuntimeError("the benchmark failed")
     assert group_members(pgid) == []
     assert list_runs()[-1].state is RunState.STOPPED
+
+
+# -- never signal a stranger --------------------------------------------------------------------
+
+
+def sparkit_cli(home, *args):
+    import subprocess
+
+    env = {**os.environ, "SPARKIT_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def stranger():
+    """An unrelated program leading its own session and process group (what a reused pid or
+    process-group number now belongs to)."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    yield psutil.Process(proc.pid)
+    proc.kill()
+    proc.wait()
+
+
+def dead_run(stand_in):
+    """A real run whose engine was killed without `down` (its record still says running)."""
+    run = launch(make_plan(stand_in), timeout=60)
+    os.killpg(run.pgid, signal.SIGKILL)
+    from sparkit.runs.processes import reap
+
+    deadline = time.monotonic() + 10
+    while group_members(run.pgid) and time.monotonic() < deadline:
+        reap(run.pid)
+        time.sleep(0.05)
+    return run
+
+
+@pytest.mark.parametrize("forged", ["pid reused", "pgid reused", "create_time missing", "cmdline differs"])
+def test_down_never_signals_a_process_that_is_not_the_recorded_engine(sparkit_home, stand_in, stranger, forged):
+    run = dead_run(stand_in)
+    meta = json.loads(run.meta_path.read_text())
+    assert meta["cmdline"][:3] == [sys.executable, str(stand_in), "ok"] and meta["create_time"]  # as the OS saw it
+    if forged == "pid reused":  # the dead leader's pid (and group number) is the stranger's now
+        meta.update(pid=stranger.pid, pgid=stranger.pid)
+    elif forged == "pgid reused":  # leader gone; its group number names the stranger's group
+        meta.update(pgid=stranger.pid)
+    elif forged == "create_time missing":  # a record that cannot tell the stranger from the engine
+        meta.update(pid=stranger.pid, pgid=stranger.pid, create_time=None, cmdline=None)
+    else:  # same start time (clock tolerance), another program
+        meta.update(pid=stranger.pid, pgid=stranger.pid, create_time=stranger.create_time())
+    run.meta_path.write_text(json.dumps(meta))
+    down = sparkit_cli(sparkit_home, "down", run.id)
+    assert down.returncode == 0, down.stderr
+    time.sleep(0.5)  # a SIGTERM would have ended it by now
+    assert stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE
+    assert f"{run.id} was not running" in down.stderr
+    status = json.loads(sparkit_cli(sparkit_home, "status", "--json", "--all").stdout)["runs"]
+    assert [r["state"] for r in status] == ["stopped"]
+
+
+def test_down_still_stops_the_recorded_engine_and_what_its_group_left(sparkit_home, stand_in):
+    """The identity check does not get in the way of the real thing: a live engine is stopped,
+    and so are the children of one whose leader died (their group is the leader's own)."""
+    run = launch(make_plan(stand_in, "fork"), timeout=60)
+    kid = child_pid(run)
+    os.kill(run.pid, signal.SIGKILL)  # the leader dies; its forked child lives on in its group
+    from sparkit.runs import processes
+    from sparkit.runs.processes import reap
+
+    deadline = time.monotonic() + 10
+    while run.pid in processes.children:
+        reap(run.pid)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not psutil.pid_exists(run.pid) and psutil.pid_exists(kid)
+    down = sparkit_cli(sparkit_home, "down", run.id)
+    assert down.returncode == 0, down.stderr
+    assert f"stopped {run.id}" in down.stderr
+    assert group_members(run.pgid) == []
+
+
+@pytest.mark.parametrize("ref", ["", "  "])
+def test_a_blank_run_reference_matches_nothing(sparkit_home, stand_in, ref):
+    from sparkit.errors import UsageError
+
+    run = launch(make_plan(stand_in), timeout=60)
+    try:
+        down = sparkit_cli(sparkit_home, "down", ref)
+        assert down.returncode == 2 and "empty RUN" in down.stderr
+        assert run.live and run.reload().state is RunState.RUNNING
+        for command in ("logs", "check"):
+            assert sparkit_cli(sparkit_home, command, ref).returncode == 2
+        with pytest.raises(UsageError):
+            select_run(ref)
+    finally:
+        stop(run, grace=5)

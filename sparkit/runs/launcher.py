@@ -17,6 +17,7 @@ from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError
+from sparkit.paths import ensure_dir, open_output
 from sparkit.recipes.plan import LaunchPlan
 import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
@@ -75,13 +76,18 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
 
 
 def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: float = 600,
-           detach: bool = True) -> Run:
+           detach: bool = True, tie_to_parent: bool | None = None) -> Run:
     """Start the engine of `plan` in its own process group and wait until /health answers.
 
     Preflight is the caller's job (sparkit.runs.pipeline.up does it). The engine's stdout+stderr
     go to the run's server.log; its environment is os.environ + plan.env +
     SPARKIT_REPORT_DIR=<run dir>. On any failure the process group is stopped before the error
-    propagates, so nothing is left running."""
+    propagates, so nothing is left running.
+
+    `detach` False records a foreground run (it lives as long as this process: `sparkit status`
+    stops one whose process died). `tie_to_parent` (default: not `detach`) has the kernel end the
+    engine when the thread calling `launch` dies, SIGKILL included; off for a server that may have
+    to outlive the command (`up --keep-on-fail`)."""
     from sparkit.engines.activation import REPORT_DIR_ENV
 
     t0 = time.monotonic()
@@ -91,10 +97,12 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
             on_progress(LaunchProgress(phase, time.monotonic() - t0, message, fraction))
 
     adapter = get_adapter(plan.engine)
+    owner = processes.ProcessIdentity.of(os.getpid())
     run = Run(id=new_run_id(plan.recipe_name), recipe_name=plan.recipe_name, recipe_path=plan.recipe_path,
               engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
-              api_key_env=plan.api_key_env, detached=detach)
-    run.path.mkdir(parents=True, exist_ok=False, mode=0o700)
+              api_key_env=plan.api_key_env, detached=detach, owner=owner.to_dict() if owner else None)
+    ensure_dir(run.root)
+    run.path.mkdir(exist_ok=False, mode=0o700)
     run.write_json(RunFiles.PLAN, plan.to_dict())
     run.save()
 
@@ -102,17 +110,25 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
         secret_env, extra_argv = _secret_delivery(plan, adapter, run)
     except BaseException as exc:
-        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
+        if isinstance(exc, KeyboardInterrupt):
+            why = "interrupted while preparing the launch (building the model)"
+        else:
+            why = f"not started: {exc}".splitlines()[0][:200]
+        run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
         run.save()
         raise
     env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
     argv = list(plan.argv) + extra_argv
     emit("starting", " ".join(argv[1:4])[:100])
-    with open(run.log_path, "ab") as log:
+    # A foreground server lives as long as the command that holds it, even one killed with
+    # SIGKILL (the kernel tells the engine); a detached one must outlive it.
+    tie = (not detach) if tie_to_parent is None else tie_to_parent
+    preexec = processes.die_with_parent() if tie else None
+    with open_output(run.log_path, "ab") as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=preexec)
         except FileNotFoundError as exc:
             run.state, run.failure = RunState.FAILED, "engine not installed"
             run.save()
@@ -120,7 +136,9 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
                               hint=adapter.install_hint) from exc
     processes.children[proc.pid] = proc
     run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
-    run.create_time = processes.create_time(proc.pid)
+    started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
+    run.create_time = started.create_time if started else None
+    run.cmdline = list(started.cmdline) if started and started.cmdline else None
     run.save()
 
     guard = _start_guard(plan, run, proc)
@@ -251,8 +269,14 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
 
 def stop(run: Run, grace: float = 10) -> Run:
     """SIGTERM to the run's process group, SIGKILL after `grace` seconds; waits until it is gone
-    and records it (a run that failed to start stays failed). Returns the updated record."""
-    processes.stop_group(run.pid, run.pgid, run.create_time, grace)
+    and records it (a run that failed to start stays failed). Returns the updated record. A
+    process that is not provably the recorded engine (its pid was reused) is never signalled."""
+    owner = run.owner_identity
+    if run.pid is None and run.setting_up and owner is not None and owner.pid != os.getpid():
+        # No engine yet (a model builds): the `sparkit up` doing it is what to stop; it records
+        # the run as failed (interrupted) itself.
+        processes.stop_process(owner, grace)
+    processes.stop_group(run.pid, run.pgid, run.create_time, grace, run.cmdline)
     try:
         run = run.reload()
     except (OSError, ValueError, TypeError):
