@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -472,3 +473,80 @@ def test_a_blank_run_reference_matches_nothing(sparkit_home, stand_in, ref):
             select_run(ref)
     finally:
         stop(run, grace=5)
+
+
+# -- why an engine died ---------------------------------------------------------------------------
+
+
+def kill_engine_while_starting(sparkit_home, stand_in, sig=signal.SIGKILL, **plan_changes):
+    plan = make_plan(stand_in, "hang")
+    for key, value in plan_changes.items():
+        setattr(plan, key, value)
+
+    killed = []
+
+    def kill_once_loading(event):  # the stand-in logs its loading lines, then hangs
+        if event.phase in ("loading weights", "capturing CUDA graphs", "warming up") and not killed:
+            killed.append(list_runs()[-1].pid)
+            os.kill(killed[0], sig)
+
+    with pytest.raises(LaunchError) as info:
+        launch(plan, on_progress=kill_once_loading, timeout=120)
+    return info.value
+
+
+def test_a_sigkill_is_not_blamed_on_memory_without_the_kernel_saying_so(sparkit_home, stand_in):
+    """kill -9 of the engine during start-up: the diagnosis names the signal and what was
+    checked for an OOM kill, not "the kernel's OOM killer"."""
+    error = kill_engine_while_starting(sparkit_home, stand_in)
+    message = str(error)
+    assert "the engine exited during start (killed by SIGKILL)" in message
+    assert "no OOM kill was recorded" in message and "OOM killer ended" not in message
+    assert error.run.failure == "killed by SIGKILL"
+
+
+OOM_HOG = textwrap.dedent(
+    '''
+    import os, sys, time
+    print("[2026-11-29 10:00:00] server_args={'tp_size': 1}", flush=True)
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:  # into the limited cgroup
+        f.write(str(os.getpid()))
+    print("[2026-11-29 10:00:01 TP0] Load weight begin. avail mem=10.00 GB", flush=True)
+    hog = []
+    while True:
+        hog.append(bytearray(8 << 20))  # touched pages: the cgroup's limit is hit for real
+        for i in range(0, len(hog[-1]), 4096):
+            hog[-1][i] = 1
+    '''
+)
+
+
+def test_an_oom_kill_is_blamed_on_memory_with_the_kernels_evidence(sparkit_home, tmp_path):
+    """The engine exceeds a real memory cgroup limit and the kernel's OOM killer ends it: now
+    the diagnosis says so and quotes the evidence. Needs root and a writable memory cgroup."""
+    from pathlib import Path
+
+    root = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (root / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup-v1 memory hierarchy to set a limit in")
+    group = root / f"sparkit-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(64 << 20))
+        if (group / "memory.memsw.limit_in_bytes").exists():
+            (group / "memory.memsw.limit_in_bytes").write_text(str(64 << 20))
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup here ({exc.strerror})")
+    script = tmp_path / "hog.py"
+    script.write_text(OOM_HOG)
+    plan = make_plan(script)
+    plan.argv = [sys.executable, str(script), str(group)]
+    try:
+        with pytest.raises(LaunchError) as info:
+            launch(plan, timeout=120)
+    finally:
+        group.rmdir()
+    message = str(info.value)
+    assert "the engine exited during start (out of memory (OOM killer))" in message, message
+    pid = info.value.run.pid
+    assert re.search(rf"oom_kill 0 -> 1|kernel log: .*(Killed process {pid}\b|oom-kill:.*pid={pid}\b)", message), message

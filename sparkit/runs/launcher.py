@@ -59,11 +59,14 @@ def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tupl
     return adapter.deliver_secret(secret, run.path)
 
 
-def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None) -> LaunchError:
+def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None,
+                    oom: Any = None) -> LaunchError:
     from sparkit.engines.sglang.log import tail_lines
 
     text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
     diagnosis = adapter.diagnose(text, returncode)
+    if returncode is not None and returncode < 0 and oom is not None:
+        diagnosis = _killed(diagnosis, returncode, oom)
     run = run.reload()
     run.state, run.failure, run.stopped_at = RunState.FAILED, diagnosis.cause, now_iso()
     run.save()
@@ -73,6 +76,23 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
     error.run = run  # type: ignore[attr-defined]
     error.diagnosis = diagnosis  # type: ignore[attr-defined]
     return error
+
+
+def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
+    """A signal ended the engine: the OOM killer when the kernel recorded it, else what the log
+    said, else the signal, with what was checked for an OOM kill."""
+    from dataclasses import replace
+
+    from sparkit.engines.sglang.log import Diagnosis
+
+    evidence, checked = oom.evidence()
+    if evidence:
+        return Diagnosis("out of memory (OOM killer)", f"the kernel's OOM killer ended the engine ({evidence[0]})",
+                         "lower server.mem_fraction_static, model.context_length or the CUDA graph batch sizes; "
+                         "stop other programs using memory", evidence[0])
+    if diagnosis.cause.startswith("killed by"):
+        return replace(diagnosis, detail=f"{diagnosis.detail}; no OOM kill was recorded ({'; '.join(checked)})")
+    return diagnosis
 
 
 def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: float = 600,
@@ -140,10 +160,13 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     run.create_time = started.create_time if started else None
     run.cmdline = list(started.cmdline) if started and started.cmdline else None
     run.save()
+    from sparkit.memory.oom import OomWatch
+
+    oom = OomWatch.start(proc.pid)
 
     guard = _start_guard(plan, run, proc)
     try:
-        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard)
+        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard, oom)
     except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
         stop(run, grace=5)
         raise
@@ -218,7 +241,7 @@ def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
 
 
 def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan: LaunchPlan, timeout: float,
-                  emit: Callable[..., None], t0: float, guard: Any = None) -> None:
+                  emit: Callable[..., None], t0: float, guard: Any = None, oom: Any = None) -> None:
     from sparkit.client import check_health
 
     phases = STARTUP_PHASES
@@ -251,7 +274,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
             if code is not None:
                 if guard is not None and guard.tripped.is_set():
                     continue  # the guard stopped it: its message, not "exited"
-                raise _launch_failure(run, adapter, "the engine exited during start", code)
+                raise _launch_failure(run, adapter, "the engine exited during start", code, oom)
             read_phases(log)
             now = time.monotonic()
             if now - state["last_emit"] >= 1.0:
