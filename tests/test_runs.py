@@ -550,3 +550,43 @@ def test_an_oom_kill_is_blamed_on_memory_with_the_kernels_evidence(sparkit_home,
     assert "the engine exited during start (out of memory (OOM killer))" in message, message
     pid = info.value.run.pid
     assert re.search(rf"oom_kill 0 -> 1|kernel log: .*(Killed process {pid}\b|oom-kill:.*pid={pid}\b)", message), message
+
+
+def test_state_is_private_under_a_permissive_umask(tmp_path, monkeypatch, stand_in):
+    """Issue 15: with umask 022 every run file and the chat history were world-readable. Under
+    that umask, in a directory every user can enter, sparkit's home, the runs and each file of a
+    run (plan, meta, log, checks, activation) are 0700 / 0600; as root, another user (nobody)
+    cannot read any of them."""
+    import shutil
+    import subprocess
+
+    from sparkit.runs.store import RunFiles
+    from sparkit.tui.history import ChatStore
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for directory in (tmp_path, shared):
+        directory.chmod(0o755)
+    home = shared / "home"
+    monkeypatch.setenv("SPARKIT_HOME", str(home))
+    old = os.umask(0o022)
+    try:
+        run = launch(make_plan(stand_in), timeout=60)
+        try:
+            run.write_json(RunFiles.CHECKS, {"checks": [{"name": "x", "status": "pass"}]})
+            store = ChatStore()
+            store.close()
+        finally:
+            stop(run, grace=5)
+    finally:
+        os.umask(old)
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {RunFiles.PLAN, RunFiles.META, RunFiles.CHECKS, "server.log", "chat.sqlite3"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o600)}, files
+    dirs = [home, *[p for p in home.rglob("*") if p.is_dir()]]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in dirs} == {oct(0o700)}, dirs
+    if os.geteuid() != 0 or shutil.which("cat") is None:
+        return
+    for path in files:  # the second user on the box
+        denied = subprocess.run(["cat", str(path)], capture_output=True, preexec_fn=lambda: os.setuid(65534))
+        assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path
