@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -376,3 +377,216 @@ def test_a_transient_server_is_stopped_however_its_block_ends(sparkit_home, stan
             raise RuntimeError("the benchmark failed")
     assert group_members(pgid) == []
     assert list_runs()[-1].state is RunState.STOPPED
+
+
+# -- never signal a stranger --------------------------------------------------------------------
+
+
+def sparkit_cli(home, *args):
+    import subprocess
+
+    env = {**os.environ, "SPARKIT_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def stranger():
+    """An unrelated program leading its own session and process group (what a reused pid or
+    process-group number now belongs to)."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    yield psutil.Process(proc.pid)
+    proc.kill()
+    proc.wait()
+
+
+def dead_run(stand_in):
+    """A real run whose engine was killed without `down` (its record still says running)."""
+    run = launch(make_plan(stand_in), timeout=60)
+    os.killpg(run.pgid, signal.SIGKILL)
+    from sparkit.runs.processes import reap
+
+    deadline = time.monotonic() + 10
+    while group_members(run.pgid) and time.monotonic() < deadline:
+        reap(run.pid)
+        time.sleep(0.05)
+    return run
+
+
+@pytest.mark.parametrize("forged", ["pid reused", "pgid reused", "create_time missing", "cmdline differs"])
+def test_down_never_signals_a_process_that_is_not_the_recorded_engine(sparkit_home, stand_in, stranger, forged):
+    run = dead_run(stand_in)
+    meta = json.loads(run.meta_path.read_text())
+    assert meta["cmdline"][:3] == [sys.executable, str(stand_in), "ok"] and meta["create_time"]  # as the OS saw it
+    if forged == "pid reused":  # the dead leader's pid (and group number) is the stranger's now
+        meta.update(pid=stranger.pid, pgid=stranger.pid)
+    elif forged == "pgid reused":  # leader gone; its group number names the stranger's group
+        meta.update(pgid=stranger.pid)
+    elif forged == "create_time missing":  # a record that cannot tell the stranger from the engine
+        meta.update(pid=stranger.pid, pgid=stranger.pid, create_time=None, cmdline=None)
+    else:  # same start time (clock tolerance), another program
+        meta.update(pid=stranger.pid, pgid=stranger.pid, create_time=stranger.create_time())
+    run.meta_path.write_text(json.dumps(meta))
+    down = sparkit_cli(sparkit_home, "down", run.id)
+    assert down.returncode == 0, down.stderr
+    time.sleep(0.5)  # a SIGTERM would have ended it by now
+    assert stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE
+    assert f"{run.id} was not running" in down.stderr
+    status = json.loads(sparkit_cli(sparkit_home, "status", "--json", "--all").stdout)["runs"]
+    assert [r["state"] for r in status] == ["stopped"]
+
+
+def test_down_still_stops_the_recorded_engine_and_what_its_group_left(sparkit_home, stand_in):
+    """The identity check does not get in the way of the real thing: a live engine is stopped,
+    and so are the children of one whose leader died (their group is the leader's own)."""
+    run = launch(make_plan(stand_in, "fork"), timeout=60)
+    kid = child_pid(run)
+    os.kill(run.pid, signal.SIGKILL)  # the leader dies; its forked child lives on in its group
+    from sparkit.runs import processes
+    from sparkit.runs.processes import reap
+
+    deadline = time.monotonic() + 10
+    while run.pid in processes.children:
+        reap(run.pid)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not psutil.pid_exists(run.pid) and psutil.pid_exists(kid)
+    down = sparkit_cli(sparkit_home, "down", run.id)
+    assert down.returncode == 0, down.stderr
+    assert f"stopped {run.id}" in down.stderr
+    assert group_members(run.pgid) == []
+
+
+@pytest.mark.parametrize("ref", ["", "  "])
+def test_a_blank_run_reference_matches_nothing(sparkit_home, stand_in, ref):
+    from sparkit.errors import UsageError
+
+    run = launch(make_plan(stand_in), timeout=60)
+    try:
+        down = sparkit_cli(sparkit_home, "down", ref)
+        assert down.returncode == 2 and "empty RUN" in down.stderr
+        assert run.live and run.reload().state is RunState.RUNNING
+        for command in ("logs", "check"):
+            assert sparkit_cli(sparkit_home, command, ref).returncode == 2
+        with pytest.raises(UsageError):
+            select_run(ref)
+    finally:
+        stop(run, grace=5)
+
+
+# -- why an engine died ---------------------------------------------------------------------------
+
+
+def kill_engine_while_starting(sparkit_home, stand_in, sig=signal.SIGKILL, **plan_changes):
+    plan = make_plan(stand_in, "hang")
+    for key, value in plan_changes.items():
+        setattr(plan, key, value)
+
+    killed = []
+
+    def kill_once_loading(event):  # the stand-in logs its loading lines, then hangs
+        if event.phase in ("loading weights", "capturing CUDA graphs", "warming up") and not killed:
+            killed.append(list_runs()[-1].pid)
+            os.kill(killed[0], sig)
+
+    with pytest.raises(LaunchError) as info:
+        launch(plan, on_progress=kill_once_loading, timeout=120)
+    return info.value
+
+
+def test_a_sigkill_is_not_blamed_on_memory_without_the_kernel_saying_so(sparkit_home, stand_in):
+    """kill -9 of the engine during start-up: the diagnosis names the signal and what was
+    checked for an OOM kill, not "the kernel's OOM killer"."""
+    error = kill_engine_while_starting(sparkit_home, stand_in)
+    message = str(error)
+    assert "the engine exited during start (killed by SIGKILL)" in message
+    assert "no OOM kill was recorded" in message and "OOM killer ended" not in message
+    assert error.run.failure == "killed by SIGKILL"
+
+
+OOM_HOG = textwrap.dedent(
+    '''
+    import os, sys, time
+    print("[2026-11-29 10:00:00] server_args={'tp_size': 1}", flush=True)
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:  # into the limited cgroup
+        f.write(str(os.getpid()))
+    print("[2026-11-29 10:00:01 TP0] Load weight begin. avail mem=10.00 GB", flush=True)
+    hog = []
+    while True:
+        hog.append(bytearray(8 << 20))  # touched pages: the cgroup's limit is hit for real
+        for i in range(0, len(hog[-1]), 4096):
+            hog[-1][i] = 1
+    '''
+)
+
+
+def test_an_oom_kill_is_blamed_on_memory_with_the_kernels_evidence(sparkit_home, tmp_path):
+    """The engine exceeds a real memory cgroup limit and the kernel's OOM killer ends it: now
+    the diagnosis says so and quotes the evidence. Needs root and a writable memory cgroup."""
+    from pathlib import Path
+
+    root = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (root / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup-v1 memory hierarchy to set a limit in")
+    group = root / f"sparkit-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(64 << 20))
+        if (group / "memory.memsw.limit_in_bytes").exists():
+            (group / "memory.memsw.limit_in_bytes").write_text(str(64 << 20))
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup here ({exc.strerror})")
+    script = tmp_path / "hog.py"
+    script.write_text(OOM_HOG)
+    plan = make_plan(script)
+    plan.argv = [sys.executable, str(script), str(group)]
+    try:
+        with pytest.raises(LaunchError) as info:
+            launch(plan, timeout=120)
+    finally:
+        group.rmdir()
+    message = str(info.value)
+    assert "the engine exited during start (out of memory (OOM killer))" in message, message
+    pid = info.value.run.pid
+    assert re.search(rf"oom_kill 0 -> 1|kernel log: .*(Killed process {pid}\b|oom-kill:.*pid={pid}\b)", message), message
+
+
+def test_state_is_private_under_a_permissive_umask(tmp_path, monkeypatch, stand_in):
+    """Issue 15: with umask 022 every run file and the chat history were world-readable. Under
+    that umask, in a directory every user can enter, sparkit's home, the runs and each file of a
+    run (plan, meta, log, checks, activation) are 0700 / 0600; as root, another user (nobody)
+    cannot read any of them."""
+    import shutil
+    import subprocess
+
+    from sparkit.runs.store import RunFiles
+    from sparkit.tui.history import ChatStore
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for directory in (tmp_path, shared):
+        directory.chmod(0o755)
+    home = shared / "home"
+    monkeypatch.setenv("SPARKIT_HOME", str(home))
+    old = os.umask(0o022)
+    try:
+        run = launch(make_plan(stand_in), timeout=60)
+        try:
+            run.write_json(RunFiles.CHECKS, {"checks": [{"name": "x", "status": "pass"}]})
+            store = ChatStore()
+            store.close()
+        finally:
+            stop(run, grace=5)
+    finally:
+        os.umask(old)
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {RunFiles.PLAN, RunFiles.META, RunFiles.CHECKS, "server.log", "chat.sqlite3"}
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {oct(0o600)}, files
+    dirs = [home, *[p for p in home.rglob("*") if p.is_dir()]]
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in dirs} == {oct(0o700)}, dirs
+    if os.geteuid() != 0 or shutil.which("cat") is None:
+        return
+    for path in files:  # the second user on the box
+        denied = subprocess.run(["cat", str(path)], capture_output=True, preexec_fn=lambda: os.setuid(65534))
+        assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path

@@ -218,7 +218,6 @@ def run_profile(recipe_ref: str, config: ProfileConfig, *, overrides: list[str] 
     import asyncio
     import contextlib
     import json
-    import os
 
     from sparkit import runs
     from sparkit.recipes.compile import compile_plan
@@ -268,10 +267,10 @@ def run_profile(recipe_ref: str, config: ProfileConfig, *, overrides: list[str] 
     doc["cells"], doc["verdicts"] = summarise_cells(results, config, loaded_on.recipe)
     doc["complete"] = True
     if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        os.replace(tmp, out_path)
+        from sparkit.paths import ensure_dir, write_atomic
+
+        ensure_dir(out_path.parent)
+        write_atomic(out_path, json.dumps(doc, indent=1, default=str))
     return doc
 
 

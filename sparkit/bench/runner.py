@@ -181,10 +181,10 @@ class _DocWriter:
         if not force and now - self._last < self.interval:
             return
         self._last = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(_finite(doc), indent=1, default=str, allow_nan=False))
-        os.replace(tmp, self.path)
+        from sparkit.paths import ensure_dir, write_atomic
+
+        ensure_dir(self.path.parent)
+        write_atomic(self.path, json.dumps(_finite(doc), indent=1, default=str, allow_nan=False))
 
 
 def _finite(value: Any) -> Any:

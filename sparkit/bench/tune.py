@@ -23,7 +23,6 @@ import datetime as _dt
 import itertools
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -250,17 +249,19 @@ def write_best_recipe(source: Path, overrides: list[str], summary: str, director
     extends = shipped or (source.name if target.parent.resolve() == source.parent.resolve() else str(source.resolve()))
     body = {"extends": extends, "description": f"tuned from {source.name}: {summary}"[:200], **tree}
     header = f"# Written by `sparkit tune` ({_dt.datetime.now().isoformat(timespec='seconds')}).\n"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "x", encoding="utf-8") as handle:  # "x": fail rather than overwrite
+    from sparkit.paths import ensure_dir, open_output
+
+    ensure_dir(target.parent)
+    with open_output(target, "x", encoding="utf-8") as handle:  # "x": fail rather than overwrite
         handle.write(header + yaml.safe_dump(body, sort_keys=False))
     return target
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    from sparkit.paths import ensure_dir, write_atomic
+
+    ensure_dir(path.parent)
+    write_atomic(path, json.dumps(data, indent=1, default=str))
 
 
 PointFn = Callable[[SweepPoint, int, int], None]  # (point, index, total) after each point

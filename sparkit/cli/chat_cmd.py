@@ -22,40 +22,47 @@ def register(app: typer.Typer) -> None:
         Keys: Enter sends, Esc stops a reply, Ctrl+N new chat, Ctrl+O history,
         Ctrl+Y copy reply, Ctrl+L copy the last code block, Ctrl+T settings, Ctrl+Q quit.
         """
-        from sparkit.errors import UsageError
+        from sparkit.errors import SparkitError, UsageError
         from sparkit.runs import resolve_server
+        from sparkit.tui.history import ChatStore
 
         if run and url:
             raise UsageError("give a RUN or --url, not both", hint="`sparkit chat --url http://127.0.0.1:30000`")
-        if open_id is not None:
-            _require_saved_chat(open_id)
-        target = resolve_server(run, url, api_key)
-        from sparkit.cli.common import require_server
+        store = ChatStore()  # an unusable history is exit 8 naming the file, before anything else
+        try:
+            if open_id is not None:
+                _require_saved_chat(store, open_id)
+            target = resolve_server(run, url, api_key)
+            from sparkit.cli.common import require_server
 
-        require_server(target.url, target.api_key)  # exit 7 here, not a chat screen that cannot chat
-        from sparkit.tui.app import create_app
+            require_server(target.url, target.api_key)  # exit 7 here, not a chat screen that cannot chat
+            from sparkit.tui.app import create_app
 
-        create_app(
-            target.url,
-            api_key=target.api_key,
-            model=model,
-            system_prompt=system,
-            run=target.run,
-            open_conversation=open_id,
-        ).run()
+            app = create_app(
+                target.url,
+                api_key=target.api_key,
+                model=model,
+                system_prompt=system,
+                run=target.run,
+                open_conversation=open_id,
+                store=store,
+            )
+            app.run()
+        finally:
+            store.close()
+        if store.failure is not None:  # the history failed while the screen was up
+            raise store.failure
+        if app.return_code:  # the screen crashed (its report is above): never exit 0 for that
+            raise SparkitError("the chat screen stopped on an internal error (shown above)",
+                               hint="set SPARKIT_DEBUG=1 and report it; saved chats are in " + str(store.path))
 
 
-def _require_saved_chat(conversation_id: int) -> None:
+def _require_saved_chat(store, conversation_id: int) -> None:
     """`--open N` of a chat that does not exist is a usage error, not a silent new chat."""
     from sparkit.errors import UsageError
-    from sparkit.tui.history import ChatStore
 
-    store = ChatStore()
-    try:
-        found = store.load(conversation_id)
-        recent = [c.id for c in store.list_conversations(limit=5)]
-    finally:
-        store.close()
+    found = store.load(conversation_id)
+    recent = [c.id for c in store.list_conversations(limit=5)]
     if found is None:
         raise UsageError(
             f"--open {conversation_id}: no saved chat with that id",

@@ -69,11 +69,24 @@ def guard_line(guard: dict | None) -> str:
     return line
 
 
-def _sigterm_as_interrupt() -> None:
+def _signals_as_interrupt() -> None:
+    """SIGTERM and SIGHUP (the terminal closed) stop the server like Ctrl-C. A SIGHUP that was
+    already ignored (`nohup sparkit up`) stays ignored: that user asked for the server to stay."""
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, handler)
+
+
+def _say(message: str) -> None:
+    """A message on stderr, if there is still a terminal to show it (after SIGHUP there is not;
+    stopping the server must not depend on it)."""
+    try:
+        err_console().print(message)
+    except (OSError, ValueError):
+        pass
 
 
 class _PhaseLine:
@@ -116,7 +129,7 @@ def up(
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
     from sparkit.runs import free_port, stop, up as start_server
 
-    _sigterm_as_interrupt()
+    _signals_as_interrupt()
     wanted_port = _parse_port(port)
     loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
     if wanted_port == "auto":
@@ -133,12 +146,36 @@ def up(
         checking.start()
 
     try:
-        started = start_server(plan, timeout=timeout, detach=detach,
+        # --keep-on-fail may leave the server running after this command exits 6, so the kernel
+        # must not end it with the command.
+        started = start_server(plan, timeout=timeout, detach=detach, tie_to_parent=not (detach or keep_on_fail),
                                on_preflight=lambda results: render_checks(results, title="preflight", stderr=True),
                                on_progress=phase_line, on_checking=on_checking)
     finally:
         phase_line.close()
         checking.stop()
+    run = started.run
+    if detach:
+        _report_started(started, plan, json_out, keep_on_fail, detach)
+        err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)")
+        return
+    try:
+        _report_started(started, plan, json_out, keep_on_fail, detach)
+        err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.")
+    except CheckFailed:
+        raise  # already stopped, or kept on purpose (--keep-on-fail)
+    except BaseException:  # Ctrl-C, SIGHUP or a closed terminal before the log streams
+        stop(run)
+        raise
+    _stream_until_interrupt(run, sys.stderr if json_out else sys.stdout)
+
+
+def _report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool, detach: bool) -> None:
+    """The startup checks' report; a failed check stops the server (unless --keep-on-fail) and
+    raises CheckFailed."""
+    from sparkit.errors import CheckFailed
+    from sparkit.runs import stop
+
     run, results = started.run, started.checks
     if json_out:
         print_json(
@@ -157,6 +194,10 @@ def up(
     if not started.ok:
         names = ", ".join(r.title for r in started.failed_checks)
         if keep_on_fail:
+            if not run.detached:  # it outlives this command now: a detached run from here on
+                run = run.reload()
+                run.detached = True
+                run.save()
             err_console().print(f"[yellow]kept running despite failed checks[/] ({names}): `sparkit down {run.id}`")
         else:
             stop(run)
@@ -164,11 +205,6 @@ def up(
             f"startup check(s) failed: {names}",
             hint="see the table above for the cause and fix" + ("" if keep_on_fail else "; the server was stopped (use --keep-on-fail to keep it)"),
         )
-    if detach:
-        err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)")
-        return
-    err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.")
-    _stream_until_interrupt(run, sys.stderr if json_out else sys.stdout)
 
 
 def _stream_until_interrupt(run: Any, out: Any) -> None:
@@ -181,9 +217,12 @@ def _stream_until_interrupt(run: Any, out: Any) -> None:
             out.write(line + "\n")
             out.flush()
     except KeyboardInterrupt:
-        err_console().print("stopping the server ...")
+        _say("stopping the server ...")
         stop(run)
-        err_console().print("stopped.")
+        _say("stopped.")
+        raise
+    except BaseException:  # a closed terminal (EIO on write), anything: the server goes with us
+        stop(run)
         raise
     if not run.live:
         stop(run)
@@ -332,7 +371,7 @@ def down(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
-    from sparkit.runs import live_runs, mark_stale, select_run, stop
+    from sparkit.runs import live_runs, mark_stale, pid_alive, select_run, stop
 
     stale = mark_stale()
     if all_ or run is None:
@@ -342,8 +381,15 @@ def down(
     else:
         targets = [select_run(run)]
     for target in targets:
+        was_live = target.in_use or target.has_processes
         stop(target, grace=grace)
-        err_console().print(f"stopped {target.id}")
+        if was_live:
+            err_console().print(f"stopped {target.id}")
+            continue
+        note = ""
+        if pid_alive(target.pid):  # the pid is somebody else's now: never signalled
+            note = f"; pid {target.pid} now belongs to another process, which was left alone"
+        err_console().print(f"{target.id} was not running (nothing to stop{note})", highlight=False)
     if json_out:
         print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
     elif not targets:

@@ -117,12 +117,11 @@ class ActivationReport:
         directory = directory or os.environ.get(REPORT_DIR_ENV)
         if not directory:
             return None
+        from sparkit.paths import ensure_dir, write_atomic
+
         path = Path(directory) / f"activation-tp{self.tp_rank}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2))
-        os.replace(tmp, path)
-        return path
+        ensure_dir(path.parent)
+        return write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ActivationReport":

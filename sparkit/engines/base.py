@@ -74,6 +74,7 @@ class EngineAdapter(Protocol):
     validation_hint: str  # how to get a plan validated by the engine's own parser where it is not
     memory_model: str  # "mem_fraction_static" | "host_process" (how sparkit.memory.fit sizes it)
     secret_files: tuple[str, ...]  # run-directory files deliver_secret writes, removed once the engine is up
+    key_env: tuple[str, ...]  # environment variables the engine reads an API key from (never set in a recipe)
 
     def probe(self) -> EngineInfo:
         """Is the engine installed, which version, which optional kernels. Never raises."""

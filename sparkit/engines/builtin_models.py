@@ -56,9 +56,14 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
 
 def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> None:
     """Make every planned build (and export) exist; reuses what is already there."""
+    from sparkit.engines.embedded.builder import ensure_model, remove_dead_builds
+    from sparkit.paths import cache_dir
+
+    # What a start killed mid-build left in the cache goes with the next start, even one that
+    # builds nothing (a local checkpoint, or the shipped one used in place).
+    remove_dead_builds(cache_dir() / "models")
     if not builds:
         return
-    from sparkit.engines.embedded.builder import ensure_model
 
     for build in builds:
         name = build.get("name", "tiny-ling")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import random
 import re
 import time
@@ -30,9 +29,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sparkit.errors import DataError, EngineError, UsageError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from sparkit.errors import DataError, EngineError, SparkitError, UsageError
 from sparkit.evals.hub import SPLIT_SIZES, DownloadProgressFn
 from sparkit.evals.stats import proportion
 
@@ -306,6 +307,72 @@ def sampling_params(settings: EvalSettings, question_id: int) -> dict[str, Any]:
 
 
 # -- results file ----------------------------------------------------------------------
+#
+# The two kinds of line, declared once: the runner writes them through these models and a resumed
+# or compared file is read back through them, so a hand-edited or foreign line is refused with its
+# file:line and field instead of surfacing later as a KeyError (or, for "id": 5.0, silently
+# replacing question 5).
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Correct(_Row):
+    strict: StrictBool
+    flexible: StrictBool
+
+
+class ResultRow(_Row):
+    """One answered question."""
+
+    type: Literal["result"]
+    id: StrictInt = Field(ge=0)  # the question's index in the test split
+    prompt_sha: StrictStr | None = None
+    output: StrictStr | None = None
+    strict: StrictStr | None
+    flexible: StrictStr | None
+    gold: StrictStr | None
+    correct: Correct
+    prompt_tokens: StrictInt | None = Field(default=None, ge=0)
+    completion_tokens: StrictInt | None = Field(default=None, ge=0)
+    finish_reason: StrictStr | None = None
+    latency_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    accept_length: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    spec_verify_ct: StrictInt | None = Field(default=None, ge=0)
+    session: StrictStr = ""
+    concurrency: StrictInt | None = Field(default=None, ge=1)
+    started_at: float = Field(default=0.0, allow_inf_nan=False)
+    finished_at: float = Field(default=0.0, allow_inf_nan=False)
+
+
+class HeaderRow(_Row):
+    """What one session (the first run, each --resume) ran with."""
+
+    type: Literal["header"]
+    settings: dict[str, Any]
+    settings_hash: StrictStr
+    session: StrictStr = ""
+    started_at: float = Field(default=0.0, allow_inf_nan=False)
+    url: StrictStr | None = None
+    recipe: StrictStr | None = None
+    run_id: StrictStr | None = None
+    data_path: StrictStr | None = None
+    model: StrictStr | None = None
+    concurrency: StrictInt | None = Field(default=None, ge=1)
+    server_args: dict[str, Any] = Field(default_factory=dict)
+
+
+_RESULTS_HINT = ("every line of a results file is a header or a result that `sparkit eval gsm8k` wrote; fix or "
+                 "delete that line and run again, or start a new file with --out")
+
+
+def _row_error(path: Path, number: int, exc: ValidationError) -> DataError:
+    err = exc.errors(include_url=False)[0]
+    field_name = ".".join(str(p) for p in err["loc"]) or "line"
+    more = len(exc.errors()) - 1
+    return DataError(f"{path}:{number}: {field_name}: {err['msg']}" + (f" (and {more} more)" if more else ""),
+                     hint=_RESULTS_HINT)
 
 
 @dataclass
@@ -320,7 +387,9 @@ class ResultsFile:
 
 
 def read_results(path: Path) -> ResultsFile:
-    """Parse a results file, ignoring a torn last line (the process died mid-write)."""
+    """Parse and check a results file, ignoring a torn last line (the process died mid-write).
+    Raises DataError naming file:line and the field of the first line that is not a header or
+    result row as sparkit writes them (or that answers a question a second time)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"results file not found: {path}")
@@ -328,18 +397,34 @@ def read_results(path: Path) -> ResultsFile:
     valid = raw.rfind(b"\n") + 1
     headers: list[dict[str, Any]] = []
     results: dict[int, dict[str, Any]] = {}
+    seen_on: dict[int, int] = {}
     for number, line in enumerate(raw[:valid].decode("utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})", hint="is this a `sparkit eval gsm8k` results file?") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            raise DataError(f"{path}:{number}: not valid JSON ({reason})", hint="is this a `sparkit eval gsm8k` results file?") from None
         kind = row.get("type") if isinstance(row, dict) else None
-        if kind == "header":
-            headers.append(row)
-        elif kind == "result":
-            results[int(row["id"])] = row
+        model = {"header": HeaderRow, "result": ResultRow}.get(kind) if isinstance(kind, str) else None
+        if not headers and model is not HeaderRow:
+            raise DataError(f"{path}:{number}: not a `sparkit eval gsm8k` results file (its first line is not a header)",
+                            hint="pass a results file that `sparkit eval gsm8k --out FILE` wrote")
+        if model is None:
+            raise DataError(f"{path}:{number}: type: expected 'header' or 'result', got {kind!r}", hint=_RESULTS_HINT)
+        try:
+            checked = model.model_validate(row)
+        except ValidationError as exc:
+            raise _row_error(path, number, exc) from None
+        if isinstance(checked, HeaderRow):
+            headers.append(checked.model_dump())
+            continue
+        if checked.id in seen_on:
+            raise DataError(f"{path}:{number}: id: question {checked.id} is already answered on line {seen_on[checked.id]}",
+                            hint="delete one of the two lines and run again")
+        seen_on[checked.id] = number
+        results[checked.id] = checked.model_dump()
     if not headers:
         raise DataError(f"{path} is not a `sparkit eval gsm8k` results file (no header line)")
     return ResultsFile(path=path, header=headers[0], headers=headers, results=results, valid_bytes=valid)
@@ -389,32 +474,32 @@ def _result_record(
 ) -> dict[str, Any]:
     strict = extract_strict(generation.text)
     flexible = extract_flexible(generation.text)
-    return {
-        "type": "result",
-        "id": question.id,
-        "prompt_sha": prompt_sha(prompt),
-        "output": generation.text,
-        "strict": strict,
-        "flexible": flexible,
-        "gold": question.gold,
-        "correct": {"strict": same_number(strict, question.gold), "flexible": same_number(flexible, question.gold)},
-        "prompt_tokens": generation.prompt_tokens,
-        "completion_tokens": generation.completion_tokens,
-        "finish_reason": _finish_type(generation.finish_reason),
-        "latency_s": generation.latency,
-        "accept_length": generation.accept_length,
-        "spec_verify_ct": generation.spec_verify_ct,
-        "session": session,
-        "concurrency": concurrency,
-        "started_at": wall_start,
-        "finished_at": wall_end,
-    }
+    return ResultRow(
+        type="result",
+        id=question.id,
+        prompt_sha=prompt_sha(prompt),
+        output=generation.text,
+        strict=strict,
+        flexible=flexible,
+        gold=question.gold,
+        correct=Correct(strict=same_number(strict, question.gold), flexible=same_number(flexible, question.gold)),
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
+        finish_reason=_finish_type(generation.finish_reason),
+        latency_s=generation.latency,
+        accept_length=generation.accept_length,
+        spec_verify_ct=generation.spec_verify_ct,
+        session=session,
+        concurrency=concurrency,
+        started_at=wall_start,
+        finished_at=wall_end,
+    ).model_dump()
 
 
 def _finish_type(reason: Any) -> str | None:
     if isinstance(reason, dict):
-        return reason.get("type")
-    return reason
+        reason = reason.get("type")
+    return None if reason is None else str(reason)
 
 
 async def _ask(client: Any, request: EvalRequest, question: Question, prompt: Any, model: str) -> Any:
@@ -479,21 +564,14 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
             model = models[0] if models else "default"
         except EngineError:
             pass
-        header = {
-            "type": "header",
-            "settings": settings.as_dict(),
-            "settings_hash": settings.hash(),
-            "session": session,
-            "started_at": time.time(),
-            "url": request.url,
-            "recipe": request.recipe,
-            "run_id": request.run_id,
-            "data_path": request.data_path,
-            "model": model,
-            "concurrency": request.concurrency,
-            "server_args": server_info,
-        }
-        with open(out, "a", encoding="utf-8") as fh:
+        header = HeaderRow(
+            type="header", settings=settings.as_dict(), settings_hash=settings.hash(), session=session,
+            started_at=time.time(), url=request.url, recipe=request.recipe, run_id=request.run_id,
+            data_path=request.data_path, model=str(model), concurrency=request.concurrency, server_args=server_info,
+        ).model_dump()
+        from sparkit.paths import open_output
+
+        with _writing(out, done, request), open_output(out, "ab", buffering=0) as fh:
             _append(fh, header)
             progress = Progress(
                 done=len(done),
@@ -541,6 +619,7 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
                         on_progress(progress)
 
             workers = [asyncio.create_task(worker()) for _ in range(max(1, min(request.concurrency, len(todo) or 1)))]
+            # (a write error in a worker ends them all: _writing names the file and how to resume)
             try:
                 await asyncio.gather(*workers)
             except EngineError as exc:
@@ -555,15 +634,45 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
                 await asyncio.gather(*workers, return_exceptions=True)
 
     summary = summarize(read_results(out), request.questions)
-    write_summary(summary, summary_path_for(out))
+    path = summary_path_for(out)
+    try:
+        write_summary(summary, path)
+    except OSError as exc:
+        raise SparkitError(f"cannot write the summary {path}: {exc.strerror or exc}",
+                           hint=f"every answer is saved in {out}; once it can be written, the same command with "
+                                f"--resume --out {out} writes the summary") from None
     return summary
 
 
+class _writing:
+    """A write error (a full disk, a quota, a vanished mount) while appending to the results
+    file becomes one message naming the file, what is saved and how to go on."""
+
+    def __init__(self, out: Path, done: dict[int, Any], request: "EvalRequest") -> None:
+        self.out, self.done, self.request = out, done, request
+
+    def __enter__(self) -> "_writing":
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if not isinstance(exc, OSError):
+            return False
+        saved = sum(1 for q in self.request.questions if q.id in self.done)
+        raise SparkitError(
+            f"cannot write {self.out}: {exc.strerror or exc} ({saved} of {len(self.request.questions)} questions saved)",
+            hint=f"free space (or fix the file system), then run the same command with --resume --out {self.out}: "
+                 "saved answers are kept and a half-written last line is dropped",
+        ) from None
+
+
 def _append(fh: Any, row: dict[str, Any]) -> None:
-    # One write + flush per line: a killed process leaves whole lines (at most one torn line,
-    # which read_results ignores), and the kernel keeps what was flushed.
-    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    fh.flush()
+    # One unbuffered write per line: a killed process leaves whole lines (at most one torn line,
+    # which read_results ignores), and a failed write raises here, not later at close.
+    data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+    view = memoryview(data)
+    while view:
+        written = fh.write(view)
+        view = view[written:]
 
 
 async def _server_info(client: Any) -> dict[str, Any]:
@@ -578,9 +687,9 @@ async def _server_info(client: Any) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    os.replace(tmp, path)
+    from sparkit.paths import write_atomic
+
+    write_atomic(path, json.dumps(summary, indent=2, default=str))
 
 
 # -- summary ---------------------------------------------------------------------------

@@ -172,10 +172,12 @@ def fetch_split(
 
 
 def _write_atomically(path: Path, split: str, rows: list[dict[str, str]], check: Callable[[Path], Any] | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from sparkit.paths import ensure_dir, open_output
+
+    ensure_dir(path.parent)
     part = path.with_name(f"{path.name}.{os.getpid()}.part")
     try:
-        with part.open("w", encoding="utf-8") as handle:
+        with open_output(part, "w", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
         if check is not None:

@@ -216,7 +216,9 @@ class LoadGuard:
         if self.summary is not None:
             self.summary.events.append(record)
         try:
-            with open(self.log_path, "a") as handle:
+            from sparkit.paths import open_output
+
+            with open_output(self.log_path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
         except OSError:
             pass  # the run directory went away; the summary still has it

@@ -95,6 +95,10 @@ def resolve_ref(ref: str | Path, *, relative_to: Path | None = None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+    for candidate in candidates:
+        # It exists but is no file: say so rather than "no recipe named" (a directory, a FIFO, /dev/zero).
+        if text.strip() and candidate.exists():
+            return candidate.resolve()
     shipped = dict(shipped_recipes())
     stem = text[:-5] if text.endswith(".yaml") else text
     if stem in shipped:
@@ -119,32 +123,82 @@ def display_path(path: Path) -> str:
 # ---------------------------------------------------------------- YAML with positions
 
 
+MAX_RECIPE_BYTES = 256 * 1024
+"""A recipe is a page of YAML; anything this large is the wrong file (or a generated bomb)."""
+
+MAX_NESTING = 32
+"""Recipes nest three or four levels deep; the bound keeps YAML's recursive composer (and
+sparkit's walk) far from Python's recursion limit."""
+
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _yaml_error(message: str, file: str, mark: Any, *, hint: str | None = None) -> RecipeError:
+    return RecipeError(message, file=file, line=mark.line + 1 if mark else None,
+                       column=mark.column + 1 if mark else None, hint=hint)
+
+
+def _screen_events(text: str, file: str) -> None:
+    """Refuse, before anything is built, the YAML features a recipe never needs and that make
+    loading explode or recurse: aliases (an alias bomb of a few hundred bytes expands to
+    gigabytes; `a: &a [*a]` contains itself), merge keys, explicit tags, deep nesting.
+    PyYAML's event parser is iterative, so this pass is safe on any input."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise _yaml_error(f"YAML alias '*{event.anchor}': recipes do not use anchors and aliases",
+                              file, event.start_mark,
+                              hint="write the value out, or share settings with `extends: BASE`")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise _yaml_error(f"nested more than {MAX_NESTING} levels deep", file, event.start_mark,
+                                  hint="a recipe nests a few levels (stack.speculative.method); check the brackets")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        tag = getattr(event, "tag", None)
+        if tag is not None and tag not in ("!", *_PLAIN_TAGS):
+            raise _yaml_error(f"YAML tag '{tag}': recipes hold plain values (text, numbers, true/false, lists, "
+                              "mappings)", file, event.start_mark, hint="remove the tag")
+        if isinstance(event, yaml.ScalarEvent) and event.value == "<<" and event.implicit[0] and event.style is None:
+            raise _yaml_error("YAML merge key '<<': recipes do not merge mappings inside one file", file,
+                              event.start_mark, hint="share settings with `extends: BASE` instead")
+
+
 def parse_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, Origin]]:
     """Parse YAML into plain data plus the position of every key (1-based line and
     column of the value, or of the key for mappings)."""
     import yaml
 
-    loader = yaml.SafeLoader(text)
     try:
+        _screen_events(text, file)
+        loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            problem = exc.problem or "invalid YAML"
-            if exc.context:
-                problem = f"{problem} ({exc.context})"
-            raise RecipeError(
-                f"YAML syntax error: {problem}",
-                file=file,
-                line=mark.line + 1 if mark else None,
-                column=mark.column + 1 if mark else None,
-            ) from None
-        if node is None:
-            return {}, {}
-        origins: dict[KeyPath, Origin] = {}
-        data = _construct(loader, node, (), origins, file)
-    finally:
-        loader.dispose()
+            if node is None:
+                return {}, {}
+            origins: dict[KeyPath, Origin] = {}
+            data = _construct(loader, node, (), origins, file)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        problem = exc.problem or "invalid YAML"
+        if exc.context:
+            problem = f"{problem} ({exc.context})"
+        raise _yaml_error(f"YAML syntax error: {problem}", file, exc.problem_mark or exc.context_mark) from None
+    except yaml.reader.ReaderError as exc:
+        # Control characters (NUL, ESC, DEL...) anywhere in the file; the reader gives an offset.
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        raise RecipeError(f"character U+{ord(char):04X} is not allowed in YAML", file=file, line=line,
+                          column=column, hint="remove it (a control character or a stray byte)") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"invalid YAML: {exc}", file=file) from None
     return data, origins
 
 
@@ -155,9 +209,9 @@ def _construct(loader: Any, node: Any, path: KeyPath, origins: dict[KeyPath, Ori
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            if not isinstance(key, str):
-                key = str(key)
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                raise _yaml_error("a key must be a plain name", file, key_node.start_mark)
+            key = key_node.value
             child = path + (key,)
             where = Origin(file, value_node.start_mark.line + 1, value_node.start_mark.column + 1)
             if key in result:
@@ -174,7 +228,14 @@ def _construct(loader: Any, node: Any, path: KeyPath, origins: dict[KeyPath, Ori
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_construct(loader, item, path + (str(i),), origins, file) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    if node.tag == _TIMESTAMP_TAG:
+        return node.value  # a date-like value is text to a recipe (YAML would build a datetime)
+    try:
+        return loader.construct_object(node, deep=True)
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        reason = "a number too long to read" if "digits" in str(exc) else str(exc)
+        raise RecipeError(f"unreadable value: {reason}", file=file, line=node.start_mark.line + 1,
+                          column=node.start_mark.column + 1, key=".".join(path) or None) from None
 
 
 # ---------------------------------------------------------------- extends and merge
@@ -187,7 +248,7 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[KeyP
                           hint="remove one of the extends so the chain ends at a recipe without one")
     file = display_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_recipe_text(path, file)
     except OSError as exc:
         raise RecipeError(f"cannot read recipe: {exc.strerror or exc}", file=file) from None
     except UnicodeDecodeError as exc:
@@ -212,6 +273,11 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[KeyP
         names = " -> ".join(display_path(p) for p in seen + [path]) + f" -> {base_ref}"
         raise RecipeError(f"extends '{base_ref}' not found (chain: {names})", file=o.file, line=o.line,
                           column=o.column, key="extends", hint=exc.hint) from None
+    if not base_path.is_file():
+        o = origins[("extends",)]
+        kind = _file_kind(base_path.stat().st_mode)
+        raise RecipeError(f"extends '{base_ref}' is not a recipe file: it is {kind}", file=o.file, line=o.line,
+                          column=o.column, key="extends", hint="name a .yaml file or a shipped recipe")
     base, base_origins, base_chain = _load_chain(base_path, seen + [path])
     merged_origins = dict(base_origins)
     merged = deep_merge(base, data, merged_origins, origins)
@@ -220,6 +286,36 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[KeyP
     if "extends" in data:
         merged_origins[("extends",)] = origins[("extends",)]
     return merged, merged_origins, chain + base_chain
+
+
+def _read_recipe_text(path: Path, file: str) -> str:
+    """A recipe's text: a regular file of bounded size (a FIFO would block the open, /dev/zero
+    never ends, a directory is a mistaken path)."""
+    import os
+    import stat
+
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise RecipeError(f"not a recipe file: it is {_file_kind(info.st_mode)}", file=file,
+                          hint="pass a .yaml file or a shipped recipe name (`sparkit recipes list`)")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        raw = handle.read(MAX_RECIPE_BYTES + 1)
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"larger than {MAX_RECIPE_BYTES // 1024} KiB: not a recipe", file=file,
+                          hint="a recipe is a page of YAML; did you pass the wrong path?")
+    return raw.decode("utf-8")
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _normalise(data: dict[str, Any]) -> None:
@@ -271,7 +367,10 @@ def apply_override(data: dict[str, Any], origins: dict[KeyPath, Origin], assignm
         raise UsageError(f"--set {assignment!r}: empty key path", hint="e.g. --set server.port=30001")
     _check_set_path(key, parts)
     try:
+        _screen_events(raw, "--set")
         value = yaml.safe_load(raw) if raw.strip() else ""
+    except RecipeError as exc:
+        raise UsageError(f"--set {key}: {str(exc).splitlines()[0].split(': ', 1)[-1]}", hint=exc.hint) from None
     except yaml.YAMLError as exc:
         raise UsageError(f"--set {assignment!r}: value is not valid YAML ({getattr(exc, 'problem', exc)})",
                          hint="quote strings that contain ':' or '#'") from None

@@ -10,6 +10,7 @@ registry ignores) its adapter checks while it compiles.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,15 +190,57 @@ def _fp8_block_split(loaded: LoadedRecipe):
     return []
 
 
+def key_env_names(loaded: LoadedRecipe) -> list[str]:
+    """Environment variables that carry the server's API key: the one the recipe names in
+    server.api_key_env, and every engine's own (the embedded engine reads SPARKIT_API_KEY)."""
+    from sparkit.engines.base import registry
+
+    names = [loaded.recipe.server.api_key_env] if loaded.recipe.server.api_key_env else []
+    for adapter in registry().values():
+        names += [n for n in getattr(adapter, "key_env", ()) if n not in names]
+    return names
+
+
 @rule(
     "no-inline-api-key",
-    "a key on the command line is visible to every user of the machine and ends up in plan.json",
-    "put the key in an environment variable and name it in server.api_key_env",
+    "a key in the recipe or on the engine's command line ends up in plan.json and `sparkit plan`, and argv is "
+    "visible to every user of the machine",
+    "export the key in the shell that runs `sparkit up` and name the variable in server.api_key_env "
+    "(e.g. server.api_key_env: SPARKIT_API_KEY); remove it from the recipe",
 )
 def _inline_api_key(loaded: LoadedRecipe):
-    if _flag_present(loaded.recipe.server.extra_args, "--api-key"):
-        return [("error", "server.extra_args", "--api-key given inline")]
-    return []
+    server = loaded.recipe.server
+    out = []
+    if _flag_present(server.extra_args, "--api-key"):
+        out.append(("error", "server.extra_args", "--api-key given inline"))
+    for name in key_env_names(loaded):
+        if name in server.env:
+            out.append(("error", f"server.env.{name}", f"server.env sets {name}, the variable that carries the API key"))
+    return out
+
+
+# Names that hold credentials by convention. Engine knobs (SGLANG_*, SPARKIT_*) are not among them
+# even when they end in _TOKEN (SGLANG_USE_AITER_FP8_PER_TOKEN is a kernel switch).
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|CREDENTIALS?)$")
+_KNOB_PREFIXES = ("SGLANG_", "SPARKIT_")
+
+
+def looks_secret(name: str) -> bool:
+    """An environment variable name that, by convention, holds a credential."""
+    upper = name.upper()
+    return bool(_SECRET_NAME.search(upper)) and not upper.startswith(_KNOB_PREFIXES)
+
+
+@rule(
+    "no-secret-in-env",
+    "a credential in server.env ends up in plan.json and `sparkit plan`; the engine inherits the environment of "
+    "`sparkit up`, so it never needs to be in the recipe",
+    "export it in the shell that runs `sparkit up` (e.g. `export HF_TOKEN=...`) and remove it from server.env",
+)
+def _secret_in_env(loaded: LoadedRecipe):
+    taken = set(key_env_names(loaded))
+    return [("error", f"server.env.{name}", f"server.env sets {name}, which looks like a credential")
+            for name in loaded.recipe.server.env if looks_secret(name) and name not in taken]
 
 
 @rule(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,11 +131,10 @@ def save_measurement(measurement: Measurement, path: Path | None = None) -> Path
     path = path or store_path()
     kept = [m for m in load_measurements(path) if (m.host, m.device) != (measurement.host, measurement.device)]
     kept.append(measurement)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": STORE_FORMAT, "measurements": [asdict(m) for m in kept]}, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    from sparkit.paths import ensure_dir, write_atomic
+
+    ensure_dir(path.parent)
+    return write_atomic(path, json.dumps({"format": STORE_FORMAT, "measurements": [asdict(m) for m in kept]}, indent=1) + "\n")
 
 
 def measured_for(kind: str, gpu_name: str | None = None, host: str | None = None) -> Measurement | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError
+from sparkit.paths import ensure_dir, open_output
 from sparkit.recipes.plan import LaunchPlan
 import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
@@ -58,11 +59,14 @@ def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tupl
     return adapter.deliver_secret(secret, run.path)
 
 
-def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None) -> LaunchError:
+def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None,
+                    oom: Any = None) -> LaunchError:
     from sparkit.engines.sglang.log import tail_lines
 
     text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
     diagnosis = adapter.diagnose(text, returncode)
+    if returncode is not None and returncode < 0 and oom is not None:
+        diagnosis = _killed(diagnosis, returncode, oom)
     run = run.reload()
     run.state, run.failure, run.stopped_at = RunState.FAILED, diagnosis.cause, now_iso()
     run.save()
@@ -74,14 +78,36 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
     return error
 
 
+def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
+    """A signal ended the engine: the OOM killer when the kernel recorded it, else what the log
+    said, else the signal, with what was checked for an OOM kill."""
+    from dataclasses import replace
+
+    from sparkit.engines.sglang.log import Diagnosis
+
+    evidence, checked = oom.evidence()
+    if evidence:
+        return Diagnosis("out of memory (OOM killer)", f"the kernel's OOM killer ended the engine ({evidence[0]})",
+                         "lower server.mem_fraction_static, model.context_length or the CUDA graph batch sizes; "
+                         "stop other programs using memory", evidence[0])
+    if diagnosis.cause.startswith("killed by"):
+        return replace(diagnosis, detail=f"{diagnosis.detail}; no OOM kill was recorded ({'; '.join(checked)})")
+    return diagnosis
+
+
 def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: float = 600,
-           detach: bool = True) -> Run:
+           detach: bool = True, tie_to_parent: bool | None = None) -> Run:
     """Start the engine of `plan` in its own process group and wait until /health answers.
 
     Preflight is the caller's job (sparkit.runs.pipeline.up does it). The engine's stdout+stderr
     go to the run's server.log; its environment is os.environ + plan.env +
     SPARKIT_REPORT_DIR=<run dir>. On any failure the process group is stopped before the error
-    propagates, so nothing is left running."""
+    propagates, so nothing is left running.
+
+    `detach` False records a foreground run (it lives as long as this process: `sparkit status`
+    stops one whose process died). `tie_to_parent` (default: not `detach`) has the kernel end the
+    engine when the thread calling `launch` dies, SIGKILL included; off for a server that may have
+    to outlive the command (`up --keep-on-fail`)."""
     from sparkit.engines.activation import REPORT_DIR_ENV
 
     t0 = time.monotonic()
@@ -91,10 +117,12 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
             on_progress(LaunchProgress(phase, time.monotonic() - t0, message, fraction))
 
     adapter = get_adapter(plan.engine)
+    owner = processes.ProcessIdentity.of(os.getpid())
     run = Run(id=new_run_id(plan.recipe_name), recipe_name=plan.recipe_name, recipe_path=plan.recipe_path,
               engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
-              api_key_env=plan.api_key_env, detached=detach)
-    run.path.mkdir(parents=True, exist_ok=False, mode=0o700)
+              api_key_env=plan.api_key_env, detached=detach, owner=owner.to_dict() if owner else None)
+    ensure_dir(run.root)
+    run.path.mkdir(exist_ok=False, mode=0o700)
     run.write_json(RunFiles.PLAN, plan.to_dict())
     run.save()
 
@@ -102,17 +130,25 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
         secret_env, extra_argv = _secret_delivery(plan, adapter, run)
     except BaseException as exc:
-        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
+        if isinstance(exc, KeyboardInterrupt):
+            why = "interrupted while preparing the launch (building the model)"
+        else:
+            why = f"not started: {exc}".splitlines()[0][:200]
+        run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
         run.save()
         raise
     env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
     argv = list(plan.argv) + extra_argv
     emit("starting", " ".join(argv[1:4])[:100])
-    with open(run.log_path, "ab") as log:
+    # A foreground server lives as long as the command that holds it, even one killed with
+    # SIGKILL (the kernel tells the engine); a detached one must outlive it.
+    tie = (not detach) if tie_to_parent is None else tie_to_parent
+    preexec = processes.die_with_parent() if tie else None
+    with open_output(run.log_path, "ab") as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=preexec)
         except FileNotFoundError as exc:
             run.state, run.failure = RunState.FAILED, "engine not installed"
             run.save()
@@ -120,12 +156,17 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
                               hint=adapter.install_hint) from exc
     processes.children[proc.pid] = proc
     run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
-    run.create_time = processes.create_time(proc.pid)
+    started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
+    run.create_time = started.create_time if started else None
+    run.cmdline = list(started.cmdline) if started and started.cmdline else None
     run.save()
+    from sparkit.memory.oom import OomWatch
+
+    oom = OomWatch.start(proc.pid)
 
     guard = _start_guard(plan, run, proc)
     try:
-        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard)
+        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard, oom)
     except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
         stop(run, grace=5)
         raise
@@ -200,7 +241,7 @@ def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
 
 
 def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan: LaunchPlan, timeout: float,
-                  emit: Callable[..., None], t0: float, guard: Any = None) -> None:
+                  emit: Callable[..., None], t0: float, guard: Any = None, oom: Any = None) -> None:
     from sparkit.client import check_health
 
     phases = STARTUP_PHASES
@@ -233,7 +274,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
             if code is not None:
                 if guard is not None and guard.tripped.is_set():
                     continue  # the guard stopped it: its message, not "exited"
-                raise _launch_failure(run, adapter, "the engine exited during start", code)
+                raise _launch_failure(run, adapter, "the engine exited during start", code, oom)
             read_phases(log)
             now = time.monotonic()
             if now - state["last_emit"] >= 1.0:
@@ -251,8 +292,14 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
 
 def stop(run: Run, grace: float = 10) -> Run:
     """SIGTERM to the run's process group, SIGKILL after `grace` seconds; waits until it is gone
-    and records it (a run that failed to start stays failed). Returns the updated record."""
-    processes.stop_group(run.pid, run.pgid, run.create_time, grace)
+    and records it (a run that failed to start stays failed). Returns the updated record. A
+    process that is not provably the recorded engine (its pid was reused) is never signalled."""
+    owner = run.owner_identity
+    if run.pid is None and run.setting_up and owner is not None and owner.pid != os.getpid():
+        # No engine yet (a model builds): the `sparkit up` doing it is what to stop; it records
+        # the run as failed (interrupted) itself.
+        processes.stop_process(owner, grace)
+    processes.stop_group(run.pid, run.pgid, run.create_time, grace, run.cmdline)
     try:
         run = run.reload()
     except (OSError, ValueError, TypeError):

@@ -60,14 +60,15 @@ def preflight(plan: LaunchPlan) -> list[CheckResult]:
 
 def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: bool = True,
        on_preflight: PreflightFn | None = None, on_progress: ProgressFn | None = None,
-       on_checking: Callable[[Run], None] | None = None) -> Started:
+       on_checking: Callable[[Run], None] | None = None, tie_to_parent: bool | None = None) -> Started:
     """Preflight, then launch (builds included) and wait, then the startup checks.
 
     Raises PreflightError before anything starts, LaunchError when the engine does not come up
     (nothing left running). Failed startup checks are data (`Started.ok`): the caller decides
-    whether the server stays. Ctrl-C during the checks stops the server."""
+    whether the server stays. Ctrl-C during the checks stops the server. `detach` and
+    `tie_to_parent`: see launch()."""
     found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
-    run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach)
+    run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach, tie_to_parent=tie_to_parent)
     started = Started(run, plan, found)
     if not checks:
         return started

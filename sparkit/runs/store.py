@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.errors import EngineError, UsageError
-from sparkit.paths import runs_dir
-from sparkit.runs.processes import engine_alive
+from sparkit.paths import runs_dir, write_atomic
+from sparkit.runs.processes import ProcessIdentity, engine_alive
 
 
 class RunFiles:
@@ -71,7 +71,11 @@ class Run:
     ready_s: float | None = None  # seconds from launch to healthy
     stopped_at: str | None = None
     create_time: float | None = None  # the engine process's start time (pids are reused)
+    cmdline: list[str] | None = None  # the engine process's argv as the OS reported it at start
     memory_guard: dict[str, Any] | None = None  # the load guard's summary (sparkit.memory.guard)
+    # The sparkit process that set the run up (and, for a foreground run, holds it): a run whose
+    # owner lives is in use even before its engine exists (while a model builds).
+    owner: dict[str, Any] | None = None  # ProcessIdentity.to_dict()
     root: Path = field(default_factory=runs_dir, repr=False)  # the runs directory it lives in
 
     # -- files ----------------------------------------------------------------------------------
@@ -152,12 +156,63 @@ class Run:
     @property
     def live(self) -> bool:
         """Its engine process is running (and is still the process sparkit started)."""
-        return engine_alive(self.pid, self.pgid, self.create_time)
+        return engine_alive(self.pid, self.pgid, self.create_time, self.cmdline)
+
+    @property
+    def has_processes(self) -> bool:
+        """Something of it is left to stop: its engine, or what the engine's process group left
+        when its leader died (sparkit.runs.processes.is_ours)."""
+        from sparkit.runs.processes import is_ours
+
+        return is_ours(self.pid, self.pgid, self.create_time, self.cmdline)
+
+    @property
+    def owner_identity(self) -> ProcessIdentity | None:
+        return ProcessIdentity.from_dict(self.owner)
+
+    @property
+    def owner_alive(self) -> bool:
+        owner = self.owner_identity
+        return owner is not None and owner.alive()
+
+    @property
+    def setting_up(self) -> bool:
+        """The `sparkit up` that is starting it is still at work (building, launching, waiting)."""
+        return self.state is RunState.STARTING and self.owner_alive
+
+    @property
+    def in_use(self) -> bool:
+        """Not to be pruned or marked stale: its engine runs, or its start is under way."""
+        return self.live or self.setting_up
+
+    def abandoned(self) -> str | None:
+        """Why an active run can no longer become or stay what its record says, when its owner
+        is gone: a start whose `sparkit up` died, or a foreground run whose `sparkit up` died.
+        None when nothing is wrong (or the record is too old to name an owner)."""
+        owner = self.owner_identity
+        if owner is None or not self.state.active or owner.alive():
+            return None
+        who = f"`sparkit up` (pid {owner.pid})"
+        if self.state is RunState.STARTING:
+            doing = "preparing the launch (building the model)" if self.pid is None else "waiting for the engine to start"
+            return f"{who} ended while {doing}"
+        if not self.detached:
+            return f"{who}, which held this foreground run, ended"
+        return None
 
     def observed_state(self) -> RunState:
         """The recorded state, corrected by what is true now: an active run whose process is
-        gone has exited."""
-        if self.state.active and not self.live:
+        gone has exited, a start whose `sparkit up` is gone has failed, and a run being set up is
+        starting."""
+        if not self.state.active:
+            return self.state
+        if self.setting_up:
+            return RunState.STARTING
+        if self.state is RunState.STARTING and self.abandoned():
+            return RunState.FAILED
+        if not self.live:
+            return RunState.EXITED
+        if self.abandoned():  # a foreground engine that outlived its `sparkit up`
             return RunState.EXITED
         return self.state
 
@@ -166,7 +221,7 @@ class Run:
         from sparkit.client import check_health
 
         live = self.live
-        state = self.state if live or not self.state.active else RunState.EXITED
+        state = self.observed_state()
         uptime = None
         if live and self.started_at:
             try:
@@ -182,7 +237,7 @@ class Run:
             worst_status = worst([CheckResult.from_dict(r) for r in checks["results"]]).value
         return {
             "id": self.id, "recipe": self.recipe_name, "engine": self.engine, "url": self.url, "pid": self.pid,
-            "state": state.value, "uptime_s": uptime,
+            "state": state.value, "failure": self.failure, "uptime_s": uptime,
             "healthy": check_health(self.url, api_key=self.api_key) if live and probe_health else None,
             "decode_tok_s": probe.get("decode_tok_s"), "accept_length": probe.get("accept_length"),
             "checks": worst_status, "log": str(self.log_path),
@@ -190,11 +245,8 @@ class Run:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    """A reader sees the old file or the new one, never half of one (private: sparkit.paths)."""
+    write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 # -- finding runs ---------------------------------------------------------------------------------
@@ -237,6 +289,10 @@ def select_run(ref: str | None = None, *, include_stopped: bool = False) -> Run:
     run, or with `include_stopped` (for reading a log) the latest run when none is live.
     Raises EngineError (exit 7) when no run is live and none was asked for by name, UsageError
     when `ref` matches nothing."""
+    if ref is not None and not ref.strip():
+        # An empty prefix matches every run: `sparkit down ""` (an unset shell variable) would
+        # stop the latest one.
+        raise UsageError("an empty RUN matches every run; name one", hint="`sparkit status` lists the runs")
     runs = list_runs()
     if ref is None:
         live = [r for r in runs if r.live]
@@ -277,24 +333,51 @@ def resolve_server(run: str | None = None, url: str | None = None, api_key: str 
 
 
 def mark_stale() -> list[Run]:
-    """Runs recorded as active whose process died without `down`: recorded as exited."""
+    """Record what became of active runs that nobody stopped: an engine that died is exited; a
+    start whose `sparkit up` died is failed, and a foreground engine that outlived its `sparkit
+    up` is exited; both engines are stopped first (whatever PR_SET_PDEATHSIG did not reach). A
+    run being set up is left alone. Secret files of runs that are over are removed."""
+    from sparkit.runs.processes import stop_group
+
     stale = []
     for run in list_runs():
-        if run.state.active and not run.live:
+        if not run.state.active or run.setting_up:
+            continue
+        why = run.abandoned()
+        if why is None and run.live:
+            continue
+        if run.live:
+            stop_group(run.pid, run.pgid, run.create_time, 5.0, run.cmdline)
+        if run.state is RunState.STARTING and why is not None:
+            run.state, run.failure = RunState.FAILED, why
+        else:
             run.state = RunState.EXITED
-            run.stopped_at = run.stopped_at or now_iso()
-            run.save()
-            stale.append(run)
+        run.stopped_at = run.stopped_at or now_iso()
+        run.save()
+        remove_secret_files(run)
+        stale.append(run)
     return stale
 
 
+def remove_secret_files(run: Run) -> None:
+    """The engine read its key at start: the file that carried it need not outlive that."""
+    from sparkit.engines.base import get_adapter
+
+    try:
+        names = get_adapter(run.engine).secret_files
+    except Exception:  # an engine whose plugin is gone: nothing known to remove
+        return
+    for name in names:
+        (run.path / name).unlink(missing_ok=True)
+
+
 def prune_runs() -> list[str]:
-    """Delete the directories of runs that are no longer live; returns their ids."""
+    """Delete the directories of runs that are not in use (see Run.in_use); returns their ids."""
     import shutil
 
     removed = []
     for run in list_runs():
-        if not run.live:
+        if not run.in_use:
             shutil.rmtree(run.path, ignore_errors=True)
             removed.append(run.id)
     return removed

@@ -590,15 +590,17 @@ def create_app(
     settings: ChatSettings | None = None,
     health_interval: float | None = 1.0,
     open_conversation: int | None = None,
+    store: ChatStore | None = None,
 ) -> ChatApp:
-    """Build the chat app (tests and benchmarks build it here, the CLI too)."""
+    """Build the chat app (tests and benchmarks build it here, the CLI too). `store`: an open
+    history (else the one at `store_path`, by default sparkit's)."""
     return ChatApp(
         url,
         api_key=api_key,
         model=model,
         system_prompt=system_prompt,
         run=run,
-        store=ChatStore(store_path),
+        store=store or ChatStore(store_path),
         settings=settings,
         health_interval=health_interval,
         open_conversation=open_conversation,

@@ -44,8 +44,11 @@ def copy_fallback(text: str) -> list[str]:
     """Write the text to last-copy.txt and to a clipboard tool if present; return where it went."""
     where: list[str] = []
     path = last_copy_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    from sparkit.paths import ensure_dir, open_output
+
+    ensure_dir(path.parent)
+    with open_output(path, "w") as handle:
+        handle.write(text)
     where.append(str(path))
     for tool, args in CLIPBOARD_TOOLS:
         exe = shutil.which(tool)

@@ -163,7 +163,9 @@ def test_diagnoses_common_start_failures(line, cause):
 
 def test_diagnosis_without_a_known_line_names_the_exit():
     assert diagnose_failure("nothing useful\n", returncode=3).cause == "process exited"
-    assert diagnose_failure("nothing useful\n", returncode=-9).cause == "killed"
+    killed = diagnose_failure("nothing useful\n", returncode=-9)
+    assert killed.cause == "killed by SIGKILL" and "OOM" not in killed.detail  # a signal is no evidence of memory
+    assert diagnose_failure("nothing useful\n", returncode=-15).cause == "killed by SIGTERM"
     assert diagnose_failure("nothing useful\n", returncode=None).cause == "not healthy in time"
 
 

@@ -267,3 +267,141 @@ def test_server_dying_during_start_is_diagnosed(sparkit_home, tiny_model_dir, tm
     assert "model.safetensors" in up.stderr  # the last log lines are shown
     assert "hint:" in up.stderr
     assert engine_processes(sparkit_home) == []
+
+
+# -- a `sparkit up` that dies, and commands racing it ---------------------------------------------
+
+
+def start_up(home: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """`sparkit up ARGS` in the background; its stderr goes to a file the test reads."""
+    stderr_path = tmp_path / f"up-{time.monotonic_ns()}.stderr"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "sparkit", "up", *args], env=sparkit_env(home),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    return proc, stderr_path
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen | None = None, timeout: float = 240, poll: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert proc is None or proc.poll() is None, f"{what}: the process exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+
+
+def status_runs(home: Path, *flags: str) -> list[dict]:
+    result = run_sparkit(home, "status", "--json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["runs"]
+
+
+def health(url: str) -> int | None:
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=2.0).status_code
+    except httpx.HTTPError:
+        return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_foreground_up_that_dies_takes_its_engine_with_it(sparkit_home, tiny_model_dir, tmp_path, sig):
+    """kill -9 (nothing runs in sparkit) or SIGHUP (the terminal closed) of a serving foreground
+    `up`: the engine goes too, and status says the run is over."""
+    proc, stderr_path = start_up(sparkit_home, tmp_path, "tiny", *model_args(tiny_model_dir))
+    try:
+        wait_for(lambda: "Ctrl-C stops it" in stderr_path.read_text(), "the server to serve", proc)
+        (server,) = engine_processes(sparkit_home)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == (-9 if sig == signal.SIGKILL else 130)
+    assert wait_gone([server.pid], timeout=60) == []
+    assert engine_processes(sparkit_home) == []
+    (run,) = status_runs(sparkit_home, "--all")
+    assert run["state"] == ("exited" if sig == signal.SIGKILL else "stopped") and run["healthy"] is None
+    assert status_runs(sparkit_home) == []  # not listed as running
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_up_killed_during_start_up_leaves_no_engine_and_a_failed_run(sparkit_home, tiny_model_dir, tmp_path, detach):
+    """kill -9 of `up` while its engine starts. Foreground: the kernel ends the engine
+    (PR_SET_PDEATHSIG). Detached: the engine was meant to outlive `up`, becomes healthy, and would
+    stay "starting" forever; the next `status` stops it and records the start as failed."""
+    args = ["tiny", *model_args(tiny_model_dir)] + (["--detach"] if detach else [])
+    proc, _ = start_up(sparkit_home, tmp_path, *args)
+    # Held still as soon as it exists (importing torch takes it far longer than this poll), so
+    # that `up` is killed while the engine starts, however loaded the machine is.
+    engine = wait_for(lambda: (engine_processes(sparkit_home) or [None])[0], "the engine process", proc)
+    engine.suspend()
+    proc.kill()
+    proc.wait()
+    engine.resume()
+    (record,) = [json.loads(p.read_text()) for p in sparkit_home.glob("runs/*/meta.json")]
+    assert record["state"] == "starting"
+    try:
+        if detach:  # it outlived `up` and serves, with nobody to record it running
+            wait_for(lambda: health(record["url"]) == 200, "the orphaned engine to answer /health")
+        else:
+            assert wait_gone([engine.pid], timeout=60) == []
+        (run,) = status_runs(sparkit_home, "--all")
+        assert run["state"] == "failed"
+        assert f"`sparkit up` (pid {proc.pid}) ended while waiting for the engine to start" == run["failure"]
+        assert wait_gone([engine.pid], timeout=60) == []
+        assert health(record["url"]) is None
+    finally:
+        if engine.is_running():
+            engine.kill()
+
+
+def test_prune_during_a_build_keeps_the_run_being_set_up(sparkit_home, tmp_path):
+    """`status --prune` while another `up` builds its model (its record has no engine pid yet):
+    the run is live (its `sparkit up` owns it), so nothing is deleted and `up` succeeds."""
+    proc, stderr_path = start_up(sparkit_home, tmp_path, "tiny/tiny-baseline", "--set",
+                                 "model.path=sparkit:tiny-ling:seed=3:steps=30", "--port", "auto", "--detach")
+    models = sparkit_home / "cache" / "models"
+    try:
+        wait_for(lambda: list(models.glob(".tiny-ling-s3-n30.building-*")), "the build to start", proc)
+        psutil.Process(proc.pid).suspend()  # mid-build, for as long as the test needs
+        try:
+            (run_dir,) = (sparkit_home / "runs").iterdir()
+            assert json.loads((run_dir / "meta.json").read_text())["pid"] is None
+            pruned = run_sparkit(sparkit_home, "status", "--prune", "--json")
+            assert pruned.returncode == 0, pruned.stderr
+            doc = json.loads(pruned.stdout)
+            assert doc["pruned"] == [] and doc["stale"] == []
+            assert [(r["id"], r["state"]) for r in doc["runs"]] == [(run_dir.name, "starting")]
+            assert run_dir.is_dir()
+        finally:
+            psutil.Process(proc.pid).resume()
+        assert proc.wait(timeout=300) == 0, stderr_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (run,) = status_runs(sparkit_home)
+    assert run["state"] == "running" and run["healthy"] is True
+    assert run_sparkit(sparkit_home, "down", run["id"]).returncode == 0
+
+
+def test_up_killed_during_its_build_is_failed_and_its_build_directory_goes_next_time(sparkit_home, tiny_model_dir, tmp_path):
+    proc, _ = start_up(sparkit_home, tmp_path, "tiny/tiny-baseline", "--set",
+                       "model.path=sparkit:tiny-ling:seed=8:steps=100000", "--port", "auto", "--detach")
+    models = sparkit_home / "cache" / "models"
+    (leftover,) = wait_for(lambda: list(models.glob(".tiny-ling-s8-n100000.building-*")), "the build to start", proc)
+    proc.kill()
+    proc.wait()
+    assert leftover.is_dir()
+    (run,) = status_runs(sparkit_home, "--all")
+    assert run["state"] == "failed"  # not "exited": it never ran
+    assert run["failure"] == f"`sparkit up` (pid {proc.pid}) ended while preparing the launch (building the model)"
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-baseline", *model_args(tiny_model_dir), "--detach")
+    assert up.returncode == 0, up.stderr
+    assert not leftover.exists()
+    assert run_sparkit(sparkit_home, "down", "--all").returncode == 0

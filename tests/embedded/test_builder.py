@@ -87,16 +87,46 @@ def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
     assert info.value.exit_code == 5
 
 
-def test_a_build_left_by_a_killed_builder_is_removed(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    leftover = tmp_path / f".tiny.building-{dead.pid}"
-    (leftover / "half").mkdir(parents=True)
-    live = tmp_path / f".tiny.building-{os.getppid()}"  # a live process's build is left alone
-    live.mkdir()
-    builder.ensure_model(directory=tmp_path / "tiny", seed=3, steps=1)
-    assert not leftover.exists()
-    assert live.exists()
+def test_a_build_killed_mid_way_is_removed_by_the_next_build_whatever_its_pid(tmp_path):
+    """SIGKILL a real builder while it trains; the next build in that directory removes what it
+    left. Whether a leftover is dead is told by its lock, not its pid: one named after a live
+    pid (pids are reused) goes too, and the directory of a builder at work stays."""
+    import signal
+    import time
+
+    models = tmp_path / "models"
+    models.mkdir()
+    killed = subprocess.Popen([sys.executable, "-c",
+                               "import sys; from sparkit.engines.embedded.builder import ensure_model; "
+                               "ensure_model(directory=sys.argv[1], seed=4, steps=100000, gate=False)", str(models / "big")])
+    try:
+        deadline = time.monotonic() + 300
+        while not list(models.glob(".big.building-*")):
+            assert killed.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    (leftover,) = models.glob(".big.building-*")
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+                               "print('locked', flush=True); time.sleep(600)", str(models / ".busy.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        at_work = models / f".busy.building-{holder.pid}"
+        at_work.mkdir()
+        reused = models / f".reused.building-{os.getppid()}"  # a dead builder's pid, now a live process's
+        reused.mkdir()
+        (models / ".reused.lock").touch()
+        builder.ensure_model(directory=models / "small", seed=3, steps=1)
+        assert not leftover.exists() and not reused.exists()
+        assert at_work.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    builder.remove_dead_builds(models)  # its builder is gone now: so is its directory
+    assert not at_work.exists()
 
 
 def test_autotokenizer_loads_the_build_and_round_trips_any_utf8(quick_build):

@@ -133,3 +133,114 @@ def test_same_seed_reproduces_a_sampled_run(embedded_server, tmp_path):
     first = run("a", "11", "1")
     assert run("b", "11", "3") == first
     assert run("c", "12", "1") != first
+
+
+# -- a results file that is not what sparkit wrote, and a disk that fills up ---------------------
+
+
+def _real_results(embedded_server, tmp_path):
+    out = tmp_path / "real.jsonl"
+    done = subprocess.run(_argv(embedded_server.url, out), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+FORGERIES = {
+    # name: (what replaces result line 4 of a real file, the field the error must name)
+    "no id": ('{"type": "result"}', "id"),
+    "text id": (lambda row: {**row, "id": "abc"}, "id"),
+    "only an id": ('{"type": "result", "id": 3}', "output|correct|strict"),
+    "float id": (lambda row: {**row, "id": 5.0}, "id"),  # would silently replace question 5
+    "same question twice": (lambda row: {**row, "id": 1}, "id: question 1 is already answered on line 3"),
+    "not an object": ("[1, 2]", "type"),
+    "bad correct": (lambda row: {**row, "correct": {"strict": "yes", "flexible": True}}, "correct.strict"),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_resume_checks_every_row_and_names_its_line_before_writing_anything(embedded_server, tmp_path, forgery):
+    real = _real_results(embedded_server, tmp_path)
+    lines = real.read_text().splitlines()
+    replacement, field_name = FORGERIES[forgery]
+    row = json.loads(lines[3])
+    lines[3] = replacement if isinstance(replacement, str) else json.dumps(replacement(row))
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text("\n".join(lines) + "\n")
+    before = forged.read_bytes()
+    again = subprocess.run([*_argv(embedded_server.url, forged), "--resume"], env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 8, again.stderr
+    import re
+
+    assert re.search(rf"{re.escape(str(forged))}:4: ({field_name})", again.stderr), again.stderr
+    assert "internal error" not in again.stderr and "Traceback" not in again.stderr and "hint:" in again.stderr
+    assert forged.read_bytes() == before  # refused before a header line was appended
+    compared = subprocess.run([sys.executable, "-m", "sparkit", "eval", "compare", str(real), str(forged)],
+                              env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert compared.returncode == 8 and f"{forged}:4:" in compared.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 64 KiB file system (tmpfs; needs root), to fill up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def _fill(disk, leave: int):
+    """Fill the disk, then free `leave` bytes (whole pages: tmpfs counts pages)."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while handle.write(b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+
+
+def test_a_full_disk_mid_run_names_the_file_and_resume_finishes(embedded_server, tmp_path, tiny_disk):
+    out = tiny_disk / "results.jsonl"
+    filler = _fill(tiny_disk, leave=4096)  # one page: the header (~2 KB) and a few answers (~0.5 KB each), not all
+    full = subprocess.run(_argv(embedded_server.url, out), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert full.returncode == 1, full.stderr
+    from sparkit.evals.gsm8k import read_results, summarize, write_summary
+
+    assert not out.read_bytes().endswith(b"\n")  # the disk filled mid-row: a torn last line
+    saved = len(read_results(out).results)  # whole lines only
+    assert f"cannot write {out}: No space left on device ({saved} of {LIMIT} questions saved)" in " ".join(full.stderr.split()), full.stderr
+    assert f"--resume --out {out}" in " ".join(full.stderr.split())
+    assert "internal error" not in full.stderr and "Traceback" not in full.stderr
+    assert 0 < saved < LIMIT
+    assert not list(tiny_disk.glob("*.tmp")) and not list(tiny_disk.glob(".*.tmp"))
+
+    with pytest.raises(OSError):  # the summary on a full disk: no empty temporary file is left
+        write_summary(summarize(read_results(out)), tiny_disk / "s.summary.json")
+    assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler", "results.jsonl"]
+
+    filler.unlink()  # space again: the hint's command finishes the run
+    resumed = subprocess.run([*_argv(embedded_server.url, out), "--resume", "--json"], env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["n"] == LIMIT and summary["complete"]
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines() if '"type": "result"' in line]
+    assert sorted(ids) == list(range(LIMIT))
+
+
+def test_a_summary_that_cannot_be_written_says_the_answers_are_saved(embedded_server, tmp_path):
+    out = tmp_path / "r.jsonl"
+    (tmp_path / "r.summary.json").mkdir()  # the summary's place is taken: its write fails for real
+    done = subprocess.run(_argv(embedded_server.url, out), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    text = " ".join(done.stderr.split())
+    assert f"cannot write the summary {tmp_path / 'r.summary.json'}" in text and f"--resume --out {out}" in text
+    assert _results_in(out) == LIMIT and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

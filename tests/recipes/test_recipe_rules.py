@@ -33,6 +33,13 @@ CASES = [
      ["stack.weights=fp8", "model.path=inclusionAI/Ling-3.0-flash-fp8", "stack.ep=4"]),
     ("no-inline-api-key", "error", "ling-3.0-flash/spark-baseline",
      ["server.extra_args=[--api-key, sk-secret]"], ["server.api_key_env=SPARKIT_KEY"]),
+    ("no-inline-api-key", "error", "tiny",  # the embedded engine reads its key from SPARKIT_API_KEY
+     ["server.env={SPARKIT_API_KEY: inline-secret}"], ["server.api_key_env=SPARKIT_API_KEY"]),
+    ("no-inline-api-key", "error", "ling-3.0-flash/spark-baseline",  # whatever the recipe names
+     ["server.api_key_env=MY_SERVER_KEY", "server.env.MY_SERVER_KEY=inline-secret"], ["server.api_key_env=MY_SERVER_KEY"]),
+    ("no-secret-in-env", "error", "ling-3.0-flash/spark-baseline",
+     ["server.env.HF_TOKEN=hf_inline"], ["server.env.SGLANG_USE_AITER_FP8_PER_TOKEN=1"]),
+    ("no-secret-in-env", "error", "tiny", ["server.env.OPENAI_API_KEY=sk-inline"], ["server.env.OPENAI_BASE_URL=http://x"]),
     ("gb10-mem-fraction", "warning", "ling-3.0-flash/spark-optimized",
      ["server.mem_fraction_static=0.8"], ["server.mem_fraction_static=0.68"]),
     ("embedded-moe-backend", "error", "tiny",
@@ -99,3 +106,33 @@ def test_expert_width_from_local_config(tmp_path):
     with pytest.raises(RecipeError, match="fp8-block-quant-tp-split"):
         compile_plan(load_recipe("ling-3.0-flash/tp4-baseline", [f"model.path={tmp_path}", "stack.weights=fp8",
                                                                   "stack.tp=2"]))
+
+
+@pytest.mark.parametrize("where", ["--set", "recipe"])
+@pytest.mark.parametrize("name", ["SPARKIT_API_KEY", "MY_SERVER_KEY", "HF_TOKEN"])
+def test_a_key_in_server_env_is_refused_and_written_nowhere(sparkit_home, tmp_path, where, name):
+    """The attack: the key given through server.env, on the command line or in a recipe file.
+    `plan --json` and `up` refuse it (exit 3, located), before any file exists, and the key is in
+    no output and no file under SPARKIT_HOME."""
+    import os
+    import subprocess
+    import sys
+
+    secret = "inline-secret-6d1f"
+    if where == "--set":
+        args = ["tiny", "--set", f"server.env={{{name}: {secret}}}"]
+    else:
+        recipe = tmp_path / "keyed.yaml"
+        recipe.write_text(f"extends: tiny\nserver:\n  api_key_env: MY_SERVER_KEY\n  env:\n    {name}: {secret}\n")
+        args = [str(recipe)]
+    if name == "MY_SERVER_KEY" and where == "--set":
+        args += ["--set", "server.api_key_env=MY_SERVER_KEY"]
+    env = {**os.environ, "SPARKIT_HOME": str(sparkit_home), "MY_SERVER_KEY": "k"}
+    for command in (["plan", *args, "--json"], ["up", *args, "--port", "auto", "--detach"]):
+        result = subprocess.run([sys.executable, "-m", "sparkit", *command], env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 3, result.stderr
+        assert f"server.env.{name}" in result.stderr and "hint:" in result.stderr
+        assert "--set" in result.stderr if where == "--set" else "keyed.yaml:5:" in result.stderr
+        assert secret not in result.stdout + result.stderr
+    leaks = [p for p in sparkit_home.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaks == [] and not (sparkit_home / "runs").exists()

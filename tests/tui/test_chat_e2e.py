@@ -143,6 +143,66 @@ def test_sparkit_chat_exits_0_on_ctrl_c(embedded_server, tmp_path):
         os.close(master)
 
 
+def test_a_history_damaged_while_chatting_ends_the_command_with_exit_8_and_no_locals(embedded_server, tmp_path):
+    """The real command on a real terminal: the history file is damaged while the screen is up
+    (every page but the first), then Ctrl+O reads it. The screen ends, exit 8, the file and the
+    command that moves it aside are named, and no traceback or local variable (chat titles) is
+    printed."""
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_history import TITLE, filled_history
+
+    home = tmp_path / "home"
+    path = filled_history(home / "data" / "chat.sqlite3")
+    env = {**os.environ, "SPARKIT_HOME": str(home), "TERM": "xterm-256color"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "sparkit", "chat", "--url", embedded_server.url],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True, start_new_session=True)
+    os.close(slave)
+    drawn = b""
+
+    def read_some() -> None:
+        nonlocal drawn
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                drawn += os.read(master, 65536)
+            except OSError:  # EIO: the command exited and closed the terminal
+                pass
+
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while b"online" not in drawn and time.monotonic() < deadline:
+            read_some()
+        assert b"online" in drawn, drawn[-2000:]
+        with open(path, "r+b") as handle:
+            size = path.stat().st_size
+            handle.seek(4096)
+            handle.write(b"\xa5" * (size - 4096))
+            handle.seek(24)
+            counter = int.from_bytes(handle.read(4), "big")
+            handle.seek(24)
+            handle.write((counter + 1).to_bytes(4, "big"))
+        os.write(master, b"\x0f")  # Ctrl+O: the history list reads the damaged file
+        while proc.poll() is None and time.monotonic() < deadline:
+            read_some()
+        for _ in range(4):
+            read_some()
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    text = drawn.decode("utf-8", "replace")
+    assert code == 8, text[-3000:]
+    assert "the chat history cannot be used" in text and "mv " in text
+    assert "Traceback" not in text and "locals" not in text.lower() and TITLE not in text
+
+
 @run_async
 async def test_history_reopens_after_a_restart(embedded_server, tmp_path):
     store_path = tmp_path / "chat.sqlite3"

@@ -68,6 +68,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
     validation_hint = ""  # its parser ships with sparkit: a plan is always validated
     memory_model = "host_process"  # holds what it loads, in host memory (sparkit.memory.fit)
     secret_files = ()
+    key_env = (API_KEY_ENV,)
 
     def probe(self) -> EngineInfo:
         import importlib.util

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from sparkit.engines.embedded.checkpoint import MARKER, WEIGHTS, load_checkpoint, read_marker, save_checkpoint
 from sparkit.errors import LaunchError, UsageError
+from sparkit.paths import ensure_dir, make_private_tree, open_output
 
 # Bump when the model code, the corpus, the tokenizer or the training procedure changes what a
 # spec builds (tests/embedded/test_builder.py fails when the shipped checkpoint was not rebuilt).
@@ -141,16 +143,17 @@ def ensure_model(
     target = Path(directory) if directory is not None else builtin_model_dir(spec.name, spec.seed, spec.steps)
     report = progress or (lambda fraction, message: None)
     if is_complete(target, spec):
+        remove_dead_builds(target.parent)
         report(1.0, f"using existing build at {target}")
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(target.parent)
     lock_path = target.parent / f".{target.name}.lock"
-    with open(lock_path, "w") as lock:
+    with open_output(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent builder finishes first; we then reuse its build
+        remove_dead_builds(target.parent, holding=target.name)
         if is_complete(target, spec):
             report(1.0, f"using existing build at {target}")
             return target
-        _remove_dead_builds(target)
         if target.exists() and any(target.iterdir()):
             if read_marker(target) is None and not (target / WEIGHTS).exists():
                 raise UsageError(
@@ -168,6 +171,7 @@ def ensure_model(
                 tmp.mkdir(parents=True)
                 chosen = gate if isinstance(gate, QualityGate) else (DEFAULT_GATE if gate and spec.gated else None)
                 build_model(tmp, spec, progress=report, gate=chosen)
+            make_private_tree(tmp)  # torch and the tokenizer wrote under the umask
             if target.exists():
                 shutil.rmtree(target)  # an outdated or incomplete build
             os.rename(tmp, target)
@@ -177,25 +181,51 @@ def ensure_model(
     return target
 
 
-def _remove_dead_builds(target: Path) -> None:
-    """Temporary build directories whose builder process is gone (killed mid-build). Called
-    under the build lock, so no live builder of this target is between its mkdir and rename."""
-    prefix = f".{target.name}.building-"
-    for leftover in target.parent.glob(prefix + "*"):
-        pid = leftover.name[len(prefix):]
-        if pid.isdigit() and int(pid) != os.getpid() and _pid_exists(int(pid)):
-            continue
-        shutil.rmtree(leftover, ignore_errors=True)
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:building-\d+|exporting)$")
 
 
-def _pid_exists(pid: int) -> bool:
+def remove_dead_builds(parent: Path, holding: str | None = None) -> list[Path]:
+    """Remove the temporary directories (`.NAME.building-PID`, `.NAME.exporting`) that a builder
+    or exporter killed mid-way (SIGKILL, a power cut) left in `parent`; returns them.
+
+    Whether one is dead is told by its lock, not by its pid (pids are reused): a builder holds
+    `.NAME.lock` from before it creates its directory until after it renames it, so a lock
+    nobody holds means nobody will finish that directory. `holding` is the NAME whose lock the
+    caller holds (its leftovers are dead too)."""
+    import fcntl
+
+    removed = []
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for leftover in entries:
+        match = _LEFTOVER.match(leftover.name)
+        if not match or not leftover.is_dir() or leftover.name.endswith(f".building-{os.getpid()}"):
+            continue
+        name = match.group("name")
+        if name != holding:
+            try:
+                fd = os.open(parent / f".{name}.lock", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                fd = None  # no lock was ever taken for it: no builder of this sparkit made it
+            except OSError:
+                continue
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue  # its builder is at work
+                try:
+                    shutil.rmtree(leftover, ignore_errors=True)
+                finally:
+                    os.close(fd)  # closing releases the lock
+                removed.append(leftover)
+                continue
+        shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover)
+    return removed
 
 
 def build_model(directory: Path, spec: BuildSpec | None = None, progress: Progress | None = None,

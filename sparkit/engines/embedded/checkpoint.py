@@ -135,6 +135,9 @@ def export_hf(source: str | Path, destination: str | Path, dtype: str = "bfloat1
         marker = {"export_version": hf.EXPORT_VERSION, "dtype": dtype, "architecture": hf.HF_ARCHITECTURE,
                   "source": hf._source_key(source_marker), "source_path": str(source), "tensors": len(hf_state)}
         (tmp / hf.EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        from sparkit.paths import make_private_tree
+
+        make_private_tree(tmp)
         if destination.exists():
             shutil.rmtree(destination)
         tmp.rename(destination)
@@ -161,8 +164,10 @@ def ensure_hf_export(source: str | Path, destination: str | Path, dtype: str = "
     marker = read_marker(source) or {}
     if hf.is_export(destination, marker, dtype):
         return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with open(destination.parent / f".{destination.name}.lock", "w") as lock:
+    from sparkit.paths import ensure_dir, open_output
+
+    ensure_dir(destination.parent)
+    with open_output(destination.parent / f".{destination.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not hf.is_export(destination, marker, dtype):
             export_hf(source, destination, dtype)

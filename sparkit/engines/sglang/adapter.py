@@ -148,6 +148,7 @@ class SGLangAdapter(SGLangLogAdapter):
     validation_hint = PARSER_INSTALL_HINT
     memory_model = "mem_fraction_static"  # a static pool sized at start (sparkit.memory.fit)
     secret_files = (SECRETS_FILE,)
+    key_env = ()  # its key comes by --api-key, which sparkit hands it in a private --config file
 
     def probe(self) -> EngineInfo:
         import importlib.util

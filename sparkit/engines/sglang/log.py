@@ -411,11 +411,15 @@ def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
                 "read the traceback above it in the log (`sparkit logs RUN` shows the whole log)",
                 line.strip(),
             )
-    if returncode is not None and returncode in (-9, 137):
+    if returncode is not None and (returncode < 0 or returncode in (137, 143)):
+        # Only the signal is known here: whether the OOM killer sent it is for the kernel to say
+        # (sparkit.runs.launcher asks it, sparkit.memory.oom).
+        number = -returncode if returncode < 0 else returncode - 128
         return Diagnosis(
-            "killed",
-            "the engine was killed (SIGKILL), which on a unified-memory box usually means the kernel's OOM killer",
-            "check `dmesg` for the OOM killer; lower mem_fraction_static",
+            f"killed by {signal_name(number)}",
+            f"the engine was killed by {signal_name(number)} (signal {number}) before it became healthy",
+            "if nobody stopped it on purpose: a supervisor, a job or session limit, or the OOM killer "
+            "(`dmesg | grep -i oom`); `sparkit logs RUN` shows what it did last",
         )
     if returncode is not None:
         return Diagnosis(
@@ -428,6 +432,15 @@ def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
         "the engine did not answer /health in time",
         "raise --timeout (first starts compile kernels and capture graphs), or read the log",
     )
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def tail_lines(text: str, n: int = 20) -> list[str]:
