@@ -22,7 +22,8 @@
 #           with 4 GPUs also ling-3.0-flash/tp4-nextn-h200 on a tiny BailingMoeV3 (dummy weights)
 #           at TP1/TP2/TP4, and SGLang's own error for FP8 block-128 experts of width 768 split TP4
 #   main    on the main server: status, logs, check, a logprob capture for the cross-engine
-#           comparison, bench, eval gsm8k, a Pilot chat session, /metrics, down (then: no process left)
+#           comparison, bench, eval gsm8k, sglang.bench_serving (SGLang's own client, same shape as
+#           bench), a Pilot chat session, /metrics, down (then: no process left)
 #   ab      the five main-stack variants decoded interleaved, request by request
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
@@ -168,6 +169,13 @@ if has main; then
     timeout 150 python3 -m sparkit.cli.main eval gsm8k "$RUN" --data "$REPO/.sglang-h200/gsm8k/test.jsonl" --limit 20 \
       --greedy --shots 1 --max-tokens 128 --out "$W/main-gsm8k.jsonl" --json > "$W/main-eval.json" 2> "$W/main-eval.err"
     stamp "eval rc=$?"
+    # SGLang's own benchmark client, unmodified, at the same shape as `sparkit bench` above: the two
+    # clients' figures side by side (and the same client the embedded engine is tested with in CI).
+    HF_HUB_OFFLINE=1 timeout 150 python3 -m sglang.bench_serving --backend sglang --base-url "$URL" \
+      --dataset-name random-ids --random-input-len 256 --random-output-len 256 --random-range-ratio 1 \
+      --num-prompts 6 --tokenizer "$tok_dir" --request-rate inf --max-concurrency 1 --disable-tqdm \
+      --output-file "$W/main-bench-serving.jsonl" > "$W/main-bench-serving.txt" 2>&1
+    stamp "sglang.bench_serving rc=$? $(grep -E "Output token throughput|Mean TPOT|Accept length" "$W/main-bench-serving.txt" | tr -s ' ' | tr '\n' ';')"
     timeout 120 python3 benchmarks/chat_session.py "$URL" "$W/main-chat" > "$W/main-chat.txt" 2>&1; stamp "chat rc=$?"
     curl -s "$URL/server_info" > "$W/main-server_info-after.json"
     curl -s "$URL/metrics" > "$W/main-metrics.txt"

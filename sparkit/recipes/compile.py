@@ -24,6 +24,9 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
     installed engine); warnings travel in plan.warnings."""
     warnings = raise_for_errors(loaded, check_rules(loaded))
     r = loaded.recipe
+    reference_note = _reference_for_another_model(loaded)
+    if reference_note:
+        warnings.append(reference_note)
     port = port if port is not None else r.server.port
     launch = get_adapter(r.engine).launch(loaded, port=port)
     return LaunchPlan(
@@ -36,7 +39,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         served_model_name=launch.served_model_name,
         recipe_name=loaded.name,
         recipe_path=str(loaded.path) if loaded.path else None,
-        expectations=_expectations(r, launch),
+        expectations=_expectations(r, launch, reference=not reference_note),
         provisions=launch.provisions,
         warnings=warnings + launch.warnings,
         model_builds=launch.model_builds,
@@ -47,7 +50,40 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
     )
 
 
-def _expectations(recipe: Recipe, launch: EngineLaunch) -> Expectations:
+def _layer(loaded: LoadedRecipe, *key: str) -> int | None:
+    """How recent the layer that set `key` is: 0 for --set, 1 for the recipe file itself, 2 for
+    its base, ...; None for a default (no layer set it)."""
+    from sparkit.recipes.load import display_path
+
+    origin = loaded.origins.get(tuple(key))
+    if origin is None:
+        return None
+    if origin.file == "--set":
+        return 0
+    files = [display_path(p) for p in loaded.chain]
+    return files.index(origin.file) + 1 if origin.file in files else None
+
+
+def _reference_for_another_model(loaded: LoadedRecipe) -> str | None:
+    """A reference perplexity belongs to the checkpoint it was measured on. When a later layer
+    (--set, or a recipe extending the one that states it) serves another model, the known-answer
+    check would fail a healthy server for having different weights: it is skipped, and said so."""
+    recipe = loaded.recipe
+    if recipe.checks.reference_perplexity is None:
+        return None
+    ref_layer, model_layer = _layer(loaded, "checks", "reference_perplexity"), _layer(loaded, "model", "path")
+    if ref_layer is None or model_layer is None or model_layer >= ref_layer:
+        return None
+    where = loaded.origins[("checks", "reference_perplexity")]
+    model_from = loaded.origins[("model", "path")].file
+    return (f"checks.reference_perplexity: {recipe.checks.reference_perplexity} was stated ({where.file}:{where.line}) "
+            f"for the model of that recipe, and model.path is now {recipe.model.path} (from {model_from}): the "
+            "known-answer check is skipped [a reference perplexity belongs to one checkpoint] fix: state "
+            "checks.reference_perplexity for this model next to its model.path (`sparkit check RUN` shows the "
+            "measured value)")
+
+
+def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference: bool = True) -> Expectations:
     """What the recipe asks of every engine, then what only the engine can state."""
     stack, spec = recipe.stack, recipe.stack.speculative
     min_accept = recipe.checks.min_accept_length
@@ -70,8 +106,8 @@ def _expectations(recipe: Recipe, launch: EngineLaunch) -> Expectations:
         mem_fraction_static=recipe.server.mem_fraction_static,
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
-        reference_perplexity=recipe.checks.reference_perplexity,
-        reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance,
+        reference_perplexity=recipe.checks.reference_perplexity if reference else None,
+        reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance if reference else None,
     )
     known = {f.name for f in fields(Expectations)}
     unknown = set(launch.expectations) - known

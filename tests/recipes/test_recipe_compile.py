@@ -290,3 +290,26 @@ def test_passthrough_value_starting_with_dash_is_a_value(tmp_path):
     plan = compile_plan(load_recipe(_recipe(tmp_path, "server:\n  extra_args: [--random-seed, '-1']\n")))
     assert plan.argv[-2:] == ["--random-seed", "-1"]
     assert _prepare_server_args(plan.argv[3:]).random_seed == -1
+
+
+def test_a_reference_perplexity_follows_its_model(tmp_path):
+    """The known answer belongs to one checkpoint: serving another model through --set or a child
+    recipe skips it (with a warning naming both), instead of failing a healthy server; a child
+    that keeps the model (the broken-kernel recipe) or restates both keeps the check."""
+    from sparkit.recipes.load import load_recipe
+
+    assert compile_plan(load_recipe("tiny")).expectations.reference_perplexity == 1.469
+    assert compile_plan(load_recipe("tiny/tiny-broken-kernel")).expectations.reference_perplexity == 1.469
+
+    other = compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling:seed=3:steps=30"]))
+    assert other.expectations.reference_perplexity is None
+    (warning,) = [w for w in other.warnings if w.startswith("checks.reference_perplexity")]
+    assert "tiny.yaml:" in warning and "sparkit:tiny-ling:seed=3:steps=30 (from --set)" in warning
+
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: tiny\nmodel: {path: 'sparkit:tiny-ling:seed=5:steps=30'}\n")
+    assert compile_plan(load_recipe(child)).expectations.reference_perplexity is None
+    child.write_text("extends: tiny\nmodel: {path: 'sparkit:tiny-ling:seed=5:steps=30'}\nchecks: {reference_perplexity: 9.5}\n")
+    restated = compile_plan(load_recipe(child))
+    assert restated.expectations.reference_perplexity == 9.5
+    assert not [w for w in restated.warnings if w.startswith("checks.reference_perplexity")]
