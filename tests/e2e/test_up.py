@@ -188,16 +188,27 @@ def test_a_broken_kernel_passes_every_check_but_the_known_answer_and_up_exits_6(
 
 
 def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_embedded_server):
-    """The first reference passage: SGLang 0.5.23 on the H200 (bf16, FP8 head) scored 1.7304
-    (tests/fixtures/sglang-0.5.23-h200/known-answer-passage1.json); the same checkpoint here, in
-    float32 on the CPU, through the same request, within 0.5%."""
+    """Real SGLang 0.5.23 on the H200 (bf16 weights, FP8 head through the plugin, NEXTN) scored
+    the reference text through `sparkit up`'s known-answer check (its checks.json:
+    tests/fixtures/sglang-0.5.23-h200/checks-tiny-sglang-session3.json), and an earlier capture
+    holds its token logprobs of the first passage (known-answer-passage1.json). The same
+    checkpoint here, on the CPU, through the same requests: every passage within 1%, the pooled
+    perplexity within 0.5%, the first passage's token count equal."""
     from sparkit.checks.known_answer import reference_passages, score_reference
 
-    capture = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200" / "known-answer-passage1.json").read_text())
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200"
+    capture = json.loads((fixtures / "known-answer-passage1.json").read_text())
+    real = next(r for r in json.loads((fixtures / "checks-tiny-sglang-session3.json").read_text())["results"]
+                if r["name"] == "known_answer")["data"]
     server = start_embedded_server(lm_head_dtype="fp8", expert_weights="fp8")
-    score = asyncio.run(score_reference(server.url, passages=reference_passages()[:1]))
-    assert score.unavailable is None and score.tokens == len(capture["passage"].encode())
-    assert score.perplexity == pytest.approx(1.7304, rel=0.005)
+    first = asyncio.run(score_reference(server.url, passages=reference_passages()[:1]))
+    assert first.unavailable is None and first.tokens == len(capture["passage"].encode())
+    whole = asyncio.run(score_reference(server.url))
+    assert whole.tokens == real["tokens"] and len(whole.per_passage) == real["passages"]
+    for ours, theirs in zip(whole.per_passage, real["per_passage"]):
+        assert ours == pytest.approx(theirs, rel=0.01)
+    assert whole.perplexity == pytest.approx(real["perplexity"], rel=0.005)
+    assert first.perplexity == pytest.approx(real["per_passage"][0], rel=0.005)
 
 
 def test_unshared_head_fails_shared_head_and_acceptance(sparkit_home, tiny_model_dir):
