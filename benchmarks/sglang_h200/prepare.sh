@@ -48,18 +48,32 @@ if [ "${NCCL:-0}" = 1 ]; then
      n=n${f#nccl-part.}; mkdir -p "$n" && mv "$f" "$n/"; done)
 fi
 
-pieces=$(ls -d .sglang-h200/p?? .sglang-h200/n?? 2>/dev/null | sort)
+if [ "${BENCH_SERVING:-0}" = 1 ]; then
+  # `python -m sglang.bench_serving` on the device imports `datasets` (sglang.benchmark.datasets),
+  # which the kit lacks: datasets and what of its dependencies the H200 image has no module for.
+  # pyarrow (55 MB) travels alone as piece b00; the rest (14 MB) with the last call (b01).
+  rm -rf .sglang-h200/b00 .sglang-h200/b01 && mkdir -p .sglang-h200/b00 .sglang-h200/b01
+  # shellcheck disable=SC2086
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLAT \
+    -d .sglang-h200/b01 datasets pyarrow pandas dill multiprocess xxhash fsspec tzdata 2>&1 | grep -v "^WARNING: Location" || true
+  mv .sglang-h200/b01/pyarrow-*.whl .sglang-h200/b00/
+fi
+
+pieces=$(ls -d .sglang-h200/p?? .sglang-h200/n?? .sglang-h200/b00 2>/dev/null | sort)
 last=$(echo "$pieces" | tail -n 1)
 echo
 echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp ~30 s after a call):"
 for p in $(echo "$pieces" | head -n -1); do
-  echo "  run(command=\"mkdir -p /tmp/acc && cp $p/* /tmp/acc/\", carry=[\"$p\"])"
+  dest=/tmp/acc; [ "${p##*/}" = b00 ] && dest=/tmp/acc/bdeps
+  echo "  run(command=\"mkdir -p $dest && cp $p/* $dest/\", carry=[\"$p\"])"
 done
-echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && { ls /tmp/acc/nccl-part.* >/dev/null 2>&1 && cat /tmp/acc/nccl-part.* > /tmp/acc/libnccl.so.2.xz; true; } && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
-echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"], timeout_s=600)"
+b01=""; bcopy=""
+[ -d .sglang-h200/b01 ] && { b01=", \".sglang-h200/b01\""; bcopy="mkdir -p /tmp/acc/bdeps && cp .sglang-h200/b01/* /tmp/acc/bdeps/ && "; }
+echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && $bcopy{ ls /tmp/acc/nccl-part.* >/dev/null 2>&1 && cat /tmp/acc/nccl-part.* > /tmp/acc/libnccl.so.2.xz; true; } && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
+echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"$b01], timeout_s=600)"
 tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
 for p in $pieces; do
   size=$(du -sb "$p" | cut -f1)
-  [ "$p" = "$last" ] && size=$(( size + $(du -sb .sglang-h200/deps .sglang-h200/scripts .sglang-h200/gsm8k | awk '{s+=$1} END {print s}') ))
+  [ "$p" = "$last" ] && size=$(( size + $(du -sb .sglang-h200/deps .sglang-h200/scripts .sglang-h200/gsm8k $([ -d .sglang-h200/b01 ] && echo .sglang-h200/b01) | awk '{s+=$1} END {print s}') ))
   printf '  %s: %.1f MiB with the tree\n' "$p" "$(echo "($size + $tree) / 1048576" | bc -l)"
 done

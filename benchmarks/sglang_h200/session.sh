@@ -76,7 +76,8 @@ if has setup; then
   wheels=$(python3 - <<'PY'
 import importlib.util, pathlib, zipfile
 out = []
-for wheel in sorted(pathlib.Path("/tmp/acc/deps").glob("*.whl")):
+# /tmp/acc/bdeps: what sglang.bench_serving needs (prepare.sh BENCH_SERVING=1), when carried
+for wheel in sorted([*pathlib.Path("/tmp/acc/deps").glob("*.whl"), *pathlib.Path("/tmp/acc/bdeps").glob("*.whl")]):
     names = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     tops = {n.removesuffix(".py") for n in names if not n.endswith((".dist-info", ".data", ".pth"))}
     def importable(name):
