@@ -623,7 +623,8 @@ def check_known_answer(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
             f"perplexity {got:.3f} on the reference text, the recipe expects {want:.3f} ({gap:+.0%}, beyond ±{tolerance:.0%})",
             evidence=evidence, data=data,
             cause="the model computes wrong numbers: a kernel, a quantisation or a checkpoint problem "
-                  "(the server can be fluent, fast and well accepted and still be wrong)",
+                  "(the server can be fluent, fast and well accepted and still be wrong)"
+                  + (f"; or another model: {exp.reference_model_note}" if exp.reference_model_note else ""),
             fix="compare with a run of the same checkpoint without the suspect optimisation (e.g. bf16 experts or "
                 "lm_head, another MoE backend); check the checkpoint's files; if the change is intended, update "
                 "checks.reference_perplexity",

@@ -24,9 +24,6 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
     installed engine); warnings travel in plan.warnings."""
     warnings = raise_for_errors(loaded, check_rules(loaded))
     r = loaded.recipe
-    reference_note = _reference_for_another_model(loaded)
-    if reference_note:
-        warnings.append(reference_note)
     port = port if port is not None else r.server.port
     launch = get_adapter(r.engine).launch(loaded, port=port)
     return LaunchPlan(
@@ -39,7 +36,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         served_model_name=launch.served_model_name,
         recipe_name=loaded.name,
         recipe_path=str(loaded.path) if loaded.path else None,
-        expectations=_expectations(r, launch, reference=not reference_note),
+        expectations=_expectations(r, launch, reference_note=_reference_for_another_model(loaded)),
         provisions=launch.provisions,
         warnings=warnings + launch.warnings,
         model_builds=launch.model_builds,
@@ -66,8 +63,9 @@ def _layer(loaded: LoadedRecipe, *key: str) -> int | None:
 
 def _reference_for_another_model(loaded: LoadedRecipe) -> str | None:
     """A reference perplexity belongs to the checkpoint it was measured on. When a later layer
-    (--set, or a recipe extending the one that states it) serves another model, the known-answer
-    check would fail a healthy server for having different weights: it is skipped, and said so."""
+    (--set, or a recipe extending the one that states it) sets model.path, the check still runs
+    (the path may name the same checkpoint, or a damaged copy of it), and a failure says where
+    both values came from."""
     recipe = loaded.recipe
     if recipe.checks.reference_perplexity is None:
         return None
@@ -76,14 +74,13 @@ def _reference_for_another_model(loaded: LoadedRecipe) -> str | None:
         return None
     where = loaded.origins[("checks", "reference_perplexity")]
     model_from = loaded.origins[("model", "path")].file
-    return (f"checks.reference_perplexity: {recipe.checks.reference_perplexity} was stated ({where.file}:{where.line}) "
-            f"for the model of that recipe, and model.path is now {recipe.model.path} (from {model_from}): the "
-            "known-answer check is skipped [a reference perplexity belongs to one checkpoint] fix: state "
-            "checks.reference_perplexity for this model next to its model.path (`sparkit check RUN` shows the "
-            "measured value)")
+    return (f"checks.reference_perplexity {recipe.checks.reference_perplexity} was stated at {where.file}:{where.line} "
+            f"for that recipe's model, and model.path was then set to {recipe.model.path} by {model_from}: if "
+            "that is another model, state its own value (--set checks.reference_perplexity=N, or null to "
+            "skip the check)")
 
 
-def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference: bool = True) -> Expectations:
+def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference_note: str | None = None) -> Expectations:
     """What the recipe asks of every engine, then what only the engine can state."""
     stack, spec = recipe.stack, recipe.stack.speculative
     min_accept = recipe.checks.min_accept_length
@@ -106,8 +103,9 @@ def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference: bool = Tru
         mem_fraction_static=recipe.server.mem_fraction_static,
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
-        reference_perplexity=recipe.checks.reference_perplexity if reference else None,
-        reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance if reference else None,
+        reference_perplexity=recipe.checks.reference_perplexity,
+        reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance,
+        reference_model_note=reference_note,
     )
     known = {f.name for f in fields(Expectations)}
     unknown = set(launch.expectations) - known

@@ -49,6 +49,7 @@ class Expectations:
     # the known-answer check (sparkit.checks.known_answer): stated perplexity and relative tolerance
     reference_perplexity: float | None = None
     reference_perplexity_tolerance: float | None = None
+    reference_model_note: str | None = None  # model.path set after the reference was stated: where each came from
     # Resolved-args keys (SGLang ServerArgs names) and the values the recipe asked for.
     server_args: dict[str, Any] = field(default_factory=dict)
 

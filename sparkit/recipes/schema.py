@@ -246,8 +246,8 @@ class Checks(_Strict):
     reference_perplexity: float | None = Field(default=None, ge=1)
     """The known answer: the perplexity the served model scores on sparkit's reference text (tiny-ling's,
     sparkit/checks/data/reference-tiny-ling.txt, scored in short passages through the server's prompt
-    logprobs). A wrong kernel, quantisation or checkpoint moves it; not asserted when unset, nor when
-    a later layer (--set, a recipe extending this one) changes model.path without restating it."""
+    logprobs). A wrong kernel, quantisation or checkpoint moves it; not asserted when unset. It belongs
+    to one checkpoint: serving another through --set model.path, restate it (or set it to null)."""
 
     reference_perplexity_tolerance: float | None = Field(default=None, gt=0, lt=1)
     """Largest relative gap to `reference_perplexity` that passes (default 0.10)."""

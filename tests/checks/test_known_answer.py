@@ -55,6 +55,11 @@ def test_the_verdicts():
     assert bad.status == Status.FAIL
     assert "wrong numbers" in bad.cause and "kernel" in bad.cause and bad.fix
     assert bad.data["gap"] > 0.8
+    assert "another model" not in bad.cause  # the recipe's own model
+    overridden = compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling:seed=3:steps=30"]))
+    other = check_known_answer(overridden, ServerEvidence("embedded", known_answer=_score(2.728)))
+    assert other.status == Status.FAIL and "or another model: checks.reference_perplexity 1.469 was stated at" in other.cause
+    assert "model.path was then set to sparkit:tiny-ling:seed=3:steps=30 by --set" in other.cause
     low = check_known_answer(plan, ServerEvidence("embedded", known_answer=_score(1.2)))
     assert low.status == Status.FAIL  # too good is wrong too: another text, another model
     none = check_known_answer(plan, ServerEvidence("embedded", known_answer=KnownAnswerScore(unavailable="no logprobs here")))
