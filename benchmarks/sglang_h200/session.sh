@@ -125,8 +125,10 @@ if has launch; then
   fi
   if has traps; then up_bg unshared-head tiny/tiny-sglang-unshared-head; up_bg wrong-draft tiny/tiny-sglang-wrong-draft; fi
   if has verify; then
+    # --greedy-only: the kit has no flashinfer, and SGLang's NEXTN verify step dies on the first sampled
+    # request without it (seen in the first two sessions: exit 7); the greedy gate still runs.
     (timeout 480 python3 -m sparkit.cli.main verify "$(recipe tiny/tiny-sglang)" --against "$(recipe tiny/tiny-sglang)" \
-       --against-set stack.speculative=none --json > "$W/verify.json" 2> "$W/verify.err"; echo "verify rc=$?" >> "$W/verify.err") &
+       --against-set stack.speculative=none --greedy-only --json > "$W/verify.json" 2> "$W/verify.err"; echo "verify rc=$?" >> "$W/verify.err") &
     BG="$BG $!"
   fi
   if has humming; then up_bg humming tiny/tiny-sglang-humming; fi
@@ -207,7 +209,7 @@ if has tp; then
   NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
   stamp "tp: $NGPU GPU(s); LD_PRELOAD=${LD_PRELOAD:-}"
   if [ "$NGPU" -ge 2 ]; then
-    timeout 900 python3 -m sparkit.cli.main verify tiny/tiny-sglang-tp2 --against tiny/tiny-sglang --json \
+    timeout 900 python3 -m sparkit.cli.main verify tiny/tiny-sglang-tp2 --against tiny/tiny-sglang --greedy-only --json \
       > "$W/tp2-verify.json" 2> "$W/tp2-verify.err"; stamp "tp2 verify (TP2 vs TP1 greedy) rc=$?"
     timeout 480 python3 -m sparkit.cli.main up tiny/tiny-sglang-tp2 --port auto --detach --timeout 420 --json \
       > "$W/tp2-up.json" 2> "$W/tp2-up.err"; stamp "tp2 up rc=$?"

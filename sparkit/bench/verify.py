@@ -264,7 +264,8 @@ def judge(baseline: SideResult, candidate: SideResult, rounding: list[str], max_
             fix=None if same == m else "state leaks between requests (KV cache / draft state not reset)",
         ))
     else:
-        results.append(CheckResult("state_pollution", "greedy re-run after sampled requests", Status.SKIP, "not run"))
+        results.append(CheckResult("state_pollution", "greedy re-run after sampled requests", Status.SKIP,
+                                   "not run (--greedy-only: no sampled request was sent)"))
     return results
 
 
@@ -375,8 +376,11 @@ def run_verify(
     max_new_tokens: int = MAX_NEW_TOKENS,
     on_progress: Any = None,
     launch_timeout: float = 600,
+    greedy_only: bool = False,
 ) -> VerifyReport:
-    """Start the baseline, collect; stop; start the candidate, collect; stop; judge."""
+    """Start the baseline, collect; stop; start the candidate, collect; stop; judge.
+    `greedy_only` sends no sampled request (no state-pollution re-run): SGLang's NEXTN verify step
+    without flashinfer dies on the first request with temperature > 0."""
     import asyncio
 
     from sparkit import runs
@@ -391,7 +395,7 @@ def run_verify(
     )
     sides: list[SideResult] = []
     startup: dict[str, list[CheckResult]] = {}
-    for step, (loaded, pollution) in enumerate(((baseline_loaded, False), (candidate_loaded, True))):
+    for step, (loaded, pollution) in enumerate(((baseline_loaded, False), (candidate_loaded, not greedy_only))):
         reference = sides[0] if sides else None
         if on_progress:
             on_progress(f"verify {loaded.name}", step, 2)

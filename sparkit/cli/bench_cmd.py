@@ -431,6 +431,7 @@ def verify(
     rounding_changing: list[str] = typer.Option([], "--rounding-changing", help="Declare a rounding-changing optimisation not visible in the recipes (repeatable)."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
+    greedy_only: bool = typer.Option(False, "--greedy-only", help="Send no sampled request: skip the state-pollution re-run (SGLang's NEXTN without flashinfer dies on one)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Correctness gate: byte-exact greedy outputs, accept length within 0.05, no state pollution
@@ -443,7 +444,7 @@ def verify(
     with progress_reporter() as on_progress:
         report = run_verify(recipe, against, recipe_overrides=set_, against_overrides=against_set,
                             declared_rounding=rounding_changing, num_prompts=num_prompts,
-                            max_new_tokens=max_new_tokens, on_progress=on_progress)
+                            max_new_tokens=max_new_tokens, on_progress=on_progress, greedy_only=greedy_only)
     if as_json:
         print_json(report.to_dict())
     else:

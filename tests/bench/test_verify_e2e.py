@@ -89,3 +89,24 @@ def test_the_readme_example_says_what_it_was_judged_by(tiny_model_dir, tmp_path)
         "(stack.lm_head: bf16 -> fp8 changes rounding); accept length not compared: the baseline has no "
         "speculative decoding; the greedy re-run after sampled requests must be byte-exact; both servers' "
         "startup checks must pass")
+
+
+def test_greedy_only_sends_no_sampled_request_and_says_so(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """For SGLang's NEXTN without flashinfer (a sampled request kills it): `verify --greedy-only`
+    still gates the greedy outputs, and reports the state-pollution re-run as not run, with why."""
+    import json
+
+    from sparkit.cli.main import main
+
+    monkeypatch.setenv("SPARKIT_HOME", str(tmp_path / "home"))
+    model = f"model.path={tiny_model_dir}"
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "tiny", "--against", "tiny", "--set", model, "--against-set", model,
+              "--against-set", "stack.speculative=none", "--num-prompts", "2", "--max-new-tokens", "32",
+              "--greedy-only", "--json"])
+    assert info.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["greedy_outputs"]["status"] == "pass"
+    assert checks["state_pollution"]["status"] == "skip" and "--greedy-only" in checks["state_pollution"]["detail"]
+    assert not doc["candidate"].get("rerun")

@@ -198,7 +198,7 @@ class SGLangAdapter(SGLangLogAdapter):
                 "flashinfer is not installed: with speculative decoding, the first request with temperature > 0 "
                 "will crash this SGLang server (its verify step imports flashinfer's sampling kernels)",
                 evidence=["importable: " + ", ".join(self.packages), "flashinfer: not importable"],
-                fix="pip install flashinfer-python, or send only greedy requests (temperature 0)")
+                fix="pip install flashinfer-python, or send only greedy requests (temperature 0; `sparkit verify --greedy-only`)")
         return [result]
 
     def prepare(self, plan, progress) -> None:
