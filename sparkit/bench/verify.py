@@ -158,7 +158,24 @@ def rounding_changes(baseline: dict[str, Any], candidate: dict[str, Any], declar
     """Rounding-changing differences between two resolved recipes, as 'key: a -> b'."""
     a, b = _flatten(baseline), _flatten(candidate)
     found = [f"{k}: {a.get(k)} -> {b.get(k)}" for k in ROUNDING_KEYS if a.get(k) != b.get(k)]
+    found += _speculative_rounding(a, b)
     return found + [f"declared: {d}" for d in declared]
+
+
+def _speculative_rounding(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Speculative decoding turned on, off or changed is rounding-changing on an engine whose
+    verify pass does not replay one-token decoding exactly (its adapter says: exact_speculative)."""
+    from sparkit.engines.base import get_adapter
+
+    key = "stack.speculative.method"
+    if a.get(key) == b.get(key):
+        return []
+    engines = {a.get("engine"), b.get("engine")}
+    inexact = sorted(e for e in engines if e and not getattr(get_adapter(e), "exact_speculative", False))
+    if not inexact:
+        return []
+    return [f"{key}: {a.get(key)} -> {b.get(key)} (on {', '.join(inexact)} the verify pass rounds differently "
+            "from one-token decoding)"]
 
 
 def token_agreement(baseline: list[GreedyOutput], candidate: list[GreedyOutput]) -> tuple[float | None, str]:

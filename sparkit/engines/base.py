@@ -73,6 +73,9 @@ class EngineAdapter(Protocol):
     install_hint: str  # how to get them
     validation_hint: str  # how to get a plan validated by the engine's own parser where it is not
     memory_model: str  # "mem_fraction_static" | "host_process" (how sparkit.memory.fit sizes it)
+    # Speculative decoding reproduces plain greedy decoding bit for bit (sparkit verify judges a
+    # speculative change by byte-exact output only then; a third-party engine is assumed not to).
+    exact_speculative: bool
     secret_files: tuple[str, ...]  # run-directory files deliver_secret writes, removed once the engine is up
     key_env: tuple[str, ...]  # environment variables the engine reads an API key from (never set in a recipe)
 

@@ -67,6 +67,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
     install_hint = "pip install 'sparkit[embedded]'"
     validation_hint = ""  # its parser ships with sparkit: a plan is always validated
     memory_model = "host_process"  # holds what it loads, in host memory (sparkit.memory.fit)
+    exact_speculative = True  # its verify pass replays one-token decoding's arithmetic (tests/bench/test_verify_e2e.py)
     secret_files = ()
     key_env = (API_KEY_ENV,)
 

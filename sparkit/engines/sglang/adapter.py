@@ -147,6 +147,10 @@ class SGLangAdapter(SGLangLogAdapter):
     install_hint = "pip install sglang"
     validation_hint = PARSER_INSTALL_HINT
     memory_model = "mem_fraction_static"  # a static pool sized at start (sparkit.memory.fit)
+    # The target verifies num_draft_tokens positions in one forward, whose kernels round differently
+    # from one-token decode: NEXTN vs plain greedy on the H200 gave 4/8 byte-identical 256-token
+    # outputs, 85.9% prefix agreement (benchmarks/results/h200-sglang-session.md).
+    exact_speculative = False
     secret_files = (SECRETS_FILE,)
     key_env = ()  # its key comes by --api-key, which sparkit hands it in a private --config file
 
