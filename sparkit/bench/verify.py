@@ -38,8 +38,10 @@ ROUNDING_ACCEPT_TOLERANCE = 0.05  # relative, for declared rounding-changing cha
 MAX_NEW_TOKENS = 256
 TEACHER_STRIDE = 16
 
-# Recipe keys whose change alters floating-point rounding of the logits.
-ROUNDING_KEYS = ("stack.lm_head", "stack.weights", "stack.quantization", "model.dtype", "stack.moe_backend")
+# Recipe keys whose change alters floating-point rounding of the logits (tp and ep: each rank sums
+# its shard and the all-reduce adds the partial sums in another order than one GPU would).
+ROUNDING_KEYS = ("stack.lm_head", "stack.weights", "stack.quantization", "model.dtype", "stack.moe_backend",
+                 "stack.tp", "stack.ep")
 
 VERIFY_PROMPTS = [
     "The quick brown fox jumps over the lazy dog. Then the dog",

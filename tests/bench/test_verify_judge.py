@@ -125,3 +125,12 @@ def test_the_summary_says_a_rounding_change_was_judged_by_agreement_not_byte_exa
     assert exact.summary.startswith("verify passed (tiny against tiny-baseline): judged by byte-exact greedy "
                                     "outputs and accept length within 0.05;")
     assert "not byte-exactness" not in exact.summary
+
+
+def test_tensor_parallelism_is_rounding_changing():
+    """TP2 against TP1 (issue 19's verify): the all-reduce adds partial sums in another order."""
+    from sparkit.recipes.load import load_recipe
+
+    tp1 = load_recipe("tiny/tiny-sglang").resolved()
+    tp2 = load_recipe("tiny/tiny-sglang-tp2").resolved()
+    assert "stack.tp: 1 -> 2" in rounding_changes(tp1, tp2)
