@@ -590,3 +590,40 @@ def test_state_is_private_under_a_permissive_umask(tmp_path, monkeypatch, stand_
     for path in files:  # the second user on the box
         denied = subprocess.run(["cat", str(path)], capture_output=True, preexec_fn=lambda: os.setuid(65534))
         assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path
+
+
+def test_an_engine_started_before_up_recorded_its_pid_is_found_and_stopped(sparkit_home, stand_in):
+    """`sparkit up` killed between Popen and writing the pid (a window a loaded machine widens):
+    the engine carries its run directory in its environment, so `status` finds it, stops it and
+    fails the start as "waiting for the engine to start", not as a build that never launched."""
+    import subprocess
+
+    from sparkit.engines.activation import REPORT_DIR_ENV
+    from sparkit.runs.processes import ProcessIdentity
+    from sparkit.runs.store import RunState, list_runs, mark_stale
+
+    run = launch(make_plan(stand_in), timeout=60)
+    stop(run, grace=5)
+    gone_up = subprocess.Popen([sys.executable, "-c", "pass"])  # the `sparkit up` that was killed
+    owner = ProcessIdentity.of(gone_up.pid)
+    gone_up.wait()
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                              env={**os.environ, REPORT_DIR_ENV: str(run.path)})
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                 env={**os.environ, REPORT_DIR_ENV: str(run.path) + "-other"})
+    try:
+        run.state, run.pid, run.pgid, run.create_time, run.cmdline = RunState.STARTING, None, None, None, None
+        run.stopped_at, run.failure, run.owner = None, None, owner.to_dict()
+        run.save()
+        (stale,) = mark_stale()
+        assert stale.id == run.id and stale.state is RunState.FAILED
+        assert stale.failure == f"`sparkit up` (pid {gone_up.pid}) ended while waiting for the engine to start"
+        assert engine.wait(timeout=30) is not None  # stopped
+        assert unrelated.poll() is None  # another run's engine is left alone
+        (again,) = [r for r in list_runs() if r.id == run.id]
+        assert again.pid == engine.pid and again.state is RunState.FAILED
+    finally:
+        for proc in (engine, unrelated):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -72,6 +72,28 @@ class ProcessIdentity:
         return identified(self.pid, self.create_time, self.cmdline)
 
 
+def leaders_with_env(name: str, value: str) -> list[int]:
+    """Session leaders of this user whose environment has name=value. A launch marks its engine
+    with its run directory (SPARKIT_REPORT_DIR): this finds an engine that started before its
+    `sparkit up` could record the pid (killed in between)."""
+    import os
+
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                env = handle.read().split(b"\0")
+            if needle in env and os.getsid(pid) == pid:
+                found.append(pid)
+        except (OSError, ProcessLookupError):
+            continue  # gone, or another user's
+    return found
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

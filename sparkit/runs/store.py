@@ -343,6 +343,8 @@ def mark_stale() -> list[Run]:
     for run in list_runs():
         if not run.state.active or run.setting_up:
             continue
+        if run.pid is None and run.state is RunState.STARTING:
+            _adopt_unrecorded_engine(run)
         why = run.abandoned()
         if why is None and run.live:
             continue
@@ -357,6 +359,23 @@ def mark_stale() -> list[Run]:
         remove_secret_files(run)
         stale.append(run)
     return stale
+
+
+def _adopt_unrecorded_engine(run: Run) -> None:
+    """A `sparkit up` killed between starting its engine and recording the pid leaves an engine
+    nobody could stop: find it by the run directory in its environment and record it, so that it
+    is stopped like any other (and the failure says the engine was starting)."""
+    from sparkit.engines.activation import REPORT_DIR_ENV
+    from sparkit.runs.processes import ProcessIdentity, leaders_with_env
+
+    for pid in leaders_with_env(REPORT_DIR_ENV, str(run.path)):
+        identity = ProcessIdentity.of(pid)
+        if identity is None:
+            continue
+        run.pid = run.pgid = pid
+        run.create_time = identity.create_time
+        run.cmdline = list(identity.cmdline) if identity.cmdline else None
+        return
 
 
 def remove_secret_files(run: Run) -> None:
