@@ -103,17 +103,9 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT.relative_to(REPO)} is out of date: run python scripts/gen_recipe_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(REPO)}")
-    return 0
+    from _generated_doc import write_or_check
+
+    return write_or_check(OUTPUT, render(), argv, repo=REPO, script="gen_recipe_reference.py")
 
 
 if __name__ == "__main__":

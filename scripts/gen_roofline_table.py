@@ -192,11 +192,7 @@ def cross_checks() -> list[str]:
 
     bf16 = declared_layout(PROFILES[0], "bf16")
     fp4 = declared_layout(PROFILES[0], "mxfp4")
-    target = bf16.target_layers
-    params = sum(w.float_numel for layer in target for w in layer.weights.values())
-    params += sum(layer.experts.per_expert.float_numel * layer.experts.num_experts for layer in target if layer.experts)
-    active = params - sum(layer.experts.per_expert.float_numel * (layer.experts.num_experts - layer.experts.top_k)
-                          for layer in target if layer.experts)
+    params, active = bf16.target_parameters, bf16.active_target_parameters
     head = bf16.lm_head.float_numel
     mtp = fp4.mtp_layers[0]
     mtp_bytes = sum(w.stored_bytes for w in mtp.weights.values()) + mtp.experts.per_expert.stored_bytes * mtp.experts.num_experts
@@ -318,17 +314,9 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT.relative_to(REPO)} is out of date: run python scripts/gen_roofline_table.py", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(REPO)}")
-    return 0
+    from _generated_doc import write_or_check
+
+    return write_or_check(OUTPUT, render(), argv, repo=REPO, script="gen_roofline_table.py")
 
 
 if __name__ == "__main__":

@@ -160,3 +160,13 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in a pass-through argv (`--flag V` or `--flag=V`), None when absent."""
+    for i, item in enumerate(args):
+        if item == flag and i + 1 < len(args):
+            return args[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None

@@ -130,6 +130,20 @@ class ModelLayout:
         return [layer for layer in self.layers if layer.mtp]
 
     @property
+    def target_parameters(self) -> int:
+        """Parameters of the target's layers (every expert counted), embedding and head excluded."""
+        total = sum(w.float_numel for layer in self.target_layers for w in layer.weights.values())
+        return total + sum(layer.experts.per_expert.float_numel * layer.experts.num_experts
+                           for layer in self.target_layers if layer.experts)
+
+    @property
+    def active_target_parameters(self) -> int:
+        """target_parameters with only the top-k routed experts of each layer: what one token uses."""
+        return self.target_parameters - sum(
+            layer.experts.per_expert.float_numel * (layer.experts.num_experts - layer.experts.top_k)
+            for layer in self.target_layers if layer.experts)
+
+    @property
     def total_stored_bytes(self) -> int:
         total = self.embedding.stored_bytes + self.lm_head.stored_bytes + self.final_norm.stored_bytes + self.other.stored_bytes
         for layer in self.layers:

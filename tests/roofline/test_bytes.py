@@ -121,11 +121,7 @@ def test_the_declared_profile_matches_the_published_sizes():
     from sparkit.roofline.profiles import LING3_FLASH_CONFIG, declared_layout, PROFILES
 
     bf16 = declared_layout(PROFILES[0], "bf16")
-    target = bf16.target_layers
-    params = sum(w.float_numel for layer in target for w in layer.weights.values())
-    params += sum(layer.experts.per_expert.float_numel * layer.experts.num_experts for layer in target if layer.experts)
-    active = params - sum(layer.experts.per_expert.float_numel * (layer.experts.num_experts - layer.experts.top_k)
-                          for layer in target if layer.experts)
+    params, active = bf16.target_parameters, bf16.active_target_parameters
     head = bf16.lm_head.float_numel
     assert params + head + bf16.embedding.float_numel == pytest.approx(124e9, rel=0.01)
     assert active + head == pytest.approx(5.1e9, rel=0.01)

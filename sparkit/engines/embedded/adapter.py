@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, EngineLaunch, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, package_version
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.recipes.rules import Rule
@@ -162,7 +162,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
             raise loaded.error("model.path", "a model path cannot start with '-'")
 
         warnings: list[str] = []
-        sharing = _flag_value(server.extra_args, flag_name("draft_lm_head_sharing"))
+        sharing = flag_value(server.extra_args, flag_name("draft_lm_head_sharing"))
         if sharing == "tensor" and spec.method == "nextn" and stack.lm_head == "fp8":
             warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
                             "shared-head trap (the draft reads FP8 bytes as bf16: accept length ~1.0); the "
@@ -219,11 +219,3 @@ def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str])
     if problems:
         raise loaded.error("stack", "the embedded engine rejects the compiled command: " + "; ".join(problems))
 
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, item in enumerate(args):
-        if item == flag and i + 1 < len(args):
-            return args[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None

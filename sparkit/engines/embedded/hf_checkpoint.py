@@ -222,6 +222,11 @@ def _layer_from_hf(prefix_hf: str, prefix_out: str, hf: dict, out: dict, cfg) ->
     out[f"{prefix_out}.mlp.shared_expert.down_proj.weight"] = hf[f"{prefix_hf}.mlp.shared_experts.down_proj.weight"]
 
 
+# The NextN layer's own tensors beside its decoder layer: sparkit's `mtp.<name>` -> HF's
+# `model.layers.<N>.<name>` (SGLang's BailingMoeForCausalLMNextN calls the head norm final_layernorm).
+NEXTN_OWN_TENSORS = (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head_norm", "final_layernorm"))
+
+
 def state_dict_to_hf(state: dict, cfg) -> dict:
     """sparkit tensor names -> the HF BailingMoeV2 names (views of the same tensors)."""
     out = {"model.word_embeddings.weight": state["embed_tokens.weight"],
@@ -229,7 +234,7 @@ def state_dict_to_hf(state: dict, cfg) -> dict:
     for i in range(cfg.num_hidden_layers):
         _layer_to_hf(f"layers.{i}", f"model.layers.{i}", state, out, cfg)
     nextn = f"model.layers.{cfg.num_hidden_layers}"
-    for mine, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head_norm", "final_layernorm")):
+    for mine, theirs in NEXTN_OWN_TENSORS:
         out[f"{nextn}.{theirs}.weight"] = state[f"mtp.{mine}.weight"]
     _layer_to_hf("mtp.decoder", nextn, state, out, cfg)
     return out
@@ -242,7 +247,7 @@ def state_dict_from_hf(hf: dict, cfg) -> dict:
     for i in range(cfg.num_hidden_layers):
         _layer_from_hf(f"model.layers.{i}", f"layers.{i}", hf, out, cfg)
     nextn = f"model.layers.{cfg.num_hidden_layers}"
-    for mine, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("shared_head_norm", "final_layernorm")):
+    for mine, theirs in NEXTN_OWN_TENSORS:
         out[f"mtp.{mine}.weight"] = hf[f"{nextn}.{theirs}.weight"]
     _layer_from_hf(nextn, "mtp.decoder", hf, out, cfg)
     return out

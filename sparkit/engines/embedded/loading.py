@@ -4,8 +4,6 @@ file), the engine built from the launch settings, SGLang's "Load weight" lines."
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,41 +22,33 @@ def check_checkpoint(model_path: Path) -> dict:
     """Fail fast, naming the file, before torch is even imported."""
     if not model_path.is_dir():
         raise CheckpointError(f"--model-path {model_path}: not a directory (build one with `sparkit model make-tiny {model_path}`)")
-    config_path = model_path / "config.json"
+    from sparkit.checkpoint import read_config, read_safetensors_header
+    from sparkit.errors import DataError
+
     try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{config_path}: missing (is {model_path} a tiny-ling checkpoint?)") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{config_path}: unreadable or corrupt: {exc}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path}: corrupt: expected a JSON object")
+        config = read_config(model_path)
+    except DataError as exc:  # names config.json and what is wrong with it
+        raise CheckpointError(str(exc)) from None
     weights = model_path / "model.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     try:
-        size = weights.stat().st_size
-        with weights.open("rb") as fh:
-            header_len = int.from_bytes(fh.read(8), "little")
-            if header_len <= 0 or header_len > size - 8:
-                raise ValueError("bad header length (truncated or not a safetensors file)")
-            header = json.loads(fh.read(header_len))
-        data_end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        if 8 + header_len + data_end > size:
-            raise ValueError(f"truncated: tensors need {8 + header_len + data_end} bytes, the file has {size}")
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise CheckpointError(f"{weights}: unreadable or corrupt safetensors file: {exc}") from None
+        read_safetensors_header(weights)  # checked against the file's size, tensor by tensor
+    except DataError as exc:
+        raise CheckpointError(f"unreadable or corrupt safetensors file: {exc}") from None
     return config
 
 
 def checkpoint_parameters(model_path: Path) -> int:
     """Parameter count from the safetensors header (0 when unreadable: check_checkpoint names why)."""
+    from sparkit.checkpoint import read_safetensors_header
+    from sparkit.errors import DataError
+
     try:
-        with (Path(model_path) / "model.safetensors").open("rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
-    except (OSError, ValueError, KeyError, TypeError):
+        tensors, _ = read_safetensors_header(Path(model_path) / "model.safetensors")
+    except DataError:
         return 0
+    return sum(t.numel for t in tensors.values())
 
 
 # Parameters per intra-op thread under --torch-threads auto. A small model's decode step is

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, EngineLaunch, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, package_version
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.plugin import (
@@ -173,8 +173,8 @@ class SGLangAdapter(SGLangLogAdapter):
 
         stack = recipe.stack
         args = list(recipe.server.extra_args)
-        kv = 1 if (_flag_value(args, "--kv-cache-dtype") or "auto").startswith("fp8") else 2
-        state = DTYPE_BYTES.get(_flag_value(args, "--mamba-ssm-dtype") or "float32", 4)
+        kv = 1 if (flag_value(args, "--kv-cache-dtype") or "auto").startswith("fp8") else 2
+        state = DTYPE_BYTES.get(flag_value(args, "--mamba-ssm-dtype") or "float32", 4)
         router_dtype = layout.config.get("router_dtype")
         router = 2 if router_dtype in ("bf16", "bfloat16") else 4
         online = (stack.quantization or "") == "fp8"
@@ -468,11 +468,3 @@ def _abbreviated(flag: str):
     unique = {id(a): a for a in matches}
     return next(iter(unique.values())) if len(unique) == 1 else None
 
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, item in enumerate(args):
-        if item == flag and i + 1 < len(args):
-            return args[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None
