@@ -310,6 +310,10 @@ def test_a_request_template_runs_only_when_the_server_allows_it(start_embedded_s
             "chat_template_kwargs": {"chat_template": "{{ bos_token }}Q{{ '<|assistant|>' }}"}}
     response = _post(server, "/v1/chat/completions", body)
     assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == 3
+    broken = {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"chat_template": "{{ nothing() }}"}}
+    for path in ("/v1/chat/completions", "/tokenize"):  # the same rendering for both: a failing template is a 400
+        failed = _post(server, path, broken)
+        assert failed.status_code == 400 and "messages: the chat template failed" in failed.text, (path, failed.text)
 
 
 # -- the engine imports the installed sparkit, whatever the working directory ------------------------------

@@ -376,6 +376,27 @@ def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[s
     return kwargs
 
 
+async def render_chat(state: ServerState, messages_in: list[Any], chat_template_kwargs: Any, *,
+                      add_generation_prompt: bool) -> list[int]:
+    """A chat's prompt ids through the model's template: each message bounded first, the
+    template and the tokenizer off the event loop (/health and other clients go on meanwhile),
+    a template error a 400 (the request's fault)."""
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages_in]
+    for i, m in enumerate(messages):
+        check_text_fits(state, m["content"], f"messages.{i}.content")
+    kwargs = template_kwargs(state, chat_template_kwargs)
+    tokenizer = state.tokenizer
+
+    def render() -> list[int]:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+        return tokenizer.encode(prompt, add_special_tokens=False)
+
+    try:
+        return await asyncio.to_thread(render)
+    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+        raise proto.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
+
+
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     ignored: list[str] = []
@@ -385,20 +406,7 @@ async def chat_completions(request: Request) -> Response:
     if req.input_ids is not None:  # SGLang's extension: the prompt's ids, the template skipped
         ids = list(req.input_ids)
     else:
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        for i, m in enumerate(messages):
-            check_text_fits(state, m["content"], f"messages.{i}.content")
-        kwargs = template_kwargs(state, req.chat_template_kwargs)
-        tokenizer = state.tokenizer
-
-        def render() -> list[int]:
-            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-            return tokenizer.encode(prompt, add_special_tokens=False)
-
-        try:  # off the event loop: /health and the other clients go on meanwhile
-            ids = await asyncio.to_thread(render)
-        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise proto.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
+        ids = await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=True)
     max_new = check_prompt(state, ids, req.requested_max_tokens(), None)
     logprobs = logprob_request(state, req.logprobs, None, req.top_logprobs_num, len(ids), "top_logprobs")
     return with_ignored(await openai_response(state, "chat", req, ids, max_new, request, logprobs), ignored)
@@ -535,17 +543,8 @@ async def tokenize(request: Request) -> Response:
     require_ready(state)
     tokenizer = state.tokenizer
     if req.messages is not None:
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
-        for i, m in enumerate(messages):
-            check_text_fits(state, m["content"], f"messages.{i}.content")
-        kwargs = template_kwargs(state, req.chat_template_kwargs)
         add_generation = True if req.add_generation_prompt is None else req.add_generation_prompt
-
-        def render() -> list[int]:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation, **kwargs)
-            return tokenizer.encode(text, add_special_tokens=False)
-
-        tokens: Any = await asyncio.to_thread(render)
+        tokens: Any = await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=add_generation)
         count: Any = len(tokens)
     else:
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt or [])
