@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sparkit.engines.base import EngineLaunch, get_adapter
-from sparkit.recipes.load import LoadedRecipe
+from sparkit.recipes.load import LoadedRecipe, display_path
 from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.recipes.rules import check_rules, raise_for_errors
 from sparkit.recipes.schema import Recipe
@@ -36,7 +36,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         served_model_name=launch.served_model_name,
         recipe_name=loaded.name,
         recipe_path=str(loaded.path) if loaded.path else None,
-        expectations=_expectations(r, launch, reference_note=_reference_for_another_model(loaded)),
+        expectations=_expectations(r, launch, reference_note=_reference_model_note(loaded)),
         provisions=launch.provisions,
         warnings=warnings + launch.warnings,
         model_builds=launch.model_builds,
@@ -50,8 +50,6 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
 def _layer(loaded: LoadedRecipe, *key: str) -> int | None:
     """How recent the layer that set `key` is: 0 for --set, 1 for the recipe file itself, 2 for
     its base, ...; None for a default (no layer set it)."""
-    from sparkit.recipes.load import display_path
-
     origin = loaded.origins.get(tuple(key))
     if origin is None:
         return None
@@ -61,7 +59,7 @@ def _layer(loaded: LoadedRecipe, *key: str) -> int | None:
     return files.index(origin.file) + 1 if origin.file in files else None
 
 
-def _reference_for_another_model(loaded: LoadedRecipe) -> str | None:
+def _reference_model_note(loaded: LoadedRecipe) -> str | None:
     """A reference perplexity belongs to the checkpoint it was measured on. When a later layer
     (--set, or a recipe extending the one that states it) sets model.path, the check still runs
     (the path may name the same checkpoint, or a damaged copy of it), and a failure says where

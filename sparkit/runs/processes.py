@@ -76,8 +76,6 @@ def leaders_with_env(name: str, value: str) -> list[int]:
     """Session leaders of this user whose environment has name=value. A launch marks its engine
     with its run directory (SPARKIT_REPORT_DIR): this finds an engine that started before its
     `sparkit up` could record the pid (killed in between)."""
-    import os
-
     needle = f"{name}={value}".encode()
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
