@@ -17,6 +17,13 @@ once per call (overflow-safe for any bf16 input), the power of two undone on the
 Which kernel and tile serve which M is a table measured on an H200 (benchmarks/fp8_lm_head.py
 --sweep); ``fp8_linear(..., config=...)`` overrides it.
 
+The persistent form of pk16p (STREAM_KIND, _fp8_stream_kernel) reads the same packed weight with a
+grid of about as many programs as the GPU holds, each streaming one balanced run of 64- or
+128-token stripes through one TMA pipeline that never drains between stripes, after asking L2 for
+its first tiles while the pre-scaling kernel runs. Which config serves which M is chosen on the
+device itself (sparkit.kernels.fp8_tune, among TUNE_CANDIDATES, at load time) and kept in the
+packed weight (PackedFp8Weight.tuned); untuned, PACKED_DEFAULT serves every M.
+
 Exact top-k re-scoring (a packed weight with ``exact``; see sparkit.kernels.fp8_linear): the main
 kernel's epilogue folds each tile's best logit and token into <= 256 int64 keys per row
 (RESCORE_SLOTS, one atomic max per tile and row), and _rescore_kernel recomputes the best tokens

@@ -295,6 +295,9 @@ def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 
         report.times_us[m] = med
         tuned[m] = by_label[min(med, key=med.get)]
     packed.tuned = tuned
+    if device.type == "cuda":
+        # The graphs' memory back to the driver: SGLang sizes its KV pool from free memory next.
+        torch.cuda.empty_cache()
     report.source = "measured"
     report.chosen = {m: c.label() for m, c in tuned.items()}
     if use_cache or mode == "retune":

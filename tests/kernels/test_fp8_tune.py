@@ -60,7 +60,8 @@ _CANDIDATES_SCRIPT = _HEAD + """
             rel = ((y0.double() - want).norm() / want.norm()).item()
             assert y0.shape == (m, N) and rel < 1e-5, (cfg.label(), m, rel)
             yb = fk.fp8_linear_packed(x, packed, torch.bfloat16, config=cfg, exact_top_k=0)
-            assert torch.equal(yb, y0.to(torch.bfloat16)), (cfg.label(), m)  # bf16 out: y0 rounded
+            # bf16 out: y0 rounded (to nearest on a GPU; the interpreter truncates: one ulp)
+            assert yb.dtype == torch.bfloat16 and torch.allclose(yb.float(), y0, rtol=2.0 ** -7, atol=1e-6), cfg.label()
             # Exact top-4: the 2 best tokens of each of the 4 best stretches get the bf16 product.
             y = fk.fp8_linear_packed(x, packed, torch.float32, config=cfg)
             changed = y != y0
