@@ -104,6 +104,7 @@ TUNE_CANDIDATES = (
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 0),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 1, 128),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 4, 1, 128),
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 3, 2, 64),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 5, 1, 128),
     KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 5, 2, 64),
     KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 7, 1, 128),
