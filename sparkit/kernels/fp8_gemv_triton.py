@@ -104,7 +104,6 @@ TUNE_CANDIDATES = (
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 0),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 1, 128),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 4, 1, 128),
-    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 3, 2, 64),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 5, 1, 128),
     KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 5, 2, 64),
     KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 7, 1, 128),
@@ -274,25 +273,32 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
 
 @triton.jit
 def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0):
+                          PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0, ONE_PASS: tl.constexpr = False):
     """One activation row per program: xs = fp16(x * 2^-e) with e >= 0 the power of two that brings
     max|x| to <= 4 (the bound _dot_fp16_rescaled explains), and e itself, undone after the MMAs.
-    Two passes over the row (the second from L1/L2); a power of two keeps the scaling exact."""
+    ONE_PASS (K <= BLOCK_K): the row is read once and kept in registers, one memory round trip
+    before the main kernel may start its MMAs. Else two passes over the row in BLOCK_K pieces (the
+    second from L1/L2). A power of two keeps the scaling exact."""
     if PDL:  # the main kernel may launch now; it waits for this one before reading xs
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     src = x_ptr + row.to(tl.int64) * stride_xm
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-    e = tl.maximum(tl.ceil(tl.log2(tl.max(amax, axis=0) * 0.25)), 0.0)
-    inv = tl.exp2(-e)
     dst = xs_ptr + row.to(tl.int64) * K
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
-        tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
+    if ONE_PASS:
+        v = tl.load(src + offs, mask=offs < K, other=0.0).to(tl.float32)
+        e = tl.maximum(tl.ceil(tl.log2(tl.max(tl.abs(v), axis=0) * 0.25)), 0.0)
+        tl.store(dst + offs, (v * tl.exp2(-e)).to(tl.float16), mask=offs < K)
+    else:
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        e = tl.maximum(tl.ceil(tl.log2(tl.max(amax, axis=0) * 0.25)), 0.0)
+        inv = tl.exp2(-e)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+            tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
     tl.store(e_ptr + row, e)
     if NS_PAD > 0:  # the row's candidate slots, emptied for the main kernel's atomic maxima
         slots = tl.arange(0, NS_PAD)
@@ -654,8 +660,10 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
         # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots, BLOCK_K=512,
-                                    num_warps=4, PDL=pdl,
+        one_pass = k <= PRESCALE_ONE_PASS_K
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots,
+                                    BLOCK_K=triton.next_power_of_2(k) if one_pass else 512,
+                                    num_warps=4, PDL=pdl, ONE_PASS=one_pass,
                                     NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
     else:
@@ -710,6 +718,9 @@ def _check_config_fits(config: KernelConfig, packed: PackedFp8Weight) -> None:
         raise ValueError(f"kernel config {config.label()} does not fit a weight packed as "
                          f"{packed.block_n}x{packed.block_k} tiles")
 
+
+# Rows up to this long are pre-scaled in one read (4 warps hold 8192 values in registers).
+PRESCALE_ONE_PASS_K = 8192
 
 # Under the CPU interpreter there is no GPU: a persistent grid is sized as if it had this many SMs
 # (few, so that the tests see programs with unequal runs of stripes).

@@ -120,7 +120,7 @@ def _read_cache() -> dict:
         with open(_cache_path(), encoding="utf-8") as handle:
             data = json.load(handle)
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, ImportError):  # no cache yet, a damaged one, or no cache dir at all
         return {}
 
 
@@ -303,6 +303,6 @@ def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 
     if use_cache or mode == "retune":
         try:
             _write_cache(key, report)
-        except OSError as exc:  # a read-only cache dir costs a re-tune next time, nothing else
+        except (OSError, ImportError) as exc:  # a read-only or absent cache dir costs a re-tune next time
             report.reason = f"choice not cached: {exc}"
     return done(report)

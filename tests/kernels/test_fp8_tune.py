@@ -75,6 +75,18 @@ _CANDIDATES_SCRIPT = _HEAD + """
                     expected |= {sl * span + i for i in stretches[r, sl].topk(2).indices.tolist()}
                 assert set(changed[r].nonzero().flatten().tolist()) == expected, (cfg.label(), m, r)
         print("ok", cfg.label(), flush=True)
+    # The pre-scaling kernel's two forms (one read of the row; BLOCK_K pieces past
+    # PRESCALE_ONE_PASS_K): fp16(x * 2^-e) with e the smallest power of two >= 0 bringing max|x| to 4.
+    for kk, one in ((512, True), (fk.PRESCALE_ONE_PASS_K + 8, False)):
+        x = torch.randn(3, kk).to(torch.bfloat16)
+        x[1, kk - 1] = -3.0e4
+        xs = torch.empty(3, kk, dtype=torch.float16)
+        e = torch.empty(3)
+        fk._prescale_rows_kernel[(3,)](x, xs, e, kk, x.stride(0), x, 0, BLOCK_K=512 if not one else kk,
+                                       ONE_PASS=one)
+        want_e = torch.clamp(torch.ceil(torch.log2(x.float().abs().amax(1) * 0.25)), min=0)
+        assert torch.equal(e, want_e) and e[1] == 13, (kk, e)
+        assert torch.equal(xs, (x.float() * torch.exp2(-want_e)[:, None]).half()), kk
     print("CANDIDATES-OK")
 """
 
