@@ -129,9 +129,15 @@ def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 
     packed = fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale, exact=exact_weight,
                                              exact_top_k=exact_top_k)
     if tune:
-        from sparkit.kernels.fp8_tune import tune_packed
+        from sparkit.kernels.fp8_tune import TuneReport, tune_packed
 
-        tune_packed(packed, log=log)
+        try:
+            tune_packed(packed, log=log)
+        except Exception as exc:  # the head must still come up: on the default config
+            packed.tuned = {}
+            packed.tuning = TuneReport(source="skipped", reason=f"tuning failed: {type(exc).__name__}: {exc}")
+            if log:
+                log(f"FP8 head kernel: {packed.tuning.summary()}")
     return packed
 
 
