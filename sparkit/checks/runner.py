@@ -98,7 +98,10 @@ async def gather_evidence(
         log_path = run_dir / RunFiles.LOG
         if log_path.exists():
             # Read after the probe: decode lines and humming's first-use line appear then.
-            ev.log = get_adapter(plan.engine).read_log(log_path.read_text(errors="replace"))
+            from sparkit.paths import open_state
+
+            with open_state(log_path, "r", errors="replace") as handle:
+                ev.log = get_adapter(plan.engine).read_log(handle.read())
         try:
             ev.reports = load_reports(run_dir)
         except (ValueError, KeyError, TypeError, OSError):

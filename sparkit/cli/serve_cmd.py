@@ -350,7 +350,7 @@ def logs(
     found = select_run(run, include_stopped=True)  # a stopped run's log is worth reading too
     if not found.log_path.exists():
         raise UsageError(f"run {found.id} has no log yet")
-    text = found.log_path.read_text(errors="replace").splitlines()
+    text = found.read_log().splitlines()
     for line in text[-lines:] if lines > 0 else text:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()

@@ -17,7 +17,7 @@ from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError
-from sparkit.paths import ensure_dir, open_output
+from sparkit.paths import ensure_dir, open_output, open_state
 from sparkit.recipes.plan import LaunchPlan
 import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
@@ -63,7 +63,7 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
                     oom: Any = None) -> LaunchError:
     from sparkit.engines.sglang.log import tail_lines
 
-    text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
+    text = run.read_log()
     diagnosis = adapter.diagnose(text, returncode)
     if returncode is not None and returncode < 0 and oom is not None:
         diagnosis = _killed(diagnosis, returncode, oom)
@@ -265,7 +265,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
                 emit(phases[index], state["last_line"])
                 state["last_emit"] = now
 
-    with open(run.log_path, "r", errors="replace") as log:
+    with open_state(run.log_path, "r", errors="replace") as log:
         while True:
             if guard is not None and guard.tripped.is_set():
                 guard.stop()  # waits until the guard has stopped the engine

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.errors import EngineError, UsageError
-from sparkit.paths import runs_dir, write_atomic
+from sparkit.paths import check_private_dir, open_state, runs_dir, write_atomic
 from sparkit.runs.processes import ProcessIdentity, engine_alive
 
 
@@ -103,11 +103,21 @@ class Run:
     def probe_path(self) -> Path:
         return self.path / RunFiles.PROBE
 
-    def read_json(self, name: str) -> Any | None:
-        """A JSON file of the run; None when it is missing or torn."""
+    def read_log(self) -> str:
+        """The engine's log so far ("" before it exists); never through a link."""
         try:
-            return json.loads((self.path / name).read_text())
-        except (OSError, json.JSONDecodeError):
+            with open_state(self.log_path, "r", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
+
+    def read_json(self, name: str) -> Any | None:
+        """A JSON file of the run; None when it is missing or torn (a link or another user's file
+        there is refused: StateError)."""
+        try:
+            with open_state(self.path / name) as handle:
+                return json.loads(handle.read())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
 
     def write_json(self, name: str, data: Any) -> None:
@@ -125,9 +135,12 @@ class Run:
 
     @classmethod
     def open(cls, path: Path) -> "Run":
-        """The run recorded in `path` (raises OSError / ValueError for a missing or torn record)."""
+        """The run recorded in `path` (raises OSError / ValueError for a missing or torn record,
+        StateError for a directory or record another user owns or can write, or a link)."""
         path = Path(path)
-        data = json.loads((path / RunFiles.META).read_text())
+        check_private_dir(path, "the run directory")
+        with open_state(path / RunFiles.META) as handle:
+            data = json.loads(handle.read())
         if not isinstance(data, dict):
             raise ValueError(f"{path / RunFiles.META}: not a run record")
         # Records of sparkit before 0.3 kept state and its companions in `extra`.
@@ -256,12 +269,14 @@ def list_runs(root: Path | None = None) -> list[Run]:
     root = root or runs_dir()
     if not root.is_dir():
         return []
+    check_private_dir(root, "sparkit's runs directory")
     found = []
     for path in root.iterdir():
-        if not (path / RunFiles.META).exists():
+        if not os.path.lexists(path / RunFiles.META) and not path.is_symlink():
             continue
         try:
-            found.append((_start_order(path), Run.open(path)))
+            run = Run.open(path)  # a directory another user controls raises StateError: refused, not skipped
+            found.append((_start_order(path), run))
         except (OSError, ValueError, TypeError, KeyError):
             continue  # a torn record (a crash mid-write of an old sparkit): not a run to act on
     return [run for _, run in sorted(found, key=lambda item: item[0])]
@@ -271,7 +286,8 @@ def _start_order(path: Path) -> tuple[str, float]:
     # By start time, not meta.json's mtime: stopping a run rewrites its record, and the run
     # stopped last must not become "the latest run".
     try:
-        started = json.loads((path / RunFiles.META).read_text()).get("started_at") or ""
+        with open_state(path / RunFiles.META) as handle:
+            started = json.loads(handle.read()).get("started_at") or ""
     except (OSError, ValueError, AttributeError):
         started = ""
     return (started, (path / RunFiles.META).stat().st_mtime)
@@ -407,7 +423,7 @@ def follow_log(run: Run, *, from_start: bool = False, poll: float = 0.2,
     """Yield lines of the run's log as they are written (like tail -f).
 
     Ends when `stop_when()` is true or the engine is gone and the log is drained."""
-    with open(run.log_path, "r", errors="replace") as handle:
+    with open_state(run.log_path, "r", errors="replace") as handle:
         if not from_start:
             handle.seek(0, os.SEEK_END)
         buffer = ""
