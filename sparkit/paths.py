@@ -213,6 +213,8 @@ def ensure_dir(path: str | Path) -> Path:
             os.chmod(directory, PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask
         except FileExistsError:
             _tighten(directory, PRIVATE_DIR_MODE)
+        except OSError as exc:  # a full disk, a read-only file system
+            raise write_error(directory, exc) from None
         if directory == root:
             trusted_root(root)  # made by someone else between the check and the mkdir: refused here
         else:
@@ -265,6 +267,8 @@ def _open_state_file(path: Path, flags: int, mode: str) -> int:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             raise StateError(f"{path} is a symbolic link (to {os.readlink(path)}): sparkit does not write or read its "
                              "state through links", hint=f"remove the link ({path}) and run the command again") from None
+        if exc.errno in _FULL or exc.errno == errno.EROFS:
+            raise write_error(path, exc) from None
         raise
     try:
         st = os.fstat(fd)
@@ -286,11 +290,55 @@ def _open_state_file(path: Path, flags: int, mode: str) -> int:
         raise
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+MIN_FREE_BYTES = 1024 * 1024
+"""What a start needs free beside its run: the plan, the record and the first log lines."""
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system holding `path` (its nearest
+    existing ancestor); None where the OS cannot tell."""
+    path = Path(os.path.abspath(path))
+    for candidate in (path, *path.parents):
+        try:
+            vfs = os.statvfs(candidate)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        return vfs.f_bavail * vfs.f_frsize
+    return None
+
+
+def write_error(path: str | Path, exc: OSError) -> Exception:
+    """A failed write as a user reads it, naming the file and what to do: a StateError for
+    sparkit's own state (exit 10), else the OSError with its file name (the CLI names it)."""
+    path = Path(path)
+    reason = exc.strerror or str(exc)
+    if not is_state(path):
+        return OSError(exc.errno, reason, str(path))
+    where = path.parent
+    if exc.errno in _FULL:
+        hint = f"free space on the file system holding {where} (`df -h {where}`), then run the command again"
+    elif exc.errno == errno.EROFS:
+        hint = f"{where} is on a read-only file system: point SPARKIT_HOME at a writable directory"
+    else:
+        hint = f"check {where} and the disk it is on, then run the command again"
+    return StateError(f"cannot write {path}: {reason}", hint=hint)
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
     """Replace `path` with `data` so that a reader sees the old file or the new one, never half
     of one; the temporary file is removed when the write fails (a full disk, say). The temporary
-    file is created new (O_EXCL): a link planted under its name is never written through."""
+    file is created new (O_EXCL): a link planted under its name is never written through.
+
+    On a full disk a file of sparkit's state that already has room for `data` (a run record
+    rewritten with a new state: one block) is rewritten in place rather than left saying what is
+    no longer true. Anything else that cannot be written raises `write_error` (StateError for
+    the state, naming the file and the fix)."""
     path = Path(path)
+    raw = data if isinstance(data, bytes) else data.encode(encoding)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     created = False
     try:
@@ -298,17 +346,37 @@ def write_atomic(path: str | Path, data: str | bytes, *, encoding: str = "utf-8"
             ensure_dir(tmp.parent)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)  # a torn one of a crashed process with this pid (or a planted link)
-        mode = "xb" if isinstance(data, bytes) else "x"
-        kwargs = {} if isinstance(data, bytes) else {"encoding": encoding}
-        with open_output(tmp, mode, **kwargs) as handle:
+        with open_output(tmp, "xb") as handle:
             created = True
-            handle.write(data)
+            handle.write(raw)
         os.replace(tmp, path)
+    except OSError as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        if exc.errno in _FULL and is_state(path) and _rewrite_in_place(path, raw):
+            return path
+        raise write_error(path, exc) from None
     except BaseException:
         if created:
             tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _rewrite_in_place(path: Path, raw: bytes) -> bool:
+    """Overwrite an existing state file whose blocks already hold `raw` (no new space needed);
+    False when it has no room or this fails too."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_blocks * 512 < len(raw):
+            return False
+        with open_output(path, "r+b") as handle:
+            handle.write(raw)
+            handle.truncate()
+        return True
+    except (OSError, StateError):
+        return False
 
 
 def make_private_tree(path: str | Path) -> None:

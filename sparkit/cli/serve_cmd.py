@@ -371,6 +371,7 @@ def down(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
+    from sparkit.errors import StateError
     from sparkit.runs import live_runs, mark_stale, pid_alive, select_run, stop
 
     stale = mark_stale()
@@ -380,9 +381,14 @@ def down(
         targets = live_runs()[-1:] if not all_ else live_runs()
     else:
         targets = [select_run(run)]
+    unrecorded = []
     for target in targets:
         was_live = target.in_use or target.has_processes
-        stop(target, grace=grace)
+        try:
+            stop(target, grace=grace)
+        except StateError as exc:  # stopped, but a full disk kept its record from saying so
+            unrecorded.append(exc)
+            continue
         if was_live:
             err_console().print(f"stopped {target.id}")
             continue
@@ -394,6 +400,8 @@ def down(
         print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
     elif not targets:
         err_console().print("no servers running")
+    if unrecorded:
+        raise unrecorded[0]
 
 
 def check(
