@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from sparkit.cli.common import console, err_console, print_json
+from sparkit.cli.common import console, err_console, print_json, signals_as_interrupt
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -69,17 +69,6 @@ def guard_line(guard: dict | None) -> str:
     return line
 
 
-def _signals_as_interrupt() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) stop the server like Ctrl-C. A SIGHUP that was
-    already ignored (`nohup sparkit up`) stays ignored: that user asked for the server to stay."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, handler)
-
-
 def _say(message: str) -> None:
     """A message on stderr, if there is still a terminal to show it (after SIGHUP there is not;
     stopping the server must not depend on it)."""
@@ -129,7 +118,7 @@ def up(
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
     from sparkit.runs import free_port, stop, up as start_server
 
-    _signals_as_interrupt()
+    signals_as_interrupt()
     wanted_port = _parse_port(port)
     loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
     if wanted_port == "auto":

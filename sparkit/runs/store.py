@@ -38,6 +38,10 @@ class RunFiles:
     PROBE = "probe.json"
 
 
+CHECKING = "startup checks"
+"""Run.phase while `sparkit up` runs the startup checks."""
+
+
 class RunState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
@@ -76,6 +80,9 @@ class Run:
     # The sparkit process that set the run up (and, for a foreground run, holds it): a run whose
     # owner lives is in use even before its engine exists (while a model builds).
     owner: dict[str, Any] | None = None  # ProcessIdentity.to_dict()
+    # What the `sparkit up` that holds the run is doing after the launch ("startup checks"): a run
+    # whose up ends there did not finish starting, whatever its engine does.
+    phase: str | None = None
     root: Path = field(default_factory=runs_dir, repr=False)  # the runs directory it lives in
 
     # -- files ----------------------------------------------------------------------------------
@@ -209,8 +216,17 @@ class Run:
         if self.state is RunState.STARTING:
             doing = "preparing the launch (building the model)" if self.pid is None else "waiting for the engine to start"
             return f"{who} ended while {doing}"
+        if self.phase == CHECKING:
+            return f"{who} ended while running the startup checks"
         if not self.detached:
             return f"{who}, which held this foreground run, ended"
+        return None
+
+    def unfinished_start(self) -> str | None:
+        """Why the start of this run never finished, when its `sparkit up` ended before (during
+        the launch, or during the startup checks that follow it); None otherwise."""
+        if self.state is RunState.STARTING or self.phase == CHECKING:
+            return self.abandoned()
         return None
 
     def observed_state(self) -> RunState:
@@ -219,9 +235,9 @@ class Run:
         starting."""
         if not self.state.active:
             return self.state
-        if self.setting_up:
+        if self.setting_up or (self.phase == CHECKING and self.owner_alive and self.live):
             return RunState.STARTING
-        if self.state is RunState.STARTING and self.abandoned():
+        if self.unfinished_start():
             return RunState.FAILED
         if not self.live:
             return RunState.EXITED
@@ -366,8 +382,8 @@ def mark_stale() -> list[Run]:
             continue
         if run.live:
             stop_group(run.pid, run.pgid, run.create_time, 5.0, run.cmdline)
-        if run.state is RunState.STARTING and why is not None:
-            run.state, run.failure = RunState.FAILED, why
+        if run.unfinished_start() is not None:
+            run.state, run.failure, run.phase = RunState.FAILED, why, None
         else:
             run.state = RunState.EXITED
         run.stopped_at = run.stopped_at or now_iso()
