@@ -249,6 +249,7 @@ sparkit's walk) far from Python's recursion limit."""
 
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -258,6 +259,11 @@ def _loader_class() -> Any:
     import yaml
 
     return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
+def _LIBYAML_TEXT(loader: Any) -> bool:
+    """The loader is libyaml's, whose text is always valid UTF-8 (no lone surrogates)."""
+    return type(loader).__name__ == "CSafeLoader"
 
 
 def _yaml_error(message: str, file: str, mark: Any, *, hint: str | None = None) -> RecipeError:
@@ -345,7 +351,12 @@ def parse_yaml(text: str, file: str) -> tuple[Any, dict[KeyPath, Origin]]:
 def _construct(loader: Any, node: Any, path: KeyPath, origins: dict[KeyPath, Origin], file: str) -> Any:
     import yaml
 
-    origins.setdefault(path, Origin(file, node.start_mark.line + 1, node.start_mark.column + 1))
+    if path not in origins:
+        origins[path] = Origin(file, node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.ScalarNode) and node.tag == _STR_TAG:
+        if not _LIBYAML_TEXT(loader):  # libyaml refuses a surrogate escape itself: its text needs no check
+            _check_scalar(node.value, file, node, path)
+        return node.value  # what the constructor would return, without its bookkeeping (16000 keys add up)
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -354,7 +365,8 @@ def _construct(loader: Any, node: Any, path: KeyPath, origins: dict[KeyPath, Ori
             key = key_node.value
             child = path + (key,)
             where = Origin(file, value_node.start_mark.line + 1, value_node.start_mark.column + 1)
-            _check_scalar(key, file, key_node, child)
+            if not _LIBYAML_TEXT(loader):
+                _check_scalar(key, file, key_node, child)
             if key in result:
                 raise RecipeError(
                     "duplicate key (the second one would silently win)",

@@ -39,6 +39,9 @@ TargetName = Literal["auto", "gb10", "blackwell-tp4", "hopper", "cpu"]
 MAX_TOKENS = 2**31 - 1  # a context length past this is no model's
 MAX_GIB = 1024.0**2  # a memory figure past a PiB is a typo (and 1e300 GiB overflows a byte count)
 MAX_EXTRA_ARGS = 512
+MAX_GPUS = 4096  # tp / ep: far past any machine, and the roofline's arithmetic stays in floats
+MAX_DRAFT = 1024  # speculative step and draft-token counts
+MAX_BATCH = 2**20  # requests at once, CUDA-graph batch sizes
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -117,13 +120,13 @@ class Speculative(_Strict):
     method: Literal["none", "nextn", "dspark"] = "none"
     """Which speculative decoder to use."""
 
-    num_steps: int | None = Field(default=None, ge=1)
+    num_steps: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: draft tokens proposed per step. Give all three numbers or none."""
 
-    eagle_topk: int | None = Field(default=None, ge=1)
+    eagle_topk: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: branching factor of the draft tree (1 = a chain)."""
 
-    num_draft_tokens: int | None = Field(default=None, ge=1)
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: tokens verified per step; with eagle_topk 1 it must be num_steps + 1."""
 
     draft_model: str | None = None
@@ -176,10 +179,10 @@ class Stack(_Strict):
     attention_backend: str | None = None
     """Attention backend (`--attention-backend`), checked against the installed sglang."""
 
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
     """Tensor-parallel size (GPUs per replica)."""
 
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
     """Expert-parallel size (divides the experts between GPUs instead of splitting each one)."""
 
 
@@ -194,10 +197,10 @@ class CudaGraph(_Strict):
     the decode graphs; SGLang 0.5.23 captures prefill graphs for 58 token counts up to 8192, which
     took 56 s of a tiny model's start on an H200."""
 
-    max_bs_decode: int | None = Field(default=None, ge=1)
+    max_bs_decode: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Largest decode batch size captured (`--cuda-graph-max-bs-decode`)."""
 
-    max_bs_prefill: int | None = Field(default=None, ge=1)
+    max_bs_prefill: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Largest prefill batch size captured (`--cuda-graph-max-bs-prefill`)."""
 
 
@@ -240,7 +243,7 @@ class Server(_Strict):
     rest is for activations, CUDA graphs and, on unified memory, the OS (DGX Spark cookbook: 0.68).
     The preflight checks it against the memory fit (`sparkit plan` shows the range that fits)."""
 
-    max_running_requests: int | None = Field(default=None, ge=1)
+    max_running_requests: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Most requests decoded at once."""
 
     cuda_graph: CudaGraph = Field(default_factory=CudaGraph)
