@@ -74,7 +74,9 @@ def cpu_seconds(server) -> float:
 
 
 def test_half_sent_requests_are_closed_and_the_connection_limit_holds(start_embedded_server):
-    server = start_embedded_server(max_connections=32, header_timeout=2)
+    """96 half-sent requests against a limit of 32: the server stays within its limit, still answers
+    a client that asks (`sparkit status` said `down`), and closes every half-sent one."""
+    server = start_embedded_server(max_connections=32, header_timeout=30)
     partial = f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1:{port_of(server)}\r\nContent-Type: application".encode()
     socks = []
     try:
@@ -82,20 +84,35 @@ def test_half_sent_requests_are_closed_and_the_connection_limit_holds(start_embe
             sock = socket.create_connection(("127.0.0.1", port_of(server)), timeout=60)
             sock.sendall(partial)
             socks.append(sock)
-        answers = [wait_closed(sock, 60) for sock in socks]
+        health = httpx.get(server.url + "/health", timeout=30)  # during the flood, before any header deadline
+        assert health.status_code == 200
+        assert len(psutil.Process(server.proc.pid).net_connections("tcp")) <= 32 + 2  # the listener, the probe
+        answers = [wait_closed(sock, 120) for sock in socks]
         assert None not in answers, "a half-sent request was held open"
-        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        made_room = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
         timed_out = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
-        assert len(refused) >= 96 - 32 and len(refused) + len(timed_out) == 96
-        assert b"--max-connections" in refused[0]
+        assert len(made_room) >= 96 - 32 and len(made_room) + len(timed_out) == 96
+        assert b"connection limit (32)" in made_room[0]
     finally:
         for sock in socks:
             sock.close()
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     log = server.log()
-    assert log.count("refused connections past --max-connections 32") == 1  # one line per cause
-    assert log.count("request headers did not arrive within 2 s") == 1
+    assert log.count("past --max-connections 32, closed the connections that waited longest") == 1  # one line per cause
+    assert log.count("request headers did not arrive within 30 s") == 1
     assert "Traceback" not in log
+
+
+def test_past_the_limit_with_every_connection_busy_a_new_one_is_refused(start_embedded_server):
+    server = start_embedded_server(max_connections=2, debug_step_delay_ms=100)
+    busy = [threading.Thread(target=_stream_generate, args=(server, f"busy{i}", {})) for i in range(2)]
+    for thread in busy:
+        thread.start()
+    time.sleep(2)
+    answer = raw(server, f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port_of(server)}\r\n\r\n".encode())
+    for thread in busy:
+        thread.join(300)
+    assert answer.startswith(b"HTTP/1.1 503") and b"--max-connections" in answer
+    assert server.log().count("every one of them busy with a request") == 1
 
 
 def test_a_body_that_never_completes_gets_a_408(start_embedded_server):

@@ -1,10 +1,12 @@
 """What stands between the embedded server's socket and its routes: the protections that hold
 for every endpoint, whatever its handler does.
 
-- `GuardedH11Protocol` (the connection): a limit on open connections (the ones past it get a 503
-  and are closed at once, so idle clients can never take the server to its file limit), and a
-  deadline for a request's headers (a client that opens a connection and sends half a request is
-  closed after --header-timeout seconds, between requests too).
+- `GuardedH11Protocol` (the connection): a limit on open connections, so idle clients can never
+  take the server to its file limit: past it, the connection that has waited longest without a
+  request in progress is closed to make room (503), and only when every one is busy is the new
+  one refused (503, closed at once); and a deadline for a request's headers (a client that opens
+  a connection and sends half a request is closed after --header-timeout seconds, between
+  requests too).
 - `RequestGate` (ASGI, outermost): the Host header must name an address the server listens on
   (a web page cannot reach a local server through DNS rebinding); a browser's Origin is refused
   unless it is the server's own or allowed (--allowed-origins / SPARKIT_ALLOWED_ORIGINS, like
@@ -149,9 +151,10 @@ def protocol_class(limits: Limits) -> type[H11Protocol]:
             super().connection_made(transport)
             self._header_timer: asyncio.TimerHandle | None = None
             self._waiting_cycle: Any = None
-            if len(self.connections) > limits.max_connections:
+            self._waiting_since = 0.0
+            if len(self.connections) > limits.max_connections and not self._make_room():
                 limits.causes.note("connection limit", f"server: refused connections past --max-connections "
-                                   f"{limits.max_connections} (503, closed at once)")
+                                   f"{limits.max_connections}, every one of them busy with a request (503, closed at once)")
                 transport.write(_raw_response(503, "Service Unavailable", f"the server holds {limits.max_connections} "
                                               "connections already (--max-connections); retry later",
                                               kind="ServiceUnavailableError"))
@@ -159,9 +162,32 @@ def protocol_class(limits: Limits) -> type[H11Protocol]:
                 return
             self._await_headers()
 
+        def _waiting(self) -> bool:
+            """Open, and no request of it in progress (idle, or its headers still coming)."""
+            return (not self.transport.is_closing() and getattr(self, "_header_timer", None) is not None
+                    and self.cycle is self._waiting_cycle)
+
+        def _make_room(self) -> bool:
+            """Past the limit, the connection that has waited longest without a request in progress
+            makes room (half-sent or idle connections cannot crowd out a client that asks)."""
+            idle = [c for c in self.connections if c is not self and isinstance(c, GuardedH11Protocol) and c._waiting()]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c._waiting_since)
+            limits.causes.note("connection limit: idle closed", f"server: past --max-connections {limits.max_connections}, "
+                               "closed the connections that waited longest without a request to make room (503)")
+            oldest._cancel_header_timer()
+            oldest.transport.write(_raw_response(503, "Service Unavailable", "closed to make room: the server is at its "
+                                                 f"connection limit ({limits.max_connections}) and this connection sent "
+                                                 "no request", kind="ServiceUnavailableError"))
+            oldest.transport.close()
+            self.connections.discard(oldest)
+            return True
+
         def _await_headers(self) -> None:
             self._cancel_header_timer()
             self._waiting_cycle = self.cycle
+            self._waiting_since = self.loop.time()
             self._header_timer = self.loop.call_later(limits.header_timeout_s, self._headers_late)
 
         def _cancel_header_timer(self) -> None:
