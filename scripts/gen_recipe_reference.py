@@ -71,7 +71,8 @@ def render() -> str:
     sys.path.insert(0, str(REPO))
     from sparkit.engines.base import registry
     from sparkit.recipes.rules import RULES
-    from sparkit.recipes.schema import TARGETS, Recipe
+    from sparkit.recipes.load import MAX_EXTENDS_DEPTH
+    from sparkit.recipes.schema import CODE_LOADING_ENV, CODE_LOADING_ENV_PREFIXES, TARGETS, Recipe
 
     lines = [
         "# Recipe reference",
@@ -86,6 +87,29 @@ def render() -> str:
         "",
     ]
     _section(Recipe, "", lines)
+    lines += [
+        "## How recipe names resolve", "",
+        "A recipe argument (`sparkit plan X`) or an `extends: X` is a **file** when X is written as a path:",
+        "absolute, starting with `./`, `../` or `~`, or ending in `.yaml` / `.yml`. An `extends` path is",
+        "relative to the directory of the recipe that says it (never the current directory), so",
+        "`extends: tiny-sglang.yaml` in `recipes/tiny/` is `recipes/tiny/tiny-sglang.yaml` wherever sparkit runs.",
+        "Anything else is a **shipped recipe's name**: `tiny` (or `tiny/tiny`), `ling-3.0-flash/spark-optimized`,",
+        "or a file stem only one shipped recipe has (`spark-optimized`). A file lying beside the recipe (or,",
+        "for a command-line argument, in the current directory) with that name does not replace the shipped",
+        "recipe: planning warns that it is not used, and `./NAME` names it. On the command line only, a name",
+        "no shipped recipe has may be a file in the current directory (`sparkit plan myrecipe`).",
+        "`-` and `/dev/stdin` read the recipe from standard input (a pipe or a redirected file; its relative",
+        f"`extends` resolve from the current directory). A chain of `extends` is at most {MAX_EXTENDS_DEPTH} recipes long.",
+        "",
+        "## Variables that load code", "",
+        "Set in `server.env`, each of these makes the engine load code from where it points; each needs",
+        "`server.allow_code_env` (rule `code-env-needs-opt-in`), and `sparkit plan` names every one it passes.",
+        "",
+        "| variable | what it loads |", "|---|---|",
+        *[f"| `{name}` | {why} |" for name, why in CODE_LOADING_ENV.items()],
+        *[f"| `{prefix}*` | {why} |" for prefix, why in CODE_LOADING_ENV_PREFIXES.items()],
+        "",
+    ]
     lines += ["## Targets", "", "| target | GPUs | compute capability | memory | description |", "|---|---|---|---|---|"]
     for t in TARGETS.values():
         cc = f"sm_{t.cc_exact[0]}{t.cc_exact[1]}" if t.cc_exact else ", ".join(f"sm_{m}x" for m in t.cc_majors) or "any"

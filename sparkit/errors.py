@@ -13,7 +13,11 @@ them:
     ├── CheckFailed        6   the server runs but a startup check failed
     ├── EngineError        7   no server to talk to (none running, nothing answered at the URL),
     │                          or the server answered with an error / went away
-    └── DataError          8   an input data file (GSM8K, bench JSON) is unusable
+    ├── DataError          8   an input data file (GSM8K, bench JSON) is unusable
+    └── StateError        10   sparkit's own directories (SPARKIT_HOME or the default state,
+                               data and cache directories, a run directory) are unsafe to use
+                               (another user owns them or can write them, a link stands where
+                               a file should) or cannot be written (a full disk)
 
 Exit code 130 means interrupted (Ctrl-C).
 """
@@ -85,6 +89,12 @@ class EngineError(SparkitError):
 
 class DataError(SparkitError):
     exit_code = 8
+
+
+class StateError(SparkitError):
+    """sparkit's own state cannot be trusted or written; the message names the path."""
+
+    exit_code = 10
 
 
 EXIT_INTERRUPTED = 130

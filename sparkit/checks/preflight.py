@@ -165,7 +165,29 @@ def check_engine(plan: LaunchPlan, host: Host) -> list[CheckResult]:
     return get_adapter(plan.engine).preflight(plan)
 
 
-PREFLIGHT_CHECKS = [check_gpus, check_memory_now, check_memory, check_port, check_model]
+def check_state_space(plan: LaunchPlan, host: Host) -> CheckResult:
+    """The run's files (plan, record, the engine's log) go to sparkit's runs directory: a full disk
+    there is said before anything starts, not as an error halfway through."""
+    from sparkit.memory.units import gib
+    from sparkit.paths import MIN_FREE_BYTES, free_bytes, runs_dir
+
+    where = runs_dir()
+    free = free_bytes(where)
+    title = "disk space for the run"
+    if free is None:
+        return CheckResult("state_space", title, Status.SKIP, f"cannot tell the free space of {where}")
+    fix = f"free space on the file system holding {where} (`df -h {where}`), or point SPARKIT_HOME elsewhere"
+    if free < MIN_FREE_BYTES:
+        return CheckResult("state_space", title, Status.FAIL,
+                           f"{free // 1024} KiB free for {where}: a run needs at least {MIN_FREE_BYTES // 1024} KiB "
+                           "(its plan, record and the engine's log)", fix=fix)
+    if free < 64 * MIN_FREE_BYTES:
+        return CheckResult("state_space", title, Status.WARN, f"{gib(free)} free for {where}: the engine's log may "
+                           "fill it", fix=fix)
+    return CheckResult("state_space", title, Status.PASS, f"{gib(free)} free for {where}")
+
+
+PREFLIGHT_CHECKS = [check_gpus, check_memory_now, check_memory, check_port, check_model, check_state_space]
 
 
 def run_preflight(plan: LaunchPlan, host: Host) -> list[CheckResult]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
 from sparkit.checks.evidence import parse_server_info
-from sparkit.checks.results import CheckResult
+from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.base import get_adapter
-from sparkit.errors import EngineError
+from sparkit.errors import EngineError, StateError
 from sparkit.recipes.plan import LaunchPlan
 from sparkit.runs.store import RunFiles, write_json_atomic
 
@@ -98,7 +98,10 @@ async def gather_evidence(
         log_path = run_dir / RunFiles.LOG
         if log_path.exists():
             # Read after the probe: decode lines and humming's first-use line appear then.
-            ev.log = get_adapter(plan.engine).read_log(log_path.read_text(errors="replace"))
+            from sparkit.paths import open_state
+
+            with open_state(log_path, "r", errors="replace") as handle:
+                ev.log = get_adapter(plan.engine).read_log(handle.read())
         try:
             ev.reports = load_reports(run_dir)
         except (ValueError, KeyError, TypeError, OSError):
@@ -115,7 +118,11 @@ async def arun_activation_checks(
     ev = await gather_evidence(url, plan, run_dir, api_key)
     results = evaluate(plan, ev)
     if run_dir is not None:
-        _record(Path(run_dir), results, ev)
+        try:
+            _record(Path(run_dir), results, ev)
+        except StateError as exc:  # a full disk: the results are still shown, and the failure with them
+            results.append(CheckResult("results_saved", "results saved", Status.WARN,
+                                       f"{exc.message}; `sparkit status` shows the previous results", fix=exc.hint))
     return results
 
 

@@ -194,6 +194,9 @@ def bench(
     from sparkit.cli.common import require_server
 
     require_server(target.url, target.api_key)  # after the usage checks, before a results file or a progress bar
+    from sparkit.cli.common import resume_command, say, signals_as_interrupt
+
+    signals_as_interrupt()  # SIGTERM and SIGHUP too: what was measured is kept and the hint is said
     try:
         with progress_reporter() as on_progress:
             doc = run_async(
@@ -201,9 +204,8 @@ def bench(
             )
     except KeyboardInterrupt:
         if out_path.exists():
-            err_console().print(
-                f"interrupted; the requests measured so far are saved in {out_path}\n  resume with the same flags plus --out {out_path}"
-            )
+            say(err_console(), f"interrupted; the requests measured so far are saved in {out_path}\n  resume with: "
+                f"{resume_command('--out', str(out_path))}", highlight=False, soft_wrap=True)
         raise
     err_console().print(f"saved {out_path}")
     _raise_if_nothing_measured(doc, url=target.url)

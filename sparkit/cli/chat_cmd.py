@@ -52,9 +52,26 @@ def register(app: typer.Typer) -> None:
             store.close()
         if store.failure is not None:  # the history failed while the screen was up
             raise store.failure
+        if app.interrupted_by is not None:  # SIGINT, SIGTERM or SIGHUP: exit 130, what was said is kept
+            _say_interrupted(app, store)
+            raise KeyboardInterrupt
         if app.return_code:  # the screen crashed (its report is above): never exit 0 for that
             raise SparkitError("the chat screen stopped on an internal error (shown above)",
                                hint="set SPARKIT_DEBUG=1 and report it; saved chats are in " + str(store.path))
+
+
+def _say_interrupted(app, store) -> None:
+    """One line on stderr, if there is still somewhere to show it (after SIGHUP there may not be)."""
+    import signal
+    import sys
+
+    name = signal.Signals(app.interrupted_by).name
+    where = f"; reopen it with `sparkit chat --open {app.conversation_id}`" if app.conversation_id is not None else ""
+    try:
+        print(f"interrupted ({name}): the chat is saved, a reply in progress kept as far as it came{where}",
+              file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _require_saved_chat(store, conversation_id: int) -> None:

@@ -65,6 +65,56 @@ class ProgressLines:
         self.stream.flush()
 
 
+def signals_as_interrupt() -> None:
+    """SIGTERM and SIGHUP (the terminal closed) end a command like Ctrl-C: what it finished is kept,
+    it says how to go on, it exits 130. A SIGHUP that was already ignored (`nohup sparkit ...`)
+    stays ignored: that user asked for the command to outlive the terminal."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        # Whatever Ctrl-C would do now: asyncio.run's own SIGINT handler cancels its main task
+        # cleanly (a KeyboardInterrupt raised inside the event loop can leave it waiting on its
+        # threads); elsewhere, KeyboardInterrupt.
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
+            on_sigint(signal.SIGINT, frame)
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, handler)
+
+
+def say(console: Any, message: str, **kwargs: Any) -> None:
+    """A message on a console, if there is still a terminal to show it (after SIGHUP there may
+    not be; what the command does next must not depend on it)."""
+    try:
+        console.print(message, **kwargs)
+    except (OSError, ValueError):
+        pass
+
+
+def resume_command(*flags: str) -> str:
+    """The command line that was run, with `flags` added where it lacks them: what to type to go on."""
+    import shlex
+
+    argv = ["sparkit", *sys.argv[1:]]
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        if flag in argv:
+            if value is not None:
+                at = argv.index(flag)
+                if at + 1 < len(argv):
+                    argv[at + 1] = value
+        else:
+            argv += [flag] + ([value] if value is not None else [])
+        i += 2 if value is not None else 1
+    return shlex.join(argv)
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output: one JSON document on stdout, nothing else."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -162,12 +162,15 @@ def gsm8k(
     else:
         display, on_progress = _progress_bar(err, len(questions))
 
+    from sparkit.cli.common import resume_command, say, signals_as_interrupt
+
+    signals_as_interrupt()  # SIGTERM and SIGHUP too: the answers so far are kept and the hint is said
     try:
         with display:
             summary = run_async(core.run_eval(request, on_progress))
     except KeyboardInterrupt:
-        err.print(f"interrupted; finished questions are saved in {out}\n  resume with: sparkit eval gsm8k ... --out {out} --resume",
-                  highlight=False)
+        say(err, f"interrupted; finished questions are saved in {out}\n  resume with: "
+            f"{resume_command('--out', str(out), '--resume')}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED)
 
     if as_json:

@@ -87,9 +87,13 @@ def render_plan(plan) -> None:
     # Plain print: the line must paste into a shell exactly (no wrapping, no markup).
     out.print(plan.command_line(), markup=False, highlight=False, soft_wrap=True)
     if plan.env:
+        from sparkit.recipes.schema import code_loading
+
         out.print("\n[bold]environment[/]")
-        for k, v in sorted(plan.env.items()):
-            out.print(f"  {k}={v}", markup=False, highlight=False)
+        # One print: a recipe may set thousands of variables, and rich lays out each call.
+        lines = [f"  {k}={v}" + ("   # loads code into the engine" if code_loading(k) else "")
+                 for k, v in sorted(plan.env.items())]
+        out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     table = Table(title="which path provides each optimisation", title_justify="left")
     table.add_column("optimisation")
     table.add_column("provider")

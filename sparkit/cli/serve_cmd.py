@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from sparkit.cli.common import console, err_console, print_json
+from sparkit.cli.common import console, err_console, print_json, signals_as_interrupt
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -69,17 +69,6 @@ def guard_line(guard: dict | None) -> str:
     return line
 
 
-def _signals_as_interrupt() -> None:
-    """SIGTERM and SIGHUP (the terminal closed) stop the server like Ctrl-C. A SIGHUP that was
-    already ignored (`nohup sparkit up`) stays ignored: that user asked for the server to stay."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, handler)
-
-
 def _say(message: str) -> None:
     """A message on stderr, if there is still a terminal to show it (after SIGHUP there is not;
     stopping the server must not depend on it)."""
@@ -129,7 +118,7 @@ def up(
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
     from sparkit.runs import free_port, stop, up as start_server
 
-    _signals_as_interrupt()
+    signals_as_interrupt()
     wanted_port = _parse_port(port)
     loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
     if wanted_port == "auto":
@@ -350,7 +339,7 @@ def logs(
     found = select_run(run, include_stopped=True)  # a stopped run's log is worth reading too
     if not found.log_path.exists():
         raise UsageError(f"run {found.id} has no log yet")
-    text = found.log_path.read_text(errors="replace").splitlines()
+    text = found.read_log().splitlines()
     for line in text[-lines:] if lines > 0 else text:
         sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -371,6 +360,7 @@ def down(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Stop servers (SIGTERM to the process group, SIGKILL after the grace period)."""
+    from sparkit.errors import StateError
     from sparkit.runs import live_runs, mark_stale, pid_alive, select_run, stop
 
     stale = mark_stale()
@@ -380,9 +370,14 @@ def down(
         targets = live_runs()[-1:] if not all_ else live_runs()
     else:
         targets = [select_run(run)]
+    unrecorded = []
     for target in targets:
         was_live = target.in_use or target.has_processes
-        stop(target, grace=grace)
+        try:
+            stop(target, grace=grace)
+        except StateError as exc:  # stopped, but a full disk kept its record from saying so
+            unrecorded.append(exc)
+            continue
         if was_live:
             err_console().print(f"stopped {target.id}")
             continue
@@ -394,6 +389,8 @@ def down(
         print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
     elif not targets:
         err_console().print("no servers running")
+    if unrecorded:
+        raise unrecorded[0]
 
 
 def check(

@@ -13,7 +13,7 @@ from dataclasses import fields
 from sparkit.engines.base import EngineLaunch, get_adapter
 from sparkit.recipes.load import LoadedRecipe, display_path
 from sparkit.recipes.plan import Expectations, LaunchPlan
-from sparkit.recipes.rules import check_rules, raise_for_errors
+from sparkit.recipes.rules import check_rules, code_env_notes, raise_for_errors
 from sparkit.recipes.schema import Recipe
 
 DEFAULT_MIN_ACCEPT_LENGTH = 1.5
@@ -38,7 +38,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         recipe_path=str(loaded.path) if loaded.path else None,
         expectations=_expectations(r, launch, reference_note=_reference_model_note(loaded)),
         provisions=launch.provisions,
-        warnings=warnings + launch.warnings,
+        warnings=loaded.warnings + code_env_notes(loaded) + warnings + launch.warnings,
         model_builds=launch.model_builds,
         api_key_env=r.server.api_key_env,
         recipe=loaded.resolved(),

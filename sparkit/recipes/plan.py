@@ -7,9 +7,10 @@ data, serialised as plan.json in each run directory.
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,21 @@ class LaunchPlan:
         return f"{env} {cmd}" if env else cmd
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # asdict() deep-copies field by field in Python; a recipe may set thousands of variables,
+        # and its plain-data parts copy faster through the C JSON codec.
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("env", "recipe"):  # plain JSON data (strings; the recipe's model_dump)
+                value = json.loads(json.dumps(value))
+            elif f.name == "expectations":
+                value = asdict(value)
+            elif f.name == "provisions":
+                value = [asdict(p) for p in value]
+            else:
+                value = copy.deepcopy(value)
+            out[f.name] = value
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)

@@ -244,6 +244,30 @@ def _secret_in_env(loaded: LoadedRecipe):
 
 
 @rule(
+    "code-env-needs-opt-in",
+    "a variable such as PYTHONPATH or LD_PRELOAD makes the engine load code from where it points, and the "
+    "startup checks cannot tell that code from the engine's own",
+    "remove it from server.env (export it in your shell if you mean it), or list it in server.allow_code_env "
+    "(`--set server.allow_code_env=[NAME]`)",
+)
+def _code_env(loaded: LoadedRecipe):
+    from sparkit.recipes.schema import code_loading
+
+    server = loaded.recipe.server
+    return [("error", f"server.env.{name}", f"server.env sets {name}: {code_loading(name)}")
+            for name in server.env if code_loading(name) and name not in server.allow_code_env]
+
+
+def code_env_notes(loaded: LoadedRecipe) -> list[str]:
+    """What `sparkit plan` says about each code-loading variable the recipe sets (and allows)."""
+    from sparkit.recipes.schema import code_loading
+
+    server = loaded.recipe.server
+    return [f"server.env.{name}={server.env[name]} loads code into the engine ({code_loading(name)}); "
+            "allowed by server.allow_code_env" for name in server.env if code_loading(name) and name in server.allow_code_env]
+
+
+@rule(
     "gb10-mem-fraction",
     "on DGX Spark the GPU shares memory with the OS; the cookbook measured that 0.75 risks GPU OOM and driver lockups",
     "use server.mem_fraction_static: 0.68",

@@ -36,11 +36,56 @@ MoeBackend = Literal[
 
 TargetName = Literal["auto", "gb10", "blackwell-tp4", "hopper", "cpu"]
 
+MAX_TOKENS = 2**31 - 1  # a context length past this is no model's
+MAX_GIB = 1024.0**2  # a memory figure past a PiB is a typo (and 1e300 GiB overflows a byte count)
+MAX_EXTRA_ARGS = 512
+MAX_GPUS = 4096  # tp / ep: far past any machine, and the roofline's arithmetic stays in floats
+MAX_DRAFT = 1024  # speculative step and draft-token counts
+MAX_BATCH = 2**20  # requests at once, CUDA-graph batch sizes
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Environment variables that make the engine load code from where they point: a recipe that sets
+# one runs that code inside the engine, every startup check passing. Each needs the recipe's
+# explicit `server.allow_code_env`, and `sparkit plan` shows it. (The same variables exported in
+# the shell that runs sparkit are the user's own doing, and pass through untouched.)
+CODE_LOADING_ENV: dict[str, str] = {
+    "PYTHONPATH": "Python imports modules (and a sitecustomize.py) from these directories first",
+    "PYTHONHOME": "Python's standard library is read from this directory",
+    "PYTHONSTARTUP": "Python runs this file at an interactive start",
+    "PYTHONUSERBASE": "Python imports user site-packages (and their .pth files) from here",
+    "PYTHONPLATLIBDIR": "Python's platform library directory name",
+    "PYTHONEXECUTABLE": "the interpreter Python reports as sys.executable (child processes run it)",
+    "PYTHONPYCACHEPREFIX": "Python loads compiled modules (.pyc) from this directory",
+    "PYTHONBREAKPOINT": "Python imports and calls this on breakpoint()",
+    "PYTHONWARNINGS": "Python imports the module of each warning category named here",
+    "LD_PRELOAD": "the dynamic linker loads these libraries into every process",
+    "LD_LIBRARY_PATH": "the dynamic linker looks for libraries here first",
+    "LD_AUDIT": "the dynamic linker loads these auditing libraries",
+    "GCONV_PATH": "glibc loads character-set conversion modules from here",
+    "NCCL_NET_PLUGIN": "NCCL loads this network plugin library",
+    "NCCL_TUNER_PLUGIN": "NCCL loads this tuner plugin library",
+    "NCCL_PROFILER_PLUGIN": "NCCL loads this profiler plugin library",
+    "TORCH_EXTENSIONS_DIR": "PyTorch loads compiled extensions from here",
+    "TORCHINDUCTOR_CACHE_DIR": "PyTorch's compiler loads cached compiled kernels from here",
+    "TRITON_CACHE_DIR": "Triton loads cached compiled kernels from here",
+    "HF_MODULES_CACHE": "transformers imports remote-code modules from here",
+}
+CODE_LOADING_ENV_PREFIXES: dict[str, str] = {
+    "DYLD_": "the macOS dynamic linker loads libraries from what these name",
+}
+
+
+def code_loading(name: str) -> str | None:
+    """What an environment variable makes a process load, when it loads code; else None."""
+    if name in CODE_LOADING_ENV:
+        return CODE_LOADING_ENV[name]
+    return next((why for prefix, why in CODE_LOADING_ENV_PREFIXES.items() if name.startswith(prefix)), None)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    # allow_inf_nan: `1e309` reads as infinity, and no setting means infinity or NaN.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -57,7 +102,7 @@ class ModelSpec(_Strict):
     trust_remote_code: bool = False
     """Allow the checkpoint's own Python code (needed by Ling on some sglang versions)."""
 
-    context_length: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Maximum context length in tokens (default: the model's)."""
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
@@ -75,13 +120,13 @@ class Speculative(_Strict):
     method: Literal["none", "nextn", "dspark"] = "none"
     """Which speculative decoder to use."""
 
-    num_steps: int | None = Field(default=None, ge=1)
+    num_steps: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: draft tokens proposed per step. Give all three numbers or none."""
 
-    eagle_topk: int | None = Field(default=None, ge=1)
+    eagle_topk: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: branching factor of the draft tree (1 = a chain)."""
 
-    num_draft_tokens: int | None = Field(default=None, ge=1)
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
     """NEXTN: tokens verified per step; with eagle_topk 1 it must be num_steps + 1."""
 
     draft_model: str | None = None
@@ -134,10 +179,10 @@ class Stack(_Strict):
     attention_backend: str | None = None
     """Attention backend (`--attention-backend`), checked against the installed sglang."""
 
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
     """Tensor-parallel size (GPUs per replica)."""
 
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
     """Expert-parallel size (divides the experts between GPUs instead of splitting each one)."""
 
 
@@ -152,10 +197,10 @@ class CudaGraph(_Strict):
     the decode graphs; SGLang 0.5.23 captures prefill graphs for 58 token counts up to 8192, which
     took 56 s of a tiny model's start on an H200."""
 
-    max_bs_decode: int | None = Field(default=None, ge=1)
+    max_bs_decode: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Largest decode batch size captured (`--cuda-graph-max-bs-decode`)."""
 
-    max_bs_prefill: int | None = Field(default=None, ge=1)
+    max_bs_prefill: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Largest prefill batch size captured (`--cuda-graph-max-bs-prefill`)."""
 
 
@@ -170,7 +215,7 @@ class MemoryGuard(_Strict):
     enabled: bool = True
     """Run the guard (Linux hosts; any engine)."""
 
-    floor_gib: float | None = Field(default=None, gt=0)
+    floor_gib: float | None = Field(default=None, gt=0, le=MAX_GIB)
     """Memory, in GiB, the OS keeps: the guard's threshold, and on unified memory what the memory
     fit keeps free at steady state. Default: 5% of the host's memory, at least 2 GiB (about 6 GiB
     on a DGX Spark)."""
@@ -198,7 +243,7 @@ class Server(_Strict):
     rest is for activations, CUDA graphs and, on unified memory, the OS (DGX Spark cookbook: 0.68).
     The preflight checks it against the memory fit (`sparkit plan` shows the range that fits)."""
 
-    max_running_requests: int | None = Field(default=None, ge=1)
+    max_running_requests: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     """Most requests decoded at once."""
 
     cuda_graph: CudaGraph = Field(default_factory=CudaGraph)
@@ -210,12 +255,31 @@ class Server(_Strict):
     enable_metrics: bool = True
     """Expose Prometheus /metrics (the startup checks read it)."""
 
-    extra_args: list[str] = Field(default_factory=list)
-    """Pass-through engine flags, validated by the installed engine's own parser."""
+    extra_args: list[str] = Field(default_factory=list, max_length=MAX_EXTRA_ARGS)
+    """Pass-through engine flags, validated by the installed engine's own parser (at most 512 items:
+    SGLang has about 300 flags)."""
 
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables for the engine; SGLANG_* names are checked against the
-    installed sglang's registry (a warning for each one it ignores)."""
+    installed sglang's registry (a warning for each one it ignores). A variable that loads code
+    into the engine (PYTHONPATH, LD_PRELOAD, ...: see `allow_code_env`) needs `allow_code_env`."""
+
+    allow_code_env: list[str] = Field(default_factory=list, max_length=64)
+    """The variables of `env` that load code into the engine (PYTHONPATH, LD_PRELOAD, ...: the table
+    "Variables that load code" below) and that this recipe means to set. Such a variable in `env`
+    that is not listed here is an error (rule `code-env-needs-opt-in`); one that is listed is shown
+    by `sparkit plan` as code loaded into the engine. On the command line: `--set
+    server.allow_code_env=[PYTHONPATH]`. Variables exported in the shell that runs sparkit are not
+    the recipe's and need nothing."""
+
+    @field_validator("allow_code_env")
+    @classmethod
+    def _code_env_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if code_loading(name) is None:
+                raise ValueError(f"{name!r} loads no code (allow_code_env lists only variables such as "
+                                 "PYTHONPATH or LD_PRELOAD; any other variable needs no opt-in)")
+        return value
 
     @field_validator("api_key_env")
     @classmethod
@@ -257,7 +321,10 @@ class Recipe(_Strict):
     """A recipe: what to serve and how. Keys not listed here are errors."""
 
     extends: str | None = None
-    """Base recipe (a path relative to this file, or a shipped name) deep-merged under this one."""
+    """Base recipe deep-merged under this one: a shipped recipe's name (`tiny`,
+    `ling-3.0-flash/spark-optimized`), or a file named as a path (`./base.yaml`, `base.yaml`,
+    `../x/y.yaml`, `/abs/z.yaml`: relative to this recipe's own directory). See "How recipe names
+    resolve" below."""
 
     description: str | None = None
     """One line shown by `sparkit recipes list`."""

@@ -9,6 +9,7 @@ LaunchError with the adapter's diagnosis; `stop(run)` ends the group and records
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
-from sparkit.errors import LaunchError
-from sparkit.paths import ensure_dir, open_output
+from sparkit.errors import LaunchError, StateError
+from sparkit.paths import ensure_dir, open_output, open_state, write_error
 from sparkit.recipes.plan import LaunchPlan
 import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
@@ -63,19 +64,34 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
                     oom: Any = None) -> LaunchError:
     from sparkit.engines.sglang.log import tail_lines
 
-    text = run.log_path.read_text(errors="replace") if run.log_path.exists() else ""
+    text = run.read_log()
     diagnosis = adapter.diagnose(text, returncode)
     if returncode is not None and returncode < 0 and oom is not None:
         diagnosis = _killed(diagnosis, returncode, oom)
+    diagnosis = _disk_full(diagnosis, run)
     run = run.reload()
     run.state, run.failure, run.stopped_at = RunState.FAILED, diagnosis.cause, now_iso()
-    run.save()
+    _save_if_possible(run)
     lines = "\n".join(f"    {line}" for line in tail_lines(text, 25)) or "    (the log is empty)"
     error = LaunchError(f"{summary} ({diagnosis.cause}): {diagnosis.detail}\n  last log lines ({run.log_path}):\n{lines}",
                         hint=diagnosis.hint)
     error.run = run  # type: ignore[attr-defined]
     error.diagnosis = diagnosis  # type: ignore[attr-defined]
     return error
+
+
+def _disk_full(diagnosis: Any, run: Run) -> Any:
+    """An engine whose log could not be written (the disk filled while it started) dies of it or
+    with a log cut short: say so rather than guess from the log."""
+    from sparkit.engines.sglang.log import Diagnosis
+    from sparkit.paths import free_bytes
+
+    free = free_bytes(run.path)
+    if free is None or free >= 64 * 1024:
+        return diagnosis
+    return Diagnosis("disk full", f"the file system holding {run.path} has {free // 1024} KiB left, so the engine's "
+                     f"log (and the engine) could not go on ({diagnosis.cause} otherwise)",
+                     f"free space there (`df -h {run.path}`), then run `sparkit up` again")
 
 
 def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
@@ -122,9 +138,17 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
               engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
               api_key_env=plan.api_key_env, detached=detach, owner=owner.to_dict() if owner else None)
     ensure_dir(run.root)
-    run.path.mkdir(exist_ok=False, mode=0o700)
-    run.write_json(RunFiles.PLAN, plan.to_dict())
-    run.save()
+    try:
+        run.path.mkdir(exist_ok=False, mode=0o700)
+    except OSError as exc:
+        raise write_error(run.path, exc) from None
+    try:
+        run.write_json(RunFiles.PLAN, plan.to_dict())
+        run.save()
+    except BaseException:
+        # Nothing started and no record to keep (a full disk, Ctrl-C): no empty run directory either.
+        shutil.rmtree(run.path, ignore_errors=True)
+        raise
 
     try:
         adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
@@ -135,7 +159,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         else:
             why = f"not started: {exc}".splitlines()[0][:200]
         run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
-        run.save()
+        _save_if_possible(run)
         raise
     env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
@@ -145,7 +169,13 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     # SIGKILL (the kernel tells the engine); a detached one must outlive it.
     tie = (not detach) if tie_to_parent is None else tie_to_parent
     preexec = processes.die_with_parent() if tie else None
-    with open_output(run.log_path, "ab") as log:
+    try:
+        log_file = open_output(run.log_path, "ab")
+    except (OSError, StateError) as exc:
+        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
+        _save_if_possible(run)
+        raise
+    with log_file as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True, preexec_fn=preexec)
@@ -159,27 +189,54 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
     run.create_time = started.create_time if started else None
     run.cmdline = list(started.cmdline) if started and started.cmdline else None
-    run.save()
-    from sparkit.memory.oom import OomWatch
-
-    oom = OomWatch.start(proc.pid)
-
-    guard = _start_guard(plan, run, proc)
+    guard = None
     try:
-        _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard, oom)
-    except BaseException:  # exit, timeout, Ctrl-C or anything unexpected: leave nothing behind
-        stop(run, grace=5)
+        run.save()  # a full disk here: the engine is stopped, not left running unrecorded
+        from sparkit.memory.oom import OomWatch
+
+        oom = OomWatch.start(proc.pid)
+        guard = _start_guard(plan, run, proc)
+        try:
+            _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard, oom)
+        finally:
+            # The engine read its key at start; it need not stay on disk.
+            for name in adapter.secret_files:
+                (run.path / name).unlink(missing_ok=True)
+            _record_guard(run, guard)
+        run = run.reload()
+        run.state, run.ready_s = RunState.RUNNING, round(time.monotonic() - t0, 2)
+        run.save()
+    except BaseException as exc:  # exit, timeout, Ctrl-C, a full disk: leave nothing behind
+        _stop_quietly(run, exc)
         raise
-    finally:
-        # The engine read its key at start; it need not stay on disk.
-        for name in adapter.secret_files:
-            (run.path / name).unlink(missing_ok=True)
-        _record_guard(run, guard)
-    run = run.reload()
-    run.state, run.ready_s = RunState.RUNNING, round(time.monotonic() - t0, 2)
-    run.save()
     emit("ready")
     return run
+
+
+def _stop_quietly(run: Run, cause: BaseException) -> None:
+    """Stop a start that failed, keeping the failure that is on its way to the user (a record that
+    cannot be written then is not the news; the cause is)."""
+    try:
+        stop(run, grace=5)
+    except StateError:
+        pass
+    if isinstance(cause, StateError):  # the record names what could not be written, if it can be written
+        try:
+            run = run.reload()
+            if run.state is not RunState.FAILED:
+                run.state, run.failure = RunState.FAILED, str(cause.message)[:200]
+                run.save()
+        except (OSError, ValueError, TypeError, StateError):
+            pass
+
+
+def _save_if_possible(run: Run) -> None:
+    """Record a failure while another error is on its way to the user (which names the cause);
+    on a full disk the record is rewritten in place when it can be (sparkit.paths.write_atomic)."""
+    try:
+        run.save()
+    except (OSError, StateError):
+        pass
 
 
 def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
@@ -215,7 +272,7 @@ def _record_guard(run: Run, guard: Any) -> None:
     summary = guard.stop()
     run = run.reload()
     run.memory_guard = {"enabled": True, **summary.to_dict()}
-    run.save()
+    _save_if_possible(run)  # a full disk: the start's own outcome (or error) says so
 
 
 def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
@@ -224,7 +281,7 @@ def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
     s = guard.summary
     run = run.reload()
     run.state, run.failure, run.stopped_at = RunState.FAILED, "stopped by the memory guard", now_iso()
-    run.save()
+    _save_if_possible(run)
     evicted = (f"; it had evicted {s.evicted_bytes / gib:.2f} GiB of the checkpoint's page cache first"
                if s.evictions else "")
     message = (f"the memory guard stopped the engine while {phase or 'starting'}: available memory fell to "
@@ -265,7 +322,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
                 emit(phases[index], state["last_line"])
                 state["last_emit"] = now
 
-    with open(run.log_path, "r", errors="replace") as log:
+    with open_state(run.log_path, "r", errors="replace") as log:
         while True:
             if guard is not None and guard.tripped.is_set():
                 guard.stop()  # waits until the guard has stopped the engine
@@ -307,5 +364,9 @@ def stop(run: Run, grace: float = 10) -> Run:
     if run.state is not RunState.FAILED:
         run.state = RunState.STOPPED
     run.stopped_at = run.stopped_at or now_iso()
-    run.save()
+    try:
+        run.save()
+    except StateError as exc:
+        raise StateError(f"stopped run {run.id}, but its record could not be updated ({exc.message}); "
+                         "`sparkit status` shows it as exited until it can be", hint=exc.hint) from None
     return run

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sparkit.checks.results import CheckResult, Status, worst
-from sparkit.errors import PreflightError
+from sparkit.errors import PreflightError, StateError
 from sparkit.recipes.plan import LaunchPlan
 from sparkit.runs.launcher import ProgressFn, launch, stop
-from sparkit.runs.store import Run, Server
+from sparkit.runs.store import CHECKING, Run, RunState, Server
 
 # Called with the preflight results before anything starts (the CLI shows them there).
 PreflightFn = Callable[[list[CheckResult]], None]
@@ -75,13 +75,32 @@ def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: b
     from sparkit.checks.runner import run_activation_checks
 
     try:
+        run = started.run = _set_phase(run, CHECKING)
         if on_checking is not None:
             on_checking(run)
         started.checks = run_activation_checks(plan.url, plan, run.path, api_key=run.api_key)
-    except BaseException:
+    except BaseException as exc:
+        # Interrupted (Ctrl-C, SIGTERM, SIGHUP) or broken during the checks: the start did not
+        # finish, and the record says so (a SIGKILL of up is found later: Run.unfinished_start).
+        why = ("interrupted during the startup checks" if isinstance(exc, KeyboardInterrupt)
+               else f"the startup checks could not run: {exc}".splitlines()[0][:200])
+        try:
+            failed = run.reload()
+            failed.state, failed.failure, failed.phase = RunState.FAILED, why, None
+            failed.save()
+        except (OSError, ValueError, TypeError, StateError):
+            pass
         stop(run)
         raise
+    started.run = _set_phase(run, None)
     return started
+
+
+def _set_phase(run: Run, phase: str | None) -> Run:
+    run = run.reload()
+    run.phase = phase
+    run.save()
+    return run
 
 
 def _preflight_shown(plan: LaunchPlan, shown: PreflightFn) -> list[CheckResult]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.errors import EngineError, UsageError
-from sparkit.paths import runs_dir, write_atomic
+from sparkit.paths import check_private_dir, open_state, runs_dir, write_atomic
 from sparkit.runs.processes import ProcessIdentity, engine_alive
 
 
@@ -36,6 +36,10 @@ class RunFiles:
     LOG = "server.log"
     CHECKS = "checks.json"
     PROBE = "probe.json"
+
+
+CHECKING = "startup checks"
+"""Run.phase while `sparkit up` runs the startup checks."""
 
 
 class RunState(str, Enum):
@@ -76,6 +80,9 @@ class Run:
     # The sparkit process that set the run up (and, for a foreground run, holds it): a run whose
     # owner lives is in use even before its engine exists (while a model builds).
     owner: dict[str, Any] | None = None  # ProcessIdentity.to_dict()
+    # What the `sparkit up` that holds the run is doing after the launch ("startup checks"): a run
+    # whose up ends there did not finish starting, whatever its engine does.
+    phase: str | None = None
     root: Path = field(default_factory=runs_dir, repr=False)  # the runs directory it lives in
 
     # -- files ----------------------------------------------------------------------------------
@@ -103,11 +110,21 @@ class Run:
     def probe_path(self) -> Path:
         return self.path / RunFiles.PROBE
 
-    def read_json(self, name: str) -> Any | None:
-        """A JSON file of the run; None when it is missing or torn."""
+    def read_log(self) -> str:
+        """The engine's log so far ("" before it exists); never through a link."""
         try:
-            return json.loads((self.path / name).read_text())
-        except (OSError, json.JSONDecodeError):
+            with open_state(self.log_path, "r", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
+
+    def read_json(self, name: str) -> Any | None:
+        """A JSON file of the run; None when it is missing or torn (a link or another user's file
+        there is refused: StateError)."""
+        try:
+            with open_state(self.path / name) as handle:
+                return json.loads(handle.read())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
 
     def write_json(self, name: str, data: Any) -> None:
@@ -125,9 +142,12 @@ class Run:
 
     @classmethod
     def open(cls, path: Path) -> "Run":
-        """The run recorded in `path` (raises OSError / ValueError for a missing or torn record)."""
+        """The run recorded in `path` (raises OSError / ValueError for a missing or torn record,
+        StateError for a directory or record another user owns or can write, or a link)."""
         path = Path(path)
-        data = json.loads((path / RunFiles.META).read_text())
+        check_private_dir(path, "the run directory")
+        with open_state(path / RunFiles.META) as handle:
+            data = json.loads(handle.read())
         if not isinstance(data, dict):
             raise ValueError(f"{path / RunFiles.META}: not a run record")
         # Records of sparkit before 0.3 kept state and its companions in `extra`.
@@ -196,8 +216,17 @@ class Run:
         if self.state is RunState.STARTING:
             doing = "preparing the launch (building the model)" if self.pid is None else "waiting for the engine to start"
             return f"{who} ended while {doing}"
+        if self.phase == CHECKING:
+            return f"{who} ended while running the startup checks"
         if not self.detached:
             return f"{who}, which held this foreground run, ended"
+        return None
+
+    def unfinished_start(self) -> str | None:
+        """Why the start of this run never finished, when its `sparkit up` ended before (during
+        the launch, or during the startup checks that follow it); None otherwise."""
+        if self.state is RunState.STARTING or self.phase == CHECKING:
+            return self.abandoned()
         return None
 
     def observed_state(self) -> RunState:
@@ -206,9 +235,9 @@ class Run:
         starting."""
         if not self.state.active:
             return self.state
-        if self.setting_up:
+        if self.setting_up or (self.phase == CHECKING and self.owner_alive and self.live):
             return RunState.STARTING
-        if self.state is RunState.STARTING and self.abandoned():
+        if self.unfinished_start():
             return RunState.FAILED
         if not self.live:
             return RunState.EXITED
@@ -256,12 +285,14 @@ def list_runs(root: Path | None = None) -> list[Run]:
     root = root or runs_dir()
     if not root.is_dir():
         return []
+    check_private_dir(root, "sparkit's runs directory")
     found = []
     for path in root.iterdir():
-        if not (path / RunFiles.META).exists():
+        if not os.path.lexists(path / RunFiles.META) and not path.is_symlink():
             continue
         try:
-            found.append((_start_order(path), Run.open(path)))
+            run = Run.open(path)  # a directory another user controls raises StateError: refused, not skipped
+            found.append((_start_order(path), run))
         except (OSError, ValueError, TypeError, KeyError):
             continue  # a torn record (a crash mid-write of an old sparkit): not a run to act on
     return [run for _, run in sorted(found, key=lambda item: item[0])]
@@ -271,7 +302,8 @@ def _start_order(path: Path) -> tuple[str, float]:
     # By start time, not meta.json's mtime: stopping a run rewrites its record, and the run
     # stopped last must not become "the latest run".
     try:
-        started = json.loads((path / RunFiles.META).read_text()).get("started_at") or ""
+        with open_state(path / RunFiles.META) as handle:
+            started = json.loads(handle.read()).get("started_at") or ""
     except (OSError, ValueError, AttributeError):
         started = ""
     return (started, (path / RunFiles.META).stat().st_mtime)
@@ -350,8 +382,8 @@ def mark_stale() -> list[Run]:
             continue
         if run.live:
             stop_group(run.pid, run.pgid, run.create_time, 5.0, run.cmdline)
-        if run.state is RunState.STARTING and why is not None:
-            run.state, run.failure = RunState.FAILED, why
+        if run.unfinished_start() is not None:
+            run.state, run.failure, run.phase = RunState.FAILED, why, None
         else:
             run.state = RunState.EXITED
         run.stopped_at = run.stopped_at or now_iso()
@@ -407,7 +439,7 @@ def follow_log(run: Run, *, from_start: bool = False, poll: float = 0.2,
     """Yield lines of the run's log as they are written (like tail -f).
 
     Ends when `stop_when()` is true or the engine is gone and the log is drained."""
-    with open(run.log_path, "r", errors="replace") as handle:
+    with open_state(run.log_path, "r", errors="replace") as handle:
         if not from_start:
             handle.seek(0, os.SEEK_END)
         buffer = ""

@@ -190,6 +190,9 @@ class ChatApp(App):
         self.finished_replies: list[ReplyMetrics] = []
         self.display_latencies: list[float] = []  # last token arrival -> final text painted (s)
         self.reply_finished = asyncio.Event()
+        # The signal (SIGINT, SIGTERM, SIGHUP) that is ending the app, if one is: the reply being
+        # streamed is kept as far as it came, marked interrupted, and `sparkit chat` exits 130.
+        self.interrupted_by: int | None = None
 
     # -- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -219,8 +222,41 @@ class ChatApp(App):
         if self.health_interval:
             self.set_interval(self.health_interval, self._poll_health)
             self.call_later(self._poll_health)
+        self._catch_signals()
+
+    def _catch_signals(self) -> None:
+        """SIGINT (`kill -INT`, a terminal's Ctrl-C outside raw mode), SIGTERM and SIGHUP end the app
+        as Ctrl+Q does, through the event loop rather than a KeyboardInterrupt in the middle of
+        it: the partial reply is saved, nothing is printed over the screen."""
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests), or no such signal
+                pass
+
+    def _on_signal(self, sig: int) -> None:
+        if self.interrupted_by is not None:  # a second one: leave now, the reply is saved as it stood
+            self.exit(return_code=128 + sig)
+            return
+        self.interrupted_by = sig
+        self._loop.create_task(self._interrupted(sig), context=self._app_context)
+
+    async def _interrupted(self, sig: int) -> None:
+        await self._stop_and_wait()
+        if self._unsaved_reply is not None:
+            self._save_reply(*self._unsaved_reply)
+        self.exit(return_code=128 + sig)
 
     async def on_unmount(self) -> None:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         sys.setswitchinterval(self._switch_interval)
         if self._reader is not None:
             self._reader.stop()
@@ -397,7 +433,7 @@ class ChatApp(App):
             status = "complete"
             reply.settle(completion_tokens=generation.completion_tokens, accept_length=generation.accept_length, status="done")
         elif final[0] == "stopped":
-            status = "stopped"
+            status = "interrupted" if self.interrupted_by is not None else "stopped"
             reply.settle(completion_tokens=None, accept_length=None, status="stopped")
         else:
             status, error = "interrupted", str(final[1])

@@ -250,7 +250,8 @@ def _new_log(server, since: int) -> str:
 def test_oversized_bodies_are_413_before_anything_is_parsed(embedded_server):
     since = len(embedded_server.log())
     body = json.dumps({"messages": [{"role": "user", "content": "x" * 5_000_000}]}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    host = embedded_server.url.split("//", 1)[1]  # a Host the server listens on (any other is a 403 first)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     answer = _raw_http(embedded_server, head + body[:1024])  # the server answers on the declared length
     assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the server's limit of 4194304 bytes" in answer
@@ -296,7 +297,8 @@ def test_a_tiny_top_p_samples_the_best_token_instead_of_failing(embedded_server)
 
 def test_a_client_gone_mid_body_leaves_no_traceback(embedded_server):
     since = len(embedded_server.log())
-    head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    host = embedded_server.url.split("//", 1)[1]
+    head = f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n".encode()
     _raw_http(embedded_server, head + b'{"text": "' + b"a" * 1000, close_after_send=True)
     for _ in range(3):  # the server goes on serving; its handling of the closed socket is done by then
         assert _post(embedded_server, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}).status_code == 200

@@ -6,14 +6,23 @@ misspelt keys), each loaded and compiled as `sparkit plan` does. Deterministic (
 shipped recipes in name order); bounded by steps (a fixed number of mutations, each capped by the
 loader's own limits); the per-mutation alarm only catches a hang, at many times the normal cost.
 
+Every SHAPE_EVERY-th mutation is instead one of issue 29's shapes, in turn: a long extends chain
+(up to 990 files), 8000 + 8000 server.env keys merged through extends, huge and non-finite
+numbers, lone UTF-16 surrogates, file names at and past NAME_MAX, a recipe read from a pipe
+(/dev/fd/N) and a named FIFO.
+
 What must hold: no exception other than sparkit's own errors, every RecipeError names the file
-(the mutated one or a shipped base), a --set error names --set, and through the CLI no traceback
-and no "internal error". `pytest tests/recipes/test_recipe_fuzz.py -s` prints the tally.
+(the mutated one, a file of its chain or a shipped base), a --set error names --set, through the
+CLI no traceback and no "internal error", and no case costs more than MAX_CPU_S of this process's
+CPU time (user + system, all threads: what the machine's load does not change). `pytest
+tests/recipes/test_recipe_fuzz.py -s` prints the tally and the costliest cases.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import resource
 import signal
 from collections import Counter
 from pathlib import Path
@@ -29,6 +38,17 @@ MUTATIONS = 360
 SET_MUTATIONS = 40  # of the MUTATIONS, fuzzed --set values on an unmutated recipe
 CLI_EVERY = 12  # every so many mutations also go through the CLI entry point (in-process)
 HANG_S = 20  # a mutation normally takes milliseconds; this only tells a hang from slowness
+MAX_CPU_S = 2.0  # the most CPU time one run of a case may cost (load and compile; or `sparkit plan --json`)
+SHAPE_EVERY = 5  # every so many mutations, one of SHAPES instead (in turn)
+SHAPES = ["chain", "huge-number", "surrogate", "long-name", "pipe", "wide", "fifo"]
+CHAIN_LENGTHS = [2, 30, 31, 32, 33, 100, 990]
+HUGE_NUMBERS = ["1e309", "1.0e+309", "-1.0e+309", ".inf", "-.inf", ".nan", "9" * 4000, "9" * 4301, "1" + "0" * 400,
+                "0x" + "f" * 500, "1.0e-400", "-0.0", "18446744073709551617", "2147483648", "1.0e+300"]
+NUMERIC_KEYS = ["server.port", "server.memory_guard.floor_gib", "model.context_length", "server.mem_fraction_static",
+                "checks.min_accept_length", "checks.reference_perplexity", "stack.tp", "stack.speculative.num_steps",
+                "server.cuda_graph.max_bs_decode", "checks.min_decode_tok_s"]
+SURROGATES = ['description: "\\ud800"', '"\\udc00": 1', 'model: {path: "a\\udfffb"}', 'server: {env: {X: "\\ud800"}}',
+              'description: "\\ud83d\\ude00"']  # the last one is a valid pair
 
 SNIPPETS = [
     "<<: *base",
@@ -140,6 +160,65 @@ def mutate(rng: random.Random, text: str) -> tuple[str, bytes]:
     return op, ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def shape_case(kind: str, rng: random.Random, work: Path, source: Path, text: str) -> tuple[str, list[str], set[str], list]:
+    """One of issue 29's shapes around a shipped recipe: (what to load, --set overrides, files an
+    error may name besides the shipped ones, things to close after)."""
+    work.mkdir()
+    if kind == "chain":
+        n = rng.choice(CHAIN_LENGTHS)
+        (work / "c0.yaml").write_text(f"extends: {source}\n")
+        for k in range(1, n):
+            (work / f"c{k}.yaml").write_text(f"extends: c{k - 1}.yaml\n")
+        return str(work / f"c{n - 1}.yaml"), [], {display_path(work / f"c{k}.yaml") for k in range(n)}, []
+    if kind == "wide":
+        (work / "base.yaml").write_text(f"extends: {source}\nserver:\n  env:\n" + "".join(f"    K{i}: v\n" for i in range(8000)))
+        (work / "child.yaml").write_text("extends: base.yaml\nserver:\n  env:\n" + "".join(f"    J{i}: v\n" for i in range(8000)))
+        return str(work / "child.yaml"), [], {display_path(work / "base.yaml"), display_path(work / "child.yaml")}, []
+    if kind == "huge-number":
+        value = rng.choice(HUGE_NUMBERS)
+        if rng.random() < 0.5:
+            return str(source), [f"{rng.choice(NUMERIC_KEYS)}={value}"], set(), []
+        key = rng.choice(NUMERIC_KEYS).split(".")
+        nested = "".join(f"{'  ' * d}{k}:\n" for d, k in enumerate(key[:-1])) + f"{'  ' * (len(key) - 1)}{key[-1]}: {value}\n"
+        (work / "r.yaml").write_text(f"extends: {source}\n{nested}")
+        return str(work / "r.yaml"), [], {display_path(work / "r.yaml")}, []
+    if kind == "surrogate":
+        snippet = rng.choice(SURROGATES)
+        if rng.random() < 0.3:
+            return str(source), [rng.choice(['model.path="\\ud800"', 'server.env={"K": "\\udfff"}', 'description="\\udc80x"'])], set(), []
+        (work / "r.yaml").write_text(f"extends: {source}\n{snippet}\n")
+        return str(work / "r.yaml"), [], {display_path(work / "r.yaml")}, []
+    if kind == "long-name":
+        length = rng.choice([200, 250, 255, 256, 300, 5000])
+        name = ("n" * length)[: length - 5] + ".yaml"
+        target = work / name
+        if length <= 255:
+            target.write_text(text)
+        if rng.random() < 0.5:
+            (work / "r.yaml").write_text(f"extends: {name}\n")
+            return str(work / "r.yaml"), [], {display_path(work / "r.yaml"), display_path(target), str(target)}, []
+        return str(target), [], {display_path(target), str(target), name}, []
+    if kind == "pipe":
+        read_end, write_end = os.pipe()
+        data = mutate(rng, text)[1][:60000]  # under a pipe's buffer: written whole before the read
+        os.write(write_end, data)
+        os.close(write_end)
+        return f"/dev/fd/{read_end}", [], {f"/dev/fd/{read_end}"}, [read_end]
+    if kind == "fifo":
+        fifo = work / "fifo.yaml"
+        os.mkfifo(fifo)
+        if rng.random() < 0.5:
+            (work / "r.yaml").write_text("extends: fifo.yaml\n")
+            return str(work / "r.yaml"), [], {display_path(work / "r.yaml")}, []
+        return str(fifo), [], {display_path(fifo), str(fifo)}, []
+    raise ValueError(kind)
+
+
 class Hang(Exception):
     pass
 
@@ -164,13 +243,25 @@ def test_mutated_recipes_are_plans_or_located_errors(recipes, tmp_path, capsys):
     shipped_files = {display_path(path) for _, path, _ in recipes}
     tally: Counter[str] = Counter()
     problems: list[str] = []
+    costs: list[tuple[float, str]] = []
     cli_checked = 0
+    # Imports happen once per process (an engine's parser on first use: sglang's takes seconds);
+    # paid here, so that a case's CPU time is its own.
+    for _, source, _ in recipes:
+        compile_plan(load_recipe(source))
+    _through_the_cli(-1, "warm-up", "tiny", Path(recipes[0][1]), [], capsys)
     old = signal.signal(signal.SIGALRM, _alarm)
     try:
         for i in range(MUTATIONS):
             name, source, text = recipes[i % len(recipes)]
             overrides: list[str] = []
-            if i % (MUTATIONS // SET_MUTATIONS) == 0:
+            extra_files: set[str] = set()
+            to_close: list = []
+            if i % SHAPE_EVERY == SHAPE_EVERY - 1:
+                op = SHAPES[(i // SHAPE_EVERY) % len(SHAPES)]
+                ref, overrides, extra_files, to_close = shape_case(op, rng, tmp_path / f"shape-{i:03d}", source, text)
+                path = Path(ref)
+            elif i % (MUTATIONS // SET_MUTATIONS) == 0:
                 op = "--set"
                 path = source
                 key = rng.choice(["server.port", "stack.speculative", "server.env", "model.path", "checks",
@@ -181,10 +272,11 @@ def test_mutated_recipes_are_plans_or_located_errors(recipes, tmp_path, capsys):
                 op, data = mutate(rng, text)
                 path = tmp_path / f"mut-{i:03d}-{source.stem}.yaml"
                 path.write_bytes(data)
-            allowed = shipped_files | {display_path(path)}
+            allowed = shipped_files | extra_files | ({display_path(path)} if not to_close else set())
+            started = cpu_seconds()
             signal.setitimer(signal.ITIMER_REAL, HANG_S)
             try:
-                compile_plan(load_recipe(path, overrides))
+                compile_plan(load_recipe(str(path) if to_close else path, overrides))
                 tally["valid plan"] += 1
             except UsageError as exc:
                 if overrides and "--set" in str(exc):
@@ -202,17 +294,28 @@ def test_mutated_recipes_are_plans_or_located_errors(recipes, tmp_path, capsys):
                 problems.append(f"#{i} {op} {name}: internal error: {type(exc).__name__}: {exc}"[:300])
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            if i % CLI_EVERY == 0:
+                for fd in to_close:
+                    os.close(fd)
+            runs = [("library", cpu_seconds() - started)]
+            if i % CLI_EVERY == 0 and not to_close:
                 cli_checked += 1
+                started = cpu_seconds()
                 problems += _through_the_cli(i, op, name, path, overrides, capsys)
+                runs.append(("CLI", cpu_seconds() - started))
+            for how, spent in runs:  # each run of the case, through the library and through `sparkit plan`
+                costs.append((spent, f"#{i} {op} {name} ({how})"))
+                if spent > MAX_CPU_S:
+                    problems.append(f"#{i} {op} {name} ({how}): {spent:.2f} s of CPU (more than {MAX_CPU_S} s)")
     finally:
         signal.signal(signal.SIGALRM, old)
     with capsys.disabled():
         print(f"\nfuzz: seed {SEED}, {MUTATIONS} mutations of {len(recipes)} shipped recipes "
-              f"({SET_MUTATIONS} of them --set values), {cli_checked} also through the CLI")
+              f"({SET_MUTATIONS} of them --set values, one in {SHAPE_EVERY} one of {', '.join(SHAPES)}), "
+              f"{cli_checked} also through the CLI")
         for outcome, count in sorted(tally.items()):
             print(f"  {count:4d}  {outcome}")
-        print(f"  {len(problems):4d}  internal errors, hangs or unlocated errors")
+        print(f"  {len(problems):4d}  internal errors, hangs, unlocated errors or cases over {MAX_CPU_S} s of CPU")
+        print("  costliest cases (CPU s): " + ", ".join(f"{c:.2f} {what}" for c, what in sorted(costs, reverse=True)[:5]))
     assert problems == [], "\n".join(problems[:20])
     assert sum(tally.values()) == MUTATIONS
     assert tally["valid plan"] and sum(v for k, v in tally.items() if k.startswith("rejected")) > MUTATIONS // 2

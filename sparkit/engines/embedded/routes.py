@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
+from sparkit.engines.embedded.gate import OFF_LOOP_BYTES
 from sparkit.engines.embedded.metrics import ServerMetrics
 from sparkit.engines.embedded.settings import API_KEY_ENV, engine_config, redacted_argv
 from sparkit.engines.embedded.worker import EngineWorker, Job
@@ -229,7 +230,10 @@ async def read_body(request: Request, state: ServerState) -> bytes:
 
 
 async def parse(request: Request, state: ServerState, model: Any, where: str, ignored: list[str]) -> Any:
-    return proto.parse_body(await read_body(request, state), model, where, ignored)
+    raw = await read_body(request, state)
+    if len(raw) > OFF_LOOP_BYTES:  # a large body is parsed and validated in a thread: /health goes on
+        return await asyncio.to_thread(proto.parse_body, raw, model, where, ignored)
+    return proto.parse_body(raw, model, where, ignored)
 
 
 def with_ignored(response: Response, ignored: list[str]) -> Response:
@@ -529,6 +533,10 @@ async def abort_request(request: Request) -> Response:
     is not running included (SGLang does the same)."""
     state = _state(request)
     body = await parse(request, state, proto.AbortRequest, "/abort_request", [])
+    if body.abort_all and not state.api_key:  # with a key, BearerAuth let only its holders this far
+        raise proto.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
+                             f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
+                             param="abort_all")
     targets = list(state.live_jobs.values()) if body.abort_all else [state.live_jobs[body.rid]] if body.rid in state.live_jobs else []
     for job in targets:
         job.cancel.set()
@@ -668,15 +676,17 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(proto.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError"), status_code=500)
 
 
-def create_app(state: ServerState) -> Any:
-    """The Starlette app over `state` (its routes find it as request.app.state.sparkit)."""
+def create_app(state: ServerState, inner: Any = None) -> Any:
+    """The Starlette app over `state` (its routes find it as request.app.state.sparkit); `inner`
+    wraps it inside the authentication (main puts the body gate there: sparkit.engines.embedded.gate)."""
     app = Starlette(
         routes=ROUTES,
         exception_handlers={proto.ApiError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
                             Exception: internal_error},
     )
     app.state.sparkit = state
-    return BearerAuth(app, state.api_key) if state.api_key else app
+    served = inner(app) if inner is not None else app
+    return BearerAuth(served, state.api_key) if state.api_key else served
 
 
 def _content_chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: dict | None,

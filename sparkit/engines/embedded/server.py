@@ -105,18 +105,33 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args = state.args
 
+    import logging
+
     import uvicorn
 
-    app = create_app(state)
+    from sparkit.engines.embedded.gate import BodyGate, Causes, Limits, RequestGate, protocol_class, raise_file_limit
+    from sparkit.engines.embedded.settings import server_options
+
+    options = server_options(args)
+    files = raise_file_limit()
+    limits = Limits(host=args.host, port=args.port, max_connections=max(1, min(options.max_connections, files - 64)),
+                    header_timeout_s=options.header_timeout, body_timeout_s=options.body_timeout,
+                    max_request_bytes=options.max_request_bytes, allowed_hosts=options.hosts(),
+                    allowed_origins=options.origins(), causes=Causes(emit=log))
+    app = RequestGate(create_app(state, inner=lambda inner: BodyGate(inner, limits, lambda: state.context_length)), limits)
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
+        http=protocol_class(limits),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=3,
         lifespan="off",
     )
+    # After Config, which sets uvicorn's logging up: its per-request warnings, once per cause.
+    logging.getLogger("uvicorn.error").addFilter(limits.causes.log_filter())
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
@@ -132,9 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     original_startup = server.startup
 
     async def startup(sockets=None) -> None:
+        import asyncio
+
+        asyncio.get_running_loop().set_exception_handler(limits.causes.loop_handler)
         await original_startup(sockets=sockets)
         if not server.should_exit:
-            log(f"Embedded engine HTTP server listening on http://{args.host}:{args.port}")
+            log(f"Embedded engine HTTP server listening on http://{args.host}:{args.port} (at most "
+                f"{limits.max_connections} connections; headers within {limits.header_timeout_s:g} s, bodies within "
+                f"{limits.body_timeout_s:g} s)")
             state.worker.start()
 
     server.startup = startup  # type: ignore[method-assign]
@@ -144,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         if state.worker is not None:
             state.worker.stop()
             state.worker.thread.join(timeout=5) if state.worker.thread.is_alive() else None
+    for line in limits.causes.summary():
+        log(line)
     if state.exit_code == 0 and not server.started:
         return 1
     if state.exit_code == 0:

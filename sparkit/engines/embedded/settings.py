@@ -16,6 +16,8 @@ from typing import Any
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 API_KEY_ENV = "SPARKIT_API_KEY"
+ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
+HOSTS_ENV = "SPARKIT_ALLOWED_HOSTS"
 
 EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")  # fp32: keep the trained weights as they are
 LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
@@ -165,6 +167,18 @@ class ServerOptions:
     # A template in a request is code the server runs: off unless the operator says so.
     allow_request_chat_template: bool = setting(False, "let chat_template_kwargs.chat_template replace the model's "
                                                 "chat template for one request", store_true=True)
+    # The gate in front of every endpoint (sparkit.engines.embedded.gate).
+    max_connections: int = setting(1024, "open connections beyond this get a 503 and are closed at once (kept under "
+                                   "the process's file limit)", type=int, metavar="N")
+    header_timeout: float = setting(15.0, "close a connection whose request headers have not all arrived within this "
+                                    "many seconds (408)", type=float, metavar="SECONDS")
+    body_timeout: float = setting(60.0, "answer 408 to a request whose body has not all arrived within this many "
+                                  "seconds of its headers", type=float, metavar="SECONDS")
+    allowed_hosts: str | None = setting(None, "more names the Host header may give, comma-separated (the addresses "
+                                        "the server listens on always work)", metavar="NAMES")
+    allowed_origins: str | None = setting(None, f"web origins whose browser requests are served (with CORS headers), "
+                                          f"comma-separated, * or patterns like http://localhost:*; env {ORIGINS_ENV} "
+                                          "also works (the server's own origin always does)", metavar="ORIGINS")
 
     def problems(self) -> list[str]:
         out = []
@@ -176,7 +190,24 @@ class ServerOptions:
             out.append("--torch-threads must be >= 0 (0 = auto)")
         if self.max_request_bytes < 1024:
             out.append("--max-request-bytes must be >= 1024")
+        if self.max_connections < 1:
+            out.append("--max-connections must be >= 1")
+        if not 0 < self.header_timeout <= 3600 or not 0 < self.body_timeout <= 3600:
+            out.append("--header-timeout and --body-timeout must be above 0 and at most 3600 seconds")
         return out
+
+    def origins(self) -> tuple[str, ...]:
+        """The allowed web origins: the flag's and the environment's."""
+        import os
+
+        listed = ",".join(v for v in (self.allowed_origins, os.environ.get(ORIGINS_ENV)) if v)
+        return tuple(o.strip().rstrip("/") for o in listed.split(",") if o.strip())
+
+    def hosts(self) -> tuple[str, ...]:
+        import os
+
+        listed = ",".join(v for v in (self.allowed_hosts, os.environ.get(HOSTS_ENV)) if v)
+        return tuple(h.strip() for h in listed.split(",") if h.strip())
 
 
 _DECLARED = {f.name: f for cls in (EngineConfig, ServerOptions) for f in fields(cls)}
