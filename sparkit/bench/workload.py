@@ -4,7 +4,7 @@
   model's vocabulary (special tokens excluded) and sent as `input_ids`, so the
   prompt length is exact and nothing is downloaded. Synthetic prompts inflate
   accept length; results say which workload they came from.
-- `gsm8k`: questions from a local GSM8K jsonl file (test split).
+- `gsm8k`: questions of GSM8K's test split (shipped with sparkit; $SPARKIT_GSM8K for another file).
 - `profile:KIND`: sparkit's own texts of one kind (code, prose, math, chat, repetitive; see
   sparkit.bench.profile), each prompt cut to exactly input_len tokens with the served model's
   tokenizer when it is local, so `tune` can rank settings on the text a deployment serves.
@@ -145,20 +145,12 @@ def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
     return Vocabulary(size=len(tokenizer), special_ids=frozenset(specials), source=str(path))
 
 
-def default_gsm8k_file() -> Path | None:
-    """GSM8K test split: $SPARKIT_GSM8K, sparkit's data dir, or ../shared/data beside the source tree."""
-    from sparkit.paths import data_dir
+def default_gsm8k_file() -> Path:
+    """GSM8K test split: $SPARKIT_GSM8K, else the copy shipped with sparkit (sparkit.evals.gsm8k)."""
+    from sparkit.evals.gsm8k import SHIPPED_DIR
 
     env = os.environ.get("SPARKIT_GSM8K")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        data_dir() / "gsm8k" / "test.jsonl",
-        Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl",
-    ]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return None
+    return Path(env).expanduser() if env else SHIPPED_DIR / "test.jsonl"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -230,11 +222,10 @@ def build_workload(
         )
     if dataset == "gsm8k":
         path = default_gsm8k_file()
-        if path is None:
-            raise DataError(
-                "GSM8K test.jsonl not found",
-                hint="set SPARKIT_GSM8K=/path/to/test.jsonl or pass --dataset FILE",
-            )
+        if not path.is_file():
+            named = " (SPARKIT_GSM8K)" if os.environ.get("SPARKIT_GSM8K") else " (is this sparkit install complete?)"
+            raise DataError(f"GSM8K test.jsonl not found: {path}{named}",
+                            hint="point SPARKIT_GSM8K at a test.jsonl, unset it for the shipped copy, or pass --dataset FILE")
         return Workload(
             dataset="gsm8k",
             prompts=gsm8k_prompts(path, count, seed),

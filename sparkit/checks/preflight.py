@@ -131,6 +131,13 @@ def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
 
 
 def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
+    """Whether the model can be found (an engine that knows what it serves says so itself:
+    its adapter's optional `model_check`)."""
+    from sparkit.engines.base import get_adapter
+
+    engine_check = getattr(get_adapter(plan.engine), "model_check", None)
+    if engine_check is not None:
+        return engine_check(plan)
     model = plan.model
     title = "model"
     if model.startswith("sparkit:"):
