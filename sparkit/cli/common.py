@@ -20,9 +20,7 @@ def console():
     """stdout console (rich), created on first use."""
     global _console
     if _console is None:
-        from rich.console import Console
-
-        _console = Console()
+        _console = _make_console(sys.stdout, stderr=False)
     return _console
 
 
@@ -30,10 +28,17 @@ def err_console():
     """stderr console for progress and messages, so that --json stdout stays clean."""
     global _err_console
     if _err_console is None:
-        from rich.console import Console
-
-        _err_console = Console(stderr=True)
+        _err_console = _make_console(sys.stderr, stderr=True)
     return _err_console
+
+
+def _make_console(stream: Any, *, stderr: bool):
+    """On a terminal, rich wraps text at its width. Piped or redirected, a line is never broken
+    (soft wrap): a path, a URL or a command stays whole for grep, a log or the next command; a
+    table is still laid out to the width (COLUMNS, else 80) at word boundaries."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=not is_terminal(stream))
 
 
 def is_terminal(stream: Any) -> bool:

@@ -402,17 +402,26 @@ def render_doctor(host, engines, targets, picture=None) -> None:
         out.print(f"  {e.name}: {state}  [dim]{escape(extras)}[/]", highlight=False)
         if e.detail:
             out.print(f"    {escape(e.detail)}", highlight=False)
-    table = Table(title="shipped targets: which this host can run", expand=False, title_justify="left")
-    table.add_column("target")
-    table.add_column("engine")
-    table.add_column("runs here")
-    table.add_column("why", overflow="fold")
-    table.add_column("shipped recipes", overflow="fold")
-    for t in targets:
-        table.add_row(t["target"], t["engine"], "[green]yes[/]" if t["ok"] else "[red]no[/]", escape(t["why"]),
-                      escape(", ".join(t["recipes"])))
-    out.print()
-    out.print(table)
+    _render_targets(out, targets)
+
+
+def _render_targets(out, targets) -> None:
+    """Which shipped targets run here: a line per (target, engine), its recipes indented below.
+    Lines, not a table: a recipe name is never cut to fit a column (at 80 columns or piped)."""
+    from rich.markup import escape
+    from rich.padding import Padding
+
+    def line(text: str, indent: int) -> None:
+        if out.soft_wrap:  # piped: one line, never cut
+            out.print(" " * indent + text, highlight=False)
+        else:  # a terminal: wrapped at its width, wrapped lines indented as the first
+            out.print(Padding(text, (0, 0, 0, indent)), highlight=False)
+
+    out.print("\n[bold]shipped targets: which this host can run[/]")
+    for t in sorted(targets, key=lambda t: not t["ok"]):
+        verdict = "[green]yes[/]" if t["ok"] else "[red]no[/]"
+        line(f"{escape(t['target'])} on {escape(t['engine'])}: {verdict}, {escape(t['why'])}", 2)
+        line(f"[dim]{escape(', '.join(t['recipes']))}[/]", 4)
 
 
 def render_picture(picture) -> None:
