@@ -190,14 +190,17 @@ def show_cmd(
 
 @recipes_app.command("validate")
 def validate_cmd(
-    files: list[str] = typer.Argument(..., help="Recipe files (or shipped names)."),
+    files: list[str] = typer.Argument(None, help="Recipe files (or shipped names); none: every shipped recipe."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Load, check the rules and compile each recipe; exit 3 if any is invalid."""
+    """Load, check the rules and compile each recipe (every shipped one without FILES); exit 3 if any is invalid."""
     from sparkit.errors import RecipeError, SparkitError
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
+    if not files:
+        files = [name for name, _path in _shipped()]
+        err_console().print(f"validating the {len(files)} shipped recipes", highlight=False)
     results = []
     for ref in files:
         try:
