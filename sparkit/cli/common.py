@@ -32,13 +32,25 @@ def err_console():
     return _err_console
 
 
+# Piped or redirected without COLUMNS: the width a table may take (it takes what its cells need, up
+# to this): room for a path or a command whole in a cell, lines a log viewer still shows.
+PIPE_WIDTH = 160
+
+
 def _make_console(stream: Any, *, stderr: bool):
-    """On a terminal, rich wraps text at its width. Piped or redirected, a line is never broken
-    (soft wrap): a path, a URL or a command stays whole for grep, a log or the next command; a
-    table is still laid out to the width (COLUMNS, else 80) at word boundaries."""
+    """On a terminal, rich wraps text at its width. Piped or redirected, nothing is broken or cut
+    to fit 80 columns: a line of text is never wrapped (soft wrap: a path, a URL, a command stay
+    whole for grep, a log or the next command), and a table may take PIPE_WIDTH columns so that
+    its cells wrap between words, unless COLUMNS asks for a width."""
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=not is_terminal(stream))
+    if is_terminal(stream):
+        return Console(stderr=stderr)
+    try:
+        width = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        width = PIPE_WIDTH
+    return Console(stderr=stderr, soft_wrap=True, width=width)
 
 
 def is_terminal(stream: Any) -> bool:
