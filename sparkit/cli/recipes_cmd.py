@@ -298,7 +298,7 @@ def _warn_if_busy(m) -> None:
         err_console().print(
             f"[yellow]warning:[/] the machine was busy while measuring {m.device}: other processes used "
             f"{m.others_cpu_cores:.1f} of {m.cpu_count} cores (load average {m.load_avg_1m}); memory bandwidth "
-            "is shared, so the figure is likely low: measure again when the machine is idle", highlight=False, soft_wrap=True)
+            "is shared, so the figure is likely low: measure again when the machine is idle", highlight=False)
 
 
 def _bandwidth_report(host, measured_now: dict | None) -> dict:

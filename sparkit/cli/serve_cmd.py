@@ -313,7 +313,7 @@ def status(
     else:
         _print_status_table(rows)
     if any(r["decode_tok_s"] or r["accept_length"] for r in rows):
-        err_console().print(PROBE_NOTE, highlight=False, soft_wrap=True)
+        err_console().print(PROBE_NOTE, highlight=False)
 
 
 # What the status figures are: said under the table, since a header has no room for it.
@@ -393,6 +393,16 @@ def _print_status_details(out: Any, items: list[tuple[str, str]], styles: dict) 
     out.print("  " + text, soft_wrap=True, highlight=False)
 
 
+def _utc(iso: str) -> str:
+    """A stored ISO time as people read it: 2026-12-01 22:03:15 UTC."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return iso
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -417,9 +427,9 @@ def logs(
     if not found.log_path.exists():
         raise UsageError(f"run {found.id} has no log yet")
     if not found.live:  # whose log this is, when it is not a server that runs now (on stderr: the log stays clean)
-        when = f", stopped {found.stopped_at}" if found.stopped_at else ""
+        state = found.observed_state().value + (f" {_utc(found.stopped_at)}" if found.stopped_at else "")
         err_console().print(f"{'no server is running; ' if run is None else ''}the log of run {found.id} "
-                            f"({found.recipe_name or 'no recipe'}, {found.observed_state().value}{when}): {found.log_path}",
+                            f"({found.recipe_name or 'no recipe'}, {state}): {found.log_path}",
                             highlight=False, soft_wrap=True)
     text = found.log_path.read_text(errors="replace").splitlines()
     for line in text[-lines:] if lines > 0 else text:

@@ -147,7 +147,7 @@ def test_two_servers_down_says_what_it_left_and_logs_names_the_stopped_run(tmp_p
     assert all_down.returncode == 0 and "left running" not in all_down.stderr
     logs = sparkit(tmp_path, "logs")
     assert logs.returncode == 0 and "Load weight" in logs.stdout
-    assert f"no server is running; the log of run {first['run']} (tiny, " in words(logs.stderr)
+    assert f"no server is running; the log of run {second['run']} (tiny/tiny-baseline, stopped 20" in words(logs.stderr)
     assert logs.stderr.strip().endswith("server.log")
 
 
