@@ -100,11 +100,11 @@ def test_recipes_validate_without_an_argument_fails_on_a_broken_shipped_recipe(t
     broken.write_text("model:\n  path: org/model\nstack:\n  lm_head: fp16\n")
     good = tmp_path / "good.yaml"
     good.write_text("engine: embedded\nmodel:\n  path: 'sparkit:tiny-ling'\n")
-    monkeypatch.setattr(recipes_cmd, "_shipped", lambda: [("good", good), ("broken", broken)])
+    monkeypatch.setattr(recipes_cmd, "_shipped", lambda: [(str(good), good), (str(broken), broken)])
     result = CliRunner().invoke(app, ["recipes", "validate", "--json"])
     assert result.exit_code == 3
     rows = json.loads(result.stdout)
-    assert [(r["recipe"], r["ok"]) for r in rows] == [("good", True), ("broken", False)]
+    assert [(r["recipe"], r["ok"]) for r in rows] == [(str(good), True), (str(broken), False)]
     assert "stack.lm_head" in rows[1]["error"]
 
 
