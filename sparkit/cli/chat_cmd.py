@@ -56,9 +56,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Chat with a recipe: a server running it is reused, else one is brought up (preflight,
         startup checks) and stopped when the chat closes (--keep leaves it running)."""
-        from sparkit.cli.serve_cmd import _signals_as_interrupt
+        from sparkit.cli.serve_cmd import signals_as_interrupt
 
-        _signals_as_interrupt()
+        signals_as_interrupt()
         with _chat_store() as store:
             reused = None if set_ else _live_run_of(recipe)
             if reused is not None:
@@ -110,13 +110,13 @@ def _chat_on_a_new_server(recipe: str | None, set_: list[str], port: str | None,
                           store: Any, model: str | None, system: str | None, open_id: int | None = None) -> None:
     """`up` the recipe (its preflight and startup checks shown), chat, then stop it unless `keep`."""
     from sparkit.cli.common import err_console
-    from sparkit.cli.serve_cmd import _report_started, start
+    from sparkit.cli.serve_cmd import report_started, start
     from sparkit.runs import stop
 
     started, plan = start(recipe, set_, port, detach=keep, timeout=timeout)
     run = started.run
     try:
-        _report_started(started, plan, json_out=False, keep_on_fail=False, detach=True, stderr=True)
+        report_started(started, plan, json_out=False, keep_on_fail=False, detach=True, stderr=True)
         open_chat(started.server, store=store, model=model, system=system, open_id=open_id)
     finally:
         if not keep and run.reload().live:

@@ -71,7 +71,7 @@ def guard_line(guard: dict | None) -> str:
     return line
 
 
-def _signals_as_interrupt() -> None:
+def signals_as_interrupt() -> None:
     """SIGTERM and SIGHUP (the terminal closed) stop the server like Ctrl-C. A SIGHUP that was
     already ignored (`nohup sparkit up`) stays ignored: that user asked for the server to stay."""
     def handler(signum: int, frame: Any) -> None:
@@ -129,15 +129,15 @@ def up(
     from sparkit.errors import CheckFailed
     from sparkit.runs import stop
 
-    _signals_as_interrupt()
+    signals_as_interrupt()
     started, plan = start(recipe, list(set_), port, detach=detach, timeout=timeout, keep_on_fail=keep_on_fail)
     run = started.run
     if detach:
-        _report_started(started, plan, json_out, keep_on_fail, detach)
+        report_started(started, plan, json_out, keep_on_fail, detach)
         err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)", soft_wrap=True)
         return
     try:
-        _report_started(started, plan, json_out, keep_on_fail, detach)
+        report_started(started, plan, json_out, keep_on_fail, detach)
         err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.", soft_wrap=True)
     except CheckFailed:
         raise  # already stopped, or kept on purpose (--keep-on-fail)
@@ -151,7 +151,7 @@ def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool
           keep_on_fail: bool = False) -> tuple[Any, Any]:
     """Load, preflight, build, launch and check a recipe's server, showing each step on stderr:
     what `up` and `run` share. Returns (Started, LaunchPlan); the startup checks' report is the
-    caller's to show (`_report_started`)."""
+    caller's to show (`report_started`)."""
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
     from sparkit.runs import free_port, up as start_server
@@ -219,7 +219,7 @@ def _ctrl_c_says_stopping(phase_line: Any, checking: Any) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        if interrupted["count"] == 0:  # SIGTERM or SIGHUP (_signals_as_interrupt): say it now
+        if interrupted["count"] == 0:  # SIGTERM or SIGHUP (signals_as_interrupt): say it now
             _say("[yellow]interrupted:[/] stopping the engine ...")
         _say("stopped; nothing is left running")
         raise
@@ -227,7 +227,7 @@ def _ctrl_c_says_stopping(phase_line: Any, checking: Any) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool, detach: bool,
+def report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool, detach: bool,
                     stderr: bool = False) -> None:
     """The startup checks' report (on stderr with --json, or `stderr`); a failed check stops the
     server (unless --keep-on-fail) and raises CheckFailed."""

@@ -327,7 +327,7 @@ class SGLangAdapter(SGLangLogAdapter):
         )
         if unavailable is None:
             launch.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
-            if parser_facts().remembered:
+            if parser_facts().answered_from_record:
                 launch.validated_by += " (answers remembered from an earlier run, per sglang install)"
         else:
             launch.validation_note = (f"not validated by SGLang's own argument parser: it does not import here "

@@ -109,6 +109,11 @@ class ParserFacts:
     def exact_option(self, flag: str) -> OptionFact | None:
         return self.options.get(flag.split("=", 1)[0])
 
+    @property
+    def answered_from_record(self) -> bool:
+        """Every answer so far came from the record: sglang was not imported in this process."""
+        return self.remembered and self._parser is None
+
     # -- the real parser ------------------------------------------------------------------
 
     def real_parser(self) -> argparse.ArgumentParser:
