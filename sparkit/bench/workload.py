@@ -156,8 +156,9 @@ class ModelContext:
 
 def model_context(recipe: Any) -> ModelContext | None:
     """The context a recipe's model was made for: what its training saw (sparkit's built-in
-    tiny-ling: its builder's windows), else the recipe's model.context_length, else the
-    checkpoint's own max_position_embeddings when it is local; None when nothing says."""
+    tiny-ling, or a local build or export of it: its builder's windows), else the recipe's
+    model.context_length, else the checkpoint's own max_position_embeddings when it is local;
+    None when nothing says."""
     from sparkit.engines.builtin_models import parse_builtin
 
     parsed = parse_builtin(recipe.model.path)
@@ -169,9 +170,15 @@ def model_context(recipe: Any) -> ModelContext | None:
         return ModelContext(int(recipe.model.context_length), f"the recipe's model.context_length is {recipe.model.context_length}")
     config = Path(recipe.model.path).expanduser() / "config.json"
     try:
-        value = json.loads(config.read_text()).get("max_position_embeddings")
+        data = json.loads(config.read_text())
+        value = data.get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
         return None
+    if isinstance(data.get("sparkit"), dict):  # a tiny-ling build or its export: what it was trained on wins
+        from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+
+        return ModelContext(TRAIN_SEQ_LEN, f"{config.parent.name} (a tiny-ling build) was trained on "
+                                           f"{TRAIN_SEQ_LEN}-token windows")
     if isinstance(value, int) and value > 0:
         return ModelContext(value, f"{config} declares max_position_embeddings {value}")
     return None
