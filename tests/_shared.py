@@ -9,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent
+# The workplace's shared folder (GPU session kits and logs); no test needs it to exist.
 SHARED_DIR = Path(os.environ.get("SPARKIT_SHARED_DIR", REPO_DIR.parent / "shared"))
-GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
+# GSM8K as shipped with sparkit (a fresh clone anywhere has it).
+GSM8K_DIR = REPO_DIR / "sparkit" / "evals" / "data" / "gsm8k"
 
 
 def near_tie_states(weight, n: int, seed: int, noise: float = 0.005):

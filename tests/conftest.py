@@ -2,7 +2,7 @@
 
 - SPARKIT_HOME points at a per-session temporary directory, so runs, caches and
   histories never touch the developer's real ones.
-- SHARED_DIR is ../shared beside the checkout (GSM8K data lives there; never copied).
+- GSM8K_DIR is the GSM8K copy shipped with sparkit (sparkit/evals/data/gsm8k).
 - Engine fixtures (a built tiny model, real embedded-server processes) live in
   tests/_engine_fixtures.py and are re-exported here.
 """

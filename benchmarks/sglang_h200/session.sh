@@ -97,6 +97,10 @@ PY
   python3 -c "import sparkit, sparkit.cli.main, sglang, torch; print('sparkit', sparkit.__file__, 'sglang', sglang.__version__, 'torch', torch.__version__)" 2>&1 | tail -n 3 | tee -a "$OUT/summary.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
   timeout 60 python3 -m sparkit.cli.main doctor --json > "$W/doctor.json" 2> "$W/doctor.err"; stamp "doctor rc=$?"
+  # The GPU's and the CPU's bandwidth in 5 rounds each (the best kept), with the load they were taken at
+  # (~15 s; REHEARSE measures the CPU only).
+  timeout 120 python3 -m sparkit.cli.main doctor --bandwidth --json > "$W/bandwidth.json" 2> "$W/bandwidth.err"
+  stamp "doctor --bandwidth rc=$? $(python3 -c "import json,sys;print([(m['device'],round(m['read_gb_s']),m['busy']) for m in json.load(open(sys.argv[1]))['bandwidth']['measured_now']])" "$W/bandwidth.json" 2>/dev/null)"
   timeout 120 python3 -m sparkit.cli.main model export-hf --json > "$W/export.json" 2> "$W/export.err"
   stamp "export rc=$? $(json_field "$W/export.json" path)"
   mkdir -p "$W/tiny-ling-hf" && cp "$(json_field "$W/export.json" path)"/*.json "$W/tiny-ling-hf/" 2>/dev/null

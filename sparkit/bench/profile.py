@@ -45,14 +45,17 @@ class ProfileConfig:
     sequential: bool = False
 
 
-def default_shape(model_path: str) -> tuple[list[int], int, str | None]:
-    """(depths, output tokens, why) suited to the model: tiny-ling knows 128-token windows."""
-    if model_path.startswith("sparkit:tiny-ling"):
-        from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+def default_shape(recipe: Any) -> tuple[list[int], int, str | None]:
+    """(depths, output tokens, why) suited to the model: within the context it was made for
+    (sparkit.bench.workload.model_context; tiny-ling knows 128-token windows), else 256 and 2048."""
+    from sparkit.bench.workload import model_context
 
-        return [32, 96], 32, (f"tiny-ling was trained on {TRAIN_SEQ_LEN}-token windows: depths 32 and 96, "
-                              "32 output tokens")
-    return [256, 2048], 128, None
+    context = model_context(recipe)
+    if context is None or context.tokens >= 2048 + 128:
+        return [256, 2048], 128, None
+    c = context.tokens
+    depths, out = [c // 4, 3 * c // 4], c // 4
+    return depths, out, f"{context.why}: depths {depths[0]} and {depths[1]}, {out} output tokens"
 
 
 # ---------------------------------------------------------------- statistics

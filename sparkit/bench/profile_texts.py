@@ -12,6 +12,10 @@ from sparkit.errors import DataError, UsageError
 
 TEXTS_DIR = Path(__file__).resolve().parent / "texts"
 KINDS = ("code", "prose", "math", "chat", "repetitive")
+# `profile:mixed`: natural text of every kind in turn (repetitive text, which flatters a draft, left
+# out): tune's default workload, for a deployment that serves a bit of everything.
+MIXED = "mixed"
+MIXED_KINDS = ("code", "prose", "math", "chat")
 PASSAGE_SEPARATOR = "\n%%\n"
 CHARS_PER_TOKEN = 4  # without the served model's tokenizer, depths are cut in characters
 
@@ -19,7 +23,7 @@ CHARS_PER_TOKEN = 4  # without the served model's tokenizer, depths are cut in c
 def passages(kind: str) -> list[str]:
     """The shipped passages of one kind of text."""
     if kind not in KINDS:
-        raise UsageError(f"unknown text kind {kind!r}", hint=f"kinds: {', '.join(KINDS)}")
+        raise UsageError(f"unknown text kind {kind!r}", hint=f"kinds: {', '.join(KINDS)}, or {MIXED} (for bench and tune)")
     path = TEXTS_DIR / f"{kind}.txt"
     try:
         text = path.read_text(encoding="utf-8")
@@ -46,6 +50,12 @@ def profile_prompts(kind: str, depth: int, count: int, *, tokenizer: Any = None,
     starts at passage (seed + i) and runs on through the following ones."""
     if depth < 1:
         raise UsageError("profile depths must be at least 1 token")
+    if kind == MIXED:  # prompt i of the i-th natural kind, each from its own passages
+        prompts = []
+        for i in range(count):
+            one = MIXED_KINDS[i % len(MIXED_KINDS)]
+            prompts += profile_prompts(one, depth, 1, tokenizer=tokenizer, seed=seed + i // len(MIXED_KINDS))
+        return prompts
     texts = passages(kind)
     prompts = []
     for i in range(count):

@@ -37,6 +37,10 @@ ACCEPT_TOLERANCE = 0.05  # absolute, for rounding-preserving changes
 ROUNDING_ACCEPT_TOLERANCE = 0.05  # relative, for declared rounding-changing changes
 MAX_NEW_TOKENS = 256
 TEACHER_STRIDE = 16
+TOP_LOGPROBS = 10  # candidates asked for at a divergence
+# Below this logprob margin between the two tokens a divergence is a near-tie (bf16 vs FP8
+# rounding of a logit moves it by a few hundredths; sparkit.kernels.rescoring).
+NEAR_TIE_MARGIN = 0.1
 
 # Recipe keys whose change alters floating-point rounding of the logits (tp and ep: each rank sums
 # its shard and the all-reduce adds the partial sums in another order than one GPU would).
@@ -69,6 +73,41 @@ class GreedyOutput:
 
 
 @dataclass
+class Divergence:
+    """Where a candidate's greedy output first leaves the baseline's, and the candidate's own
+    log-probabilities of both tokens there (given the baseline's text up to that point): a near-tie
+    (a small margin) is where a change of rounding picks the other token."""
+
+    prompt_index: int
+    token: int  # position in the output, in tokens
+    character: int  # position in the output text
+    baseline_token: str
+    candidate_token: str
+    candidate_logprob: float | None = None  # of the token the candidate chose
+    baseline_logprob: float | None = None  # of the baseline's token, under the candidate (None: not in its top list)
+    top_checked: int = 0
+
+    @property
+    def margin(self) -> float | None:
+        if self.candidate_logprob is None or self.baseline_logprob is None:
+            return None
+        return self.candidate_logprob - self.baseline_logprob
+
+    def sentence(self) -> str:
+        where = f"prompt {self.prompt_index} diverges at token {self.token} (character {self.character})"
+        chose = f"baseline {self.baseline_token!r}, candidate {self.candidate_token!r}"
+        if self.candidate_logprob is None:
+            return f"{where}: {chose}"
+        if self.margin is None:
+            return (f"{where}: {chose}; the baseline's token is not among the candidate's top {self.top_checked} "
+                    "there: not a near-tie")
+        kind = "a near-tie, where a change of rounding picks the other token" if self.margin < NEAR_TIE_MARGIN \
+            else "not a near-tie"
+        return (f"{where}: {chose}; the candidate's logprobs there: {self.candidate_token!r} {self.candidate_logprob:.3f}, "
+                f"{self.baseline_token!r} {self.baseline_logprob:.3f} (margin {self.margin:.3f}: {kind})")
+
+
+@dataclass
 class SideResult:
     """One configuration's outputs."""
 
@@ -79,6 +118,7 @@ class SideResult:
     server_accept_length: float | None = None
     prompt_ids: list[list[int]] | None = None  # the prompts as sent, when the tokenizer was available
     teacher_forced: dict[str, int] | None = None  # {"agree": n, "total": m} against a baseline's outputs
+    divergences: list[Divergence] = field(default_factory=list)  # where its outputs first leave a baseline's
 
     @property
     def accept_length(self) -> float | None:
@@ -97,9 +137,11 @@ async def collect_outputs(
     speculative: bool = False,
     prompt_ids: list[list[int]] | None = None,
     teacher: list[GreedyOutput] | None = None,
+    teacher_forcing: bool = True,
 ) -> SideResult:
-    """Greedy outputs of one server; optionally the state-pollution re-run and the
-    teacher-forced agreement with `teacher` (a baseline's outputs)."""
+    """Greedy outputs of one server; optionally the state-pollution re-run, and against `teacher`
+    (a baseline's outputs) where each output first leaves it, explained, and (`teacher_forcing`)
+    the teacher-forced agreement."""
     from sparkit.bench.runner import internal_state
     from sparkit.bench.workload import tokenizer_from_server
     from sparkit.client import EngineClient
@@ -134,7 +176,7 @@ async def collect_outputs(
                 await ask(i, sampled, (i + 1) % len(prompts))
                 again.append(as_output(i, await ask(i, greedy)))
         forced = None
-        if teacher is not None and prompt_ids is not None:
+        if teacher is not None and teacher_forcing and prompt_ids is not None:
             forced = {"agree": 0, "total": 0}
             one = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
             for out in teacher:
@@ -143,8 +185,52 @@ async def collect_outputs(
                     gen = await client.generate(input_ids=prompt_ids[out.prompt_index] + ids[:position], sampling_params=one)
                     forced["total"] += 1
                     forced["agree"] += int(bool(gen.output_ids) and gen.output_ids[0] == ids[position])
+        divergences = []
+        if teacher is not None and prompt_ids is not None:
+            for base, mine in zip(teacher, first):
+                found = first_divergence(base, mine)
+                if found is not None:
+                    divergences.append(await explain_divergence(client, prompt_ids[base.prompt_index], base, mine, *found))
         server_accept = internal_state(await client.server_info()).get("avg_spec_accept_length")
-    return SideResult(recipe, speculative, first, again, server_accept, prompt_ids, forced)
+    return SideResult(recipe, speculative, first, again, server_accept, prompt_ids, forced, divergences)
+
+
+def first_divergence(baseline: GreedyOutput, candidate: GreedyOutput) -> tuple[int, int] | None:
+    """(token, character) where `candidate` first differs from `baseline`; None when identical or
+    when the server returned no output ids."""
+    if baseline.text == candidate.text or baseline.output_ids is None or candidate.output_ids is None:
+        return None
+    token = next((i for i, (a, b) in enumerate(zip(baseline.output_ids, candidate.output_ids)) if a != b),
+                 min(len(baseline.output_ids), len(candidate.output_ids)))
+    character = next((i for i, (a, b) in enumerate(zip(baseline.text, candidate.text)) if a != b),
+                     min(len(baseline.text), len(candidate.text)))
+    return token, character
+
+
+async def explain_divergence(client: Any, prompt: list[int], baseline: GreedyOutput, candidate: GreedyOutput,
+                             token: int, character: int) -> Divergence:
+    """Ask the candidate for its top log-probabilities at the divergence, given the baseline's
+    output up to it (SGLang's return_logprob with top_logprobs_num)."""
+    ids_a, ids_b = baseline.output_ids or [], candidate.output_ids or []
+    if token >= len(ids_a) or token >= len(ids_b):
+        return Divergence(baseline.prompt_index, token, character, "(end)" if token >= len(ids_a) else "?",
+                          "(end)" if token >= len(ids_b) else "?")
+    one = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
+    gen = await client.generate(input_ids=prompt + ids_a[:token], sampling_params=one,
+                                extra={"return_logprob": True, "top_logprobs_num": TOP_LOGPROBS,
+                                       "return_text_in_logprobs": True})
+    top = (gen.meta.get("output_top_logprobs") or [[]])[0] or []
+    by_id = {int(entry[1]): (float(entry[0]), entry[2] if len(entry) > 2 else None) for entry in top
+             if isinstance(entry, (list, tuple)) and len(entry) >= 2 and entry[0] is not None}
+    a, b = ids_a[token], ids_b[token]
+    text_a = by_id.get(a, (None, None))[1] or _token_text(baseline.text, character)
+    text_b = by_id.get(b, (None, None))[1] or _token_text(candidate.text, character)
+    return Divergence(baseline.prompt_index, token, character, text_a, text_b,
+                      by_id.get(b, (None,))[0], by_id.get(a, (None,))[0], len(top))
+
+
+def _token_text(text: str, at: int) -> str:
+    return text[at:at + 8] or "(end)"
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -232,19 +318,31 @@ def judge(baseline: SideResult, candidate: SideResult, rounding: list[str], max_
     data = {"identical": identical, "prompts": n, "agreement_rate": agreement, "agreement_unit": unit,
             "teacher_forced_agreement": forced_rate, "teacher_forced_positions": forced["total"] if forced else 0}
     mismatches = _first_mismatch(baseline.greedy, candidate.greedy)
+    if candidate.divergences:
+        # Each difference explained: where it starts in tokens, and whether the candidate's two
+        # tokens there were a near-tie (the teacher-forced figure samples every TEACHER_STRIDE-th
+        # position, so an early divergence can fall between its samples).
+        mismatches = [d.sentence() for d in candidate.divergences]
+        data["divergences"] = [asdict(d) | {"margin": d.margin} for d in candidate.divergences]
+        near = sum(1 for d in candidate.divergences if d.margin is not None and d.margin < NEAR_TIE_MARGIN)
+        agreement_text += (f"; {near} of the {len(candidate.divergences)} divergences start at a near-tie "
+                           f"(margin < {NEAR_TIE_MARGIN} in the candidate's logprobs)")
+        if forced_rate == 1.0:
+            agreement_text += (f": teacher-forced agreement samples positions 0, {TEACHER_STRIDE}, {2 * TEACHER_STRIDE}, ... "
+                               "of the baseline's outputs, and no divergence falls on one")
     if rounding:
         results.append(CheckResult(
             "greedy_outputs", "greedy outputs vs baseline", Status.PASS if identical == n else Status.WARN,
             f"rounding-changing ({'; '.join(rounding)}): not judged by bit equality; "
             f"{identical}/{n} outputs identical, {agreement_text}",
-            evidence=mismatches[:3], data=data,
+            evidence=mismatches[:8], data=data,
             cause=None if identical == n else "expected for a change of rounding; judged by accept length and task accuracy",
         ))
     else:
         results.append(CheckResult(
             "greedy_outputs", "greedy outputs byte-exact vs baseline", Status.PASS if identical == n else Status.FAIL,
             f"{identical}/{n} greedy {max_new_tokens}-token outputs byte-identical ({agreement_text})",
-            evidence=mismatches[:3], data=data,
+            evidence=mismatches[:8], data=data,
             fix=None if identical == n else "the change alters greedy output: find the op that changes numerics, or declare it rounding-changing (--rounding-changing)",
         ))
 
@@ -426,7 +524,7 @@ def run_verify(
                 target.url, api_key=target.api_key, prompts=prompts, max_new_tokens=max_new_tokens,
                 pollution_rerun=pollution, recipe=loaded.name, speculative=loaded.recipe.stack.speculative.enabled,
                 prompt_ids=reference.prompt_ids if reference else None,
-                teacher=reference.greedy if (reference and rounding) else None,
+                teacher=reference.greedy if reference else None, teacher_forcing=bool(rounding),
             )))
     if on_progress:
         on_progress("verify", 2, 2)

@@ -4,10 +4,11 @@
   model's vocabulary (special tokens excluded) and sent as `input_ids`, so the
   prompt length is exact and nothing is downloaded. Synthetic prompts inflate
   accept length; results say which workload they came from.
-- `gsm8k`: questions from a local GSM8K jsonl file (test split).
+- `gsm8k`: questions of GSM8K's test split (shipped with sparkit; $SPARKIT_GSM8K for another file).
 - `profile:KIND`: sparkit's own texts of one kind (code, prose, math, chat, repetitive; see
   sparkit.bench.profile), each prompt cut to exactly input_len tokens with the served model's
-  tokenizer when it is local, so `tune` can rank settings on the text a deployment serves.
+  tokenizer when it is local, so `tune` can rank settings on the text a deployment serves;
+  `profile:mixed` takes code, prose, math and chat in turn (tune's default).
 - FILE: a local .jsonl (one object with "prompt", "text" or "question" per
   line) or a plain text file (one prompt per line).
 """
@@ -145,20 +146,64 @@ def _vocabulary_from_tokenizer_dir(path: Path) -> Vocabulary | None:
     return Vocabulary(size=len(tokenizer), special_ids=frozenset(specials), source=str(path))
 
 
-def default_gsm8k_file() -> Path | None:
-    """GSM8K test split: $SPARKIT_GSM8K, sparkit's data dir, or ../shared/data beside the source tree."""
-    from sparkit.paths import data_dir
+@dataclass(frozen=True)
+class ModelContext:
+    """How many tokens of context the served model was made for, and who says so."""
+
+    tokens: int
+    why: str
+
+
+def model_context(recipe: Any) -> ModelContext | None:
+    """The context a recipe's model was made for: what its training saw (sparkit's built-in
+    tiny-ling, or a local build or export of it: its builder's windows), else the recipe's
+    model.context_length, else the checkpoint's own max_position_embeddings when it is local;
+    None when nothing says."""
+    from sparkit.engines.builtin_models import parse_builtin
+
+    parsed = parse_builtin(recipe.model.path)
+    if parsed is not None:
+        from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+
+        return ModelContext(TRAIN_SEQ_LEN, f"{parsed[0]} was trained on {TRAIN_SEQ_LEN}-token windows")
+    if recipe.model.context_length:
+        return ModelContext(int(recipe.model.context_length), f"the recipe's model.context_length is {recipe.model.context_length}")
+    config = Path(recipe.model.path).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text())
+        value = data.get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(data.get("sparkit"), dict):  # a tiny-ling build or its export: what it was trained on wins
+        from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+
+        return ModelContext(TRAIN_SEQ_LEN, f"{config.parent.name} (a tiny-ling build) was trained on "
+                                           f"{TRAIN_SEQ_LEN}-token windows")
+    if isinstance(value, int) and value > 0:
+        return ModelContext(value, f"{config} declares max_position_embeddings {value}")
+    return None
+
+
+# tune's default workload, for a model made for `tokens` of context (or any: the upper bounds).
+TUNE_DATASET = "profile:mixed"
+TUNE_INPUT_LEN, TUNE_OUTPUT_LEN = 1024, 256
+
+
+def tune_shape(context: ModelContext | None) -> tuple[int, int]:
+    """(input tokens, output tokens) of tune's default requests: prompt and reply within the
+    model's context (3/8 and 1/2 of it, so prompt + reply leave an eighth spare), at most
+    1024 + 256."""
+    if context is None:
+        return TUNE_INPUT_LEN, TUNE_OUTPUT_LEN
+    return max(8, min(TUNE_INPUT_LEN, context.tokens * 3 // 8)), max(8, min(TUNE_OUTPUT_LEN, context.tokens // 2))
+
+
+def default_gsm8k_file() -> Path:
+    """GSM8K test split: $SPARKIT_GSM8K, else the copy shipped with sparkit (sparkit.evals.gsm8k)."""
+    from sparkit.evals.gsm8k import SHIPPED_DIR
 
     env = os.environ.get("SPARKIT_GSM8K")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        data_dir() / "gsm8k" / "test.jsonl",
-        Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl",
-    ]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return None
+    return Path(env).expanduser() if env else SHIPPED_DIR / "test.jsonl"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -230,11 +275,10 @@ def build_workload(
         )
     if dataset == "gsm8k":
         path = default_gsm8k_file()
-        if path is None:
-            raise DataError(
-                "GSM8K test.jsonl not found",
-                hint="set SPARKIT_GSM8K=/path/to/test.jsonl or pass --dataset FILE",
-            )
+        if not path.is_file():
+            named = " (SPARKIT_GSM8K)" if os.environ.get("SPARKIT_GSM8K") else " (is this sparkit install complete?)"
+            raise DataError(f"GSM8K test.jsonl not found: {path}{named}",
+                            hint="point SPARKIT_GSM8K at a test.jsonl, unset it for the shipped copy, or pass --dataset FILE")
         return Workload(
             dataset="gsm8k",
             prompts=gsm8k_prompts(path, count, seed),
@@ -254,7 +298,8 @@ def build_workload(
             prompts=prompts,  # type: ignore[arg-type]  # ProfilePrompt has Prompt's request_fields()
             output_len=output_len,
             synthetic=False,
-            description=f"{kind} text (sparkit's profile texts), {input_len} {cut} in / {output_len} out",
+            description=(f"{'code, prose, math and chat in turn' if kind == 'mixed' else kind + ' text'} (sparkit's "
+                         f"profile texts), {input_len} {cut} in / {output_len} out"),
             details={"input_len": input_len, "kind": kind, "repeats_text": any(p.wrapped for p in prompts)},
         )
     path = Path(dataset).expanduser()

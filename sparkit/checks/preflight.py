@@ -24,9 +24,14 @@ def _target(plan: LaunchPlan) -> str:
 
 
 def check_gpus(plan: LaunchPlan, host: Host) -> CheckResult:
-    target = _target(plan)
-    ok, why = target_fit(host, target, plan.engine)
-    tp = int((plan.recipe.get("stack") or {}).get("tp", 1) or 1)
+    return gpus_check(_target(plan), plan.engine, int((plan.recipe.get("stack") or {}).get("tp", 1) or 1), host)
+
+
+def gpus_check(target: str, engine: str, tp: int, host: Host) -> CheckResult:
+    """Does this host have the GPUs a recipe's target, engine and tp need? (Needs no plan, so
+    `up` asks it before compiling: a GPU recipe on a CPU host fails at once, before the engine's
+    parser is even imported.)"""
+    ok, why = target_fit(host, target, engine)
     if ok and tp > 1 and host.gpu_count < tp:
         # A target of "one or more" GPUs (hopper, auto) says nothing of how many a TP plan spreads over.
         return CheckResult("gpus", "GPUs", Status.FAIL, f"stack.tp {tp} needs {tp} GPUs, found {host.gpu_count}",
@@ -131,6 +136,13 @@ def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
 
 
 def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
+    """Whether the model can be found (an engine that knows what it serves says so itself:
+    its adapter's optional `model_check`)."""
+    from sparkit.engines.base import get_adapter
+
+    engine_check = getattr(get_adapter(plan.engine), "model_check", None)
+    if engine_check is not None:
+        return engine_check(plan)
     model = plan.model
     title = "model"
     if model.startswith("sparkit:"):

@@ -287,7 +287,7 @@ def profile(
     if unknown or not chosen:
         raise UsageError(f"--kinds {kinds!r}: unknown kind(s) {', '.join(unknown) or '(none given)'}",
                          hint=f"kinds: {','.join(KINDS)}")
-    default_depths, default_out, why = default_shape(load_recipe(recipe, list(set_)).recipe.model.path)
+    default_depths, default_out, why = default_shape(load_recipe(recipe, list(set_)).recipe)
     try:
         chosen_depths = [int(d) for d in depths.split(",") if d.strip()] if depths else default_depths
     except ValueError:
@@ -380,10 +380,11 @@ def tune(
     set_: list[str] = typer.Option([], "--set", help="Extra KEY=VALUE override applied to every point."),
     out: Optional[Path] = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
     write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; the current directory for a shipped one)."),
-    input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens per request."),
-    output_len: int = typer.Option(256, "--output-len", help="Output tokens per request."),
+    no_recipe: bool = typer.Option(False, "--no-recipe", help="Write no recipe file, only the sweep's results."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: 3/8 of the context the model was made for, at most 1024; tiny-ling 48)."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", min=1, help="Output tokens per request (default: half that context, at most 256; tiny-ling 64)."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
-    dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | profile:KIND (e.g. profile:math: rank on that kind of text) | FILE."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="profile:mixed (the default: code, prose, math and chat text in turn) | profile:KIND (e.g. profile:math) | random | gsm8k | FILE."),
     warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each point."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the interleaved round to measure run-to-run noise."),
@@ -392,13 +393,40 @@ def tune(
 ) -> None:
     """Sweep recipe values (one server each), rank by TPOT and step-time estimate, write the best recipe to a new file."""
     from sparkit.bench.runner import BenchConfig
-    from sparkit.bench.tune import parse_params, run_tune
+    from sparkit.bench.tune import parse_params, run_tune, tuned_recipe_dir
+    from sparkit.bench.workload import TUNE_DATASET, model_context, tune_shape
+    from sparkit.errors import UsageError
+    from sparkit.recipes.load import load_recipe
 
     parse_params(param)  # usage errors before anything starts
-    config = BenchConfig(input_len=input_len, output_len=output_len, num_prompts=num_prompts, dataset=dataset,
+    if no_recipe and write_recipe_dir is not None:
+        raise UsageError("--no-recipe writes no recipe, so --recipe-dir has nothing to place")
+    loaded = load_recipe(recipe, list(set_))
+    context = model_context(loaded.recipe)
+    shape = tune_shape(context)
+    chosen = (dataset or TUNE_DATASET, input_len or shape[0], output_len or shape[1])
+    if context is not None and chosen[1] + chosen[2] > context.tokens:
+        err_console().print(f"[yellow]warning:[/] {chosen[1]} + {chosen[2]} tokens per request exceed the "
+                            f"{context.tokens} the model was made for ({context.why}): the ranking may not hold for "
+                            "the text it serves", highlight=False, soft_wrap=True)
+    config = BenchConfig(input_len=chosen[1], output_len=chosen[2], num_prompts=num_prompts, dataset=chosen[0],
                          warmup=warmup, seed=seed, repeats=repeats)
     out_path = writable_file(out, "--out") or _default_out(f"tune-{Path(recipe).stem}")
     write_recipe_dir = writable_dir(write_recipe_dir, "--recipe-dir")
+    # Up front, before any server starts: the workload, and every file the sweep will write.
+    why = f" ({context.why})" if context is not None and (input_len is None or output_len is None) else ""
+    err_console().print(f"workload: {chosen[0]}, {chosen[1]} tokens in / {chosen[2]} out, {num_prompts} prompts per "
+                        f"point{why}", highlight=False, soft_wrap=True)
+    err_console().print(f"writes: the sweep to {out_path} (rewritten as points finish; rerun to resume)",
+                        highlight=False, soft_wrap=True)
+    if no_recipe or loaded.path is None:
+        err_console().print("writes no recipe file" + ("" if no_recipe else f": {loaded.name} is not a file"),
+                            highlight=False)
+    else:
+        where, reason = tuned_recipe_dir(Path(loaded.path), write_recipe_dir)
+        err_console().print(f"writes: the best point's recipe as a new file {Path(where).resolve()}/"
+                            f"{Path(loaded.path).stem}-tuned-<point>.yaml ({reason}; --recipe-dir DIR puts it "
+                            "elsewhere, --no-recipe writes none)", highlight=False, soft_wrap=True)
 
     def said(point: Any, index: int, total: int) -> None:
         f = point.figures or {}
@@ -411,13 +439,13 @@ def tune(
 
     with progress_reporter() as on_progress:
         doc = run_tune(recipe, param, config, out_path=out_path, base_overrides=set_,
-                       write_recipe_dir=write_recipe_dir, on_point=said, on_progress=on_progress,
-                       interleave=not sequential)
+                       write_recipe_dir=write_recipe_dir, write_recipe=not no_recipe, on_point=said,
+                       on_progress=on_progress, interleave=not sequential)
     err_console().print(f"sweep saved to {out_path}", highlight=False, soft_wrap=True)
     if doc.get("best_recipe"):  # on stderr in both modes: where a new file appeared is never a surprise
         err_console().print(f"best recipe written to {doc['best_recipe']} ({doc.get('best_recipe_where')})",
                             highlight=False, soft_wrap=True)
-    elif doc.get("ranking"):
+    elif doc.get("ranking") and not no_recipe:
         err_console().print("no recipe written: no point finished", highlight=False)
     if as_json:
         print_json(doc)

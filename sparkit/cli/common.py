@@ -20,9 +20,7 @@ def console():
     """stdout console (rich), created on first use."""
     global _console
     if _console is None:
-        from rich.console import Console
-
-        _console = Console()
+        _console = _make_console(sys.stdout, stderr=False)
     return _console
 
 
@@ -30,10 +28,29 @@ def err_console():
     """stderr console for progress and messages, so that --json stdout stays clean."""
     global _err_console
     if _err_console is None:
-        from rich.console import Console
-
-        _err_console = Console(stderr=True)
+        _err_console = _make_console(sys.stderr, stderr=True)
     return _err_console
+
+
+# Piped or redirected without COLUMNS: the width a table may take (it takes what its cells need, up
+# to this): room for a path or a command whole in a cell, lines a log viewer still shows.
+PIPE_WIDTH = 160
+
+
+def _make_console(stream: Any, *, stderr: bool):
+    """On a terminal, rich wraps text at its width. Piped or redirected, nothing is broken or cut
+    to fit 80 columns: a line of text is never wrapped (soft wrap: a path, a URL, a command stay
+    whole for grep, a log or the next command), and a table may take PIPE_WIDTH columns so that
+    its cells wrap between words, unless COLUMNS asks for a width."""
+    from rich.console import Console
+
+    if is_terminal(stream):
+        return Console(stderr=stderr)
+    try:
+        width = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        width = PIPE_WIDTH
+    return Console(stderr=stderr, soft_wrap=True, width=width)
 
 
 def is_terminal(stream: Any) -> bool:

@@ -35,8 +35,8 @@ def _latest_results() -> Path:
     return files[-1]
 
 
-def _load_dataset(data: Optional[Path], need_train: bool) -> Any:
-    """The dataset, with a progress bar on stderr while a first run downloads it from the hub."""
+def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False) -> Any:
+    """The dataset, with a progress bar on stderr while a first --from-hub run downloads it."""
     import sys
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -60,7 +60,7 @@ def _load_dataset(data: Optional[Path], need_train: bool) -> Any:
         bar.update(bar.task_ids[0], completed=p.done, split=p.split)
 
     try:
-        return core.load_dataset(data, need_train=need_train, on_download=on_download)
+        return core.load_dataset(data, need_train=need_train, from_hub=from_hub, on_download=on_download)
     finally:
         if bar is not None:
             bar.stop()
@@ -71,7 +71,8 @@ def gsm8k(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer key for the server."),
-    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: openai/gsm8k from the Hugging Face hub, downloaded once."),
+    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: the copy shipped with sparkit (offline)."),
+    from_hub: bool = typer.Option(False, "--from-hub", help="Download openai/gsm8k from the Hugging Face hub once (cached) instead of the shipped copy."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),
     shots: int = typer.Option(5, "--shots", min=0, help="Few-shot chain-of-thought exemplars, drawn from the train split."),
     fmt: str = typer.Option("chat", "--format", help="chat (chat template, /v1/chat/completions) or completion (base models, /generate)."),
@@ -111,7 +112,7 @@ def gsm8k(
     # header, --resume's settings) are checked and kept first, so that a run against a server that
     # is not up yet can be resumed; the first request names the server that did not answer (exit 7).
     target = resolve_server(run, url, api_key)
-    dataset = _load_dataset(data, need_train=shots > 0)
+    dataset = _load_dataset(data, need_train=shots > 0, from_hub=from_hub)
     questions = dataset.test[:limit] if limit else dataset.test
     exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
     settings = core.EvalSettings(
@@ -148,7 +149,7 @@ def gsm8k(
     from sparkit.cli.common import ProgressLines, is_terminal
 
     err = err_console()
-    err.print(f"GSM8K: {len(questions)} questions, {shots}-shot {fmt}, "
+    err.print(f"GSM8K ({dataset.source}): {len(questions)} questions, {shots}-shot {fmt}, "
               f"{'greedy' if greedy else f'T={temperature} top_p={top_p} top_k={top_k}'}, "
               f"concurrency {concurrency} -> {out}", highlight=False, soft_wrap=True)
     if not is_terminal(sys.stderr):  # a log or CI: a line per finished question, not a bar drawn at the end

@@ -117,7 +117,7 @@ _METAVARS = {
     "--open": "ID",
     "--format": "chat|completion",
     "--metric": "flexible|strict",
-    "--dataset": "random|gsm8k|FILE",
+    "--dataset": "DATASET",
     "--rounding-changing": "KEY",
     "--timeout": "SECONDS",
     "--grace": "SECONDS",
@@ -131,9 +131,22 @@ _TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT",
                   "integer": "N", "path": "PATH", "text": "TEXT"}
 
 
+def _one_line_paragraphs(text: str) -> str:
+    """A docstring's paragraphs, each on one line: its own line breaks are where the source was
+    wrapped, not where a terminal is, and rich (typer's rich markup mode) keeps them as breaks."""
+    import inspect
+    import re
+
+    paragraphs = re.split(r"\n\s*\n", inspect.cleandoc(text))
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
 def tidy_help(command) -> None:
     """Consistent metavars in every --help: flags show none (typer would print `<bool>`),
-    options a word for their value (KEY=VALUE, URL, N) instead of `<list[str]>` or `<int>`."""
+    options a word for their value (KEY=VALUE, URL, N) instead of `<list[str]>` or `<int>`;
+    help texts wrapped where the terminal is, not where the source was."""
+    if getattr(command, "help", None):
+        command.help = _one_line_paragraphs(command.help)
     for param in command.params:
         # typer ships its own click: recognise options by their kind, not by class.
         kind_of_param = getattr(param, "param_type_name", "")

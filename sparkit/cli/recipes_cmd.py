@@ -194,14 +194,17 @@ def show_cmd(
 
 @recipes_app.command("validate")
 def validate_cmd(
-    files: list[str] = typer.Argument(..., help="Recipe files (or shipped names)."),
+    files: list[str] = typer.Argument(None, help="Recipe files (or shipped names); none: every shipped recipe."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Load, check the rules and compile each recipe; exit 3 if any is invalid."""
+    """Load, check the rules and compile each recipe (every shipped one without FILES); exit 3 if any is invalid."""
     from sparkit.errors import RecipeError, SparkitError
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
+    if not files:
+        files = [name for name, _path in _shipped()]
+        err_console().print(f"validating the {len(files)} shipped recipes", highlight=False)
     results = []
     for ref in files:
         try:
@@ -254,8 +257,9 @@ def doctor_cmd(
 
 
 def _measure_bandwidth(host, mib: int | None) -> dict:
-    """Measure the CPU and every GPU torch can reach; store each figure. Progress on stderr."""
-    from sparkit.roofline.bandwidth import measure_cpu, measure_gpu, save_measurement
+    """Measure the CPU and every GPU torch can reach; keep each figure unless a better one of the
+    same device is stored. Progress and a busy machine's warning on stderr."""
+    from sparkit.roofline.bandwidth import keep_best, measure_cpu, measure_gpu
 
     from sparkit.errors import UsageError
 
@@ -263,11 +267,13 @@ def _measure_bandwidth(host, mib: int | None) -> dict:
     if size and size * 2 > host.ram_available_bytes > 0:
         raise UsageError(f"--bandwidth-mib {mib}: two buffers of {mib} MiB do not fit the "
                          f"{host.ram_available_bytes >> 20} MiB of memory available", hint="choose a smaller size")
-    done, skipped = [], []
-    err_console().print("measuring the CPU's memory bandwidth (1 thread)...", highlight=False)
+    done, kept, skipped = [], [], []
+    err_console().print("measuring the CPU's memory bandwidth (1 thread, 5 rounds, the best kept)...", highlight=False)
     cpu = measure_cpu(size)
-    path = save_measurement(cpu)
+    _warn_if_busy(cpu)
+    stored, path = keep_best(cpu)
     done.append(cpu)
+    kept.append(stored)
     if host.gpus:
         try:
             import torch
@@ -279,15 +285,24 @@ def _measure_bandwidth(host, mib: int | None) -> dict:
             skipped.append("GPUs: torch with CUDA is not installed here, so they were not measured")
         else:
             for index in range(torch.cuda.device_count()):
-                err_console().print(f"measuring GPU{index}'s memory bandwidth...", highlight=False)
+                err_console().print(f"measuring GPU{index}'s memory bandwidth (5 rounds, the best kept)...", highlight=False)
                 try:
                     gpu = measure_gpu(index, size)
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # a busy or small GPU
                     skipped.append(f"GPU{index}: not measured ({str(exc).splitlines()[0]})")
                     continue
-                save_measurement(gpu)
+                _warn_if_busy(gpu)
                 done.append(gpu)
-    return {"measurements": done, "skipped": skipped, "stored_in": str(path)}
+                kept.append(keep_best(gpu)[0])
+    return {"measurements": done, "kept": kept, "skipped": skipped, "stored_in": str(path)}
+
+
+def _warn_if_busy(m) -> None:
+    if m.busy:
+        err_console().print(
+            f"[yellow]warning:[/] the machine was busy while measuring {m.device}: other processes used "
+            f"{m.others_cpu_cores:.1f} of {m.cpu_count} cores (load average {m.load_avg_1m}); memory bandwidth "
+            "is shared, so the figure is likely low: measure again when the machine is idle", highlight=False)
 
 
 def _bandwidth_report(host, measured_now: dict | None) -> dict:
@@ -296,7 +311,8 @@ def _bandwidth_report(host, measured_now: dict | None) -> dict:
 
     from sparkit.roofline.bandwidth import gpu_spec, load_measurements, store_path, this_host
 
-    stored = [asdict(m) for m in load_measurements() if m.host == this_host()]
+    stored = [{**asdict(m), "busy": m.busy, "conditions": m.conditions()}
+              for m in load_measurements() if m.host == this_host()]
     specs = []
     for g in host.gpus:
         spec = gpu_spec(g.name)
@@ -305,7 +321,9 @@ def _bandwidth_report(host, measured_now: dict | None) -> dict:
     report = {"stored": stored, "stored_in": str(store_path()), "gpu_specs": specs, "measured_now": None,
               "skipped": []}
     if measured_now is not None:
-        report["measured_now"] = [asdict(m) for m in measured_now["measurements"]]
+        report["measured_now"] = [{**asdict(m), "busy": m.busy, "conditions": m.conditions(),
+                                   "kept": asdict(k) == asdict(m)}
+                                  for m, k in zip(measured_now["measurements"], measured_now["kept"])]
         report["skipped"] = measured_now["skipped"]
     return report
 
@@ -318,13 +336,16 @@ def render_bandwidth(memory: dict) -> None:
     for spec in memory["gpu_specs"]:
         figure = f"{spec['spec_gb_s']:.0f} GB/s ({spec['spec_name']} spec sheet)" if spec["spec_gb_s"] else "no spec sheet known"
         out.print(f"  GPU{spec['gpu']}: {escape(figure)}", highlight=False)
+    now = {m["device"]: m for m in memory["measured_now"] or []}
     if memory["stored"]:
-        now = {m["device"] for m in memory["measured_now"] or []}
         for m in memory["stored"]:
-            when = "measured now" if m["device"] in now else f"measured {m['measured_at'][:10]}"
-            threads = f", {m['threads']} thread" + ("s" if (m["threads"] or 0) > 1 else "") if m["threads"] else ""
+            threads = f"{m['threads']} thread" + ("s" if (m["threads"] or 0) > 1 else "") + ", " if m["threads"] else ""
             out.print(f"  {escape(m['device'])}: read {m['read_gb_s']:.1f} GB/s, copy {m['copy_gb_s']:.1f} GB/s "
-                      f"({when}{threads}, {m['buffer_bytes'] >> 20} MiB)", highlight=False)
+                      f"({threads}{m['buffer_bytes'] >> 20} MiB; {escape(m['conditions'])})", highlight=False)
+            new = now.get(m["device"])
+            if new is not None and not new["kept"]:
+                out.print(f"    this measurement reached {new['read_gb_s']:.1f} GB/s read ({escape(new['conditions'])}): "
+                          "the better figure above is kept", highlight=False)
         out.print(f"  stored in {escape(memory['stored_in'])}: plans and benches on this host use the read figure",
                   highlight=False)
     else:
@@ -406,17 +427,26 @@ def render_doctor(host, engines, targets, picture=None) -> None:
         out.print(f"  {e.name}: {state}  [dim]{escape(extras)}[/]", highlight=False)
         if e.detail:
             out.print(f"    {escape(e.detail)}", highlight=False)
-    table = Table(title="shipped targets: which this host can run", expand=False, title_justify="left")
-    table.add_column("target")
-    table.add_column("engine")
-    table.add_column("runs here")
-    table.add_column("why", overflow="fold")
-    table.add_column("shipped recipes", overflow="fold")
-    for t in targets:
-        table.add_row(t["target"], t["engine"], "[green]yes[/]" if t["ok"] else "[red]no[/]", escape(t["why"]),
-                      escape(", ".join(t["recipes"])))
-    out.print()
-    out.print(table)
+    _render_targets(out, targets)
+
+
+def _render_targets(out, targets) -> None:
+    """Which shipped targets run here: a line per (target, engine), its recipes indented below.
+    Lines, not a table: a recipe name is never cut to fit a column (at 80 columns or piped)."""
+    from rich.markup import escape
+    from rich.padding import Padding
+
+    def line(text: str, indent: int) -> None:
+        if out.soft_wrap:  # piped: one line, never cut
+            out.print(" " * indent + text, highlight=False)
+        else:  # a terminal: wrapped at its width, wrapped lines indented as the first
+            out.print(Padding(text, (0, 0, 0, indent)), highlight=False)
+
+    out.print("\n[bold]shipped targets: which this host can run[/]")
+    for t in sorted(targets, key=lambda t: not t["ok"]):
+        verdict = "[green]yes[/]" if t["ok"] else "[red]no[/]"
+        line(f"{escape(t['target'])} on {escape(t['engine'])}: {verdict}, {escape(t['why'])}", 2)
+        line(f"[dim]{escape(', '.join(t['recipes']))}[/]", 4)
 
 
 def render_picture(picture) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import typer
@@ -114,13 +116,39 @@ def up(
 ) -> None:
     """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach)."""
     from sparkit.errors import CheckFailed
-    from sparkit.recipes.compile import compile_plan
-    from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
-    from sparkit.runs import free_port, stop, up as start_server
+    from sparkit.runs import stop
 
     signals_as_interrupt()
+    started, plan = start(recipe, list(set_), port, detach=detach, timeout=timeout, keep_on_fail=keep_on_fail)
+    run = started.run
+    if detach:
+        report_started(started, plan, json_out, keep_on_fail, detach)
+        err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)", soft_wrap=True)
+        return
+    try:
+        report_started(started, plan, json_out, keep_on_fail, detach)
+        err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.", soft_wrap=True)
+    except CheckFailed:
+        raise  # already stopped, or kept on purpose (--keep-on-fail)
+    except BaseException:  # Ctrl-C, SIGHUP or a closed terminal before the log streams
+        stop(run)
+        raise
+    _stream_until_interrupt(run, sys.stderr if json_out else sys.stdout)
+
+
+def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool, timeout: float,
+          keep_on_fail: bool = False) -> tuple[Any, Any]:
+    """Load, preflight, build, launch and check a recipe's server, showing each step on stderr:
+    what `up` and `run` share. Returns (Started, LaunchPlan); the startup checks' report is the
+    caller's to show (`report_started`)."""
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
+    from sparkit.runs import free_port, up as start_server
+    from sparkit.runs.pipeline import host_preflight
+
     wanted_port = _parse_port(port)
     loaded = load_recipe(recipe or DEFAULT_RECIPE, list(set_))
+    _shown_on_failure(lambda: host_preflight(loaded.recipe))  # a GPU recipe on a CPU host: at once, before compiling
     if wanted_port == "auto":
         wanted_port = free_port()
     plan = compile_plan(loaded, port=wanted_port)
@@ -130,38 +158,68 @@ def up(
 
     def on_checking(run: Any) -> None:
         phase_line.close()
-        err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}")
+        err_console().print(f"[green]ready[/] {plan.url}  run {run.id}  log {run.log_path}", soft_wrap=True)
         err_console().print(guard_line(run.memory_guard), highlight=False, soft_wrap=True)
         checking.start()
 
     try:
-        # --keep-on-fail may leave the server running after this command exits 6, so the kernel
-        # must not end it with the command.
-        started = start_server(plan, timeout=timeout, detach=detach, tie_to_parent=not (detach or keep_on_fail),
-                               on_preflight=lambda results: render_checks(results, title="preflight", stderr=True),
-                               on_progress=phase_line, on_checking=on_checking)
+        with _ctrl_c_says_stopping(phase_line, checking):
+            # --keep-on-fail may leave the server running after this command exits 6, so the kernel
+            # must not end it with the command.
+            started = start_server(plan, timeout=timeout, detach=detach, tie_to_parent=not (detach or keep_on_fail),
+                                   on_preflight=lambda results: render_checks(results, title="preflight", stderr=True),
+                                   on_progress=phase_line, on_checking=on_checking)
     finally:
         phase_line.close()
         checking.stop()
-    run = started.run
-    if detach:
-        _report_started(started, plan, json_out, keep_on_fail, detach)
-        err_console().print(f"serving at [bold]{plan.url}[/] (detached; `sparkit down {run.id}` stops it)")
-        return
+    return started, plan
+
+
+def _shown_on_failure(preflight: Any) -> None:
+    """Run an early preflight; a failure shows its table (as the full preflight would) and raises."""
+    from sparkit.errors import PreflightError
+
     try:
-        _report_started(started, plan, json_out, keep_on_fail, detach)
-        err_console().print(f"serving at [bold]{plan.url}[/]; Ctrl-C stops it. Log follows.")
-    except CheckFailed:
-        raise  # already stopped, or kept on purpose (--keep-on-fail)
-    except BaseException:  # Ctrl-C, SIGHUP or a closed terminal before the log streams
-        stop(run)
+        preflight()
+    except PreflightError as exc:
+        render_checks(getattr(exc, "results", []), title="preflight", stderr=True)
         raise
-    _stream_until_interrupt(run, sys.stderr if json_out else sys.stdout)
 
 
-def _report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool, detach: bool) -> None:
-    """The startup checks' report; a failed check stops the server (unless --keep-on-fail) and
-    raises CheckFailed."""
+@contextlib.contextmanager
+def _ctrl_c_says_stopping(phase_line: Any, checking: Any) -> Iterator[None]:
+    """Ctrl-C while a server starts: say at once that it is being stopped (stopping takes up to
+    the grace period), and once it is, that nothing is left; a second Ctrl-C does not cut the stop
+    short (the engine would be left behind)."""
+    interrupted = {"count": 0}
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupted["count"] += 1
+        if interrupted["count"] > 1:
+            _say("[yellow]still stopping the engine[/] (SIGKILL follows the grace period)")
+            return
+        phase_line.close()
+        checking.stop()
+        _say("[yellow]interrupted:[/] stopping the engine ...")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if interrupted["count"] == 0:  # SIGTERM or SIGHUP (signals_as_interrupt): say it now
+            _say("[yellow]interrupted:[/] stopping the engine ...")
+        _say("stopped; nothing is left running")
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool, detach: bool,
+                    stderr: bool = False) -> None:
+    """The startup checks' report (on stderr with --json, or `stderr`); a failed check stops the
+    server (unless --keep-on-fail) and raises CheckFailed."""
     from sparkit.errors import CheckFailed
     from sparkit.runs import stop
 
@@ -179,7 +237,7 @@ def _report_started(started: Any, plan: Any, json_out: bool, keep_on_fail: bool,
                 "ok": started.ok,
             }
         )
-    render_checks(results, stderr=json_out)
+    render_checks(results, stderr=json_out or stderr)
     if not started.ok:
         names = ", ".join(r.title for r in started.failed_checks)
         if keep_on_fail:
@@ -243,6 +301,14 @@ def status(
         _print_status_plain(rows)
     else:
         _print_status_table(rows)
+    if any(r["decode_tok_s"] or r["accept_length"] for r in rows):
+        err_console().print(PROBE_NOTE, highlight=False)
+
+
+# What the status figures are: said under the table, since a header has no room for it.
+PROBE_NOTE = ("tok/s and accept: the startup probe's (a few short greedy requests when the startup checks "
+              "last ran: `sparkit up`, or `sparkit check` since), not the server's traffic; "
+              "`sparkit bench` measures a workload")
 
 
 _STATUS_COLUMNS = ("run", "recipe", "engine", "url", "pid", "state", "uptime", "health", "tok/s", "accept", "checks")
@@ -316,6 +382,16 @@ def _print_status_details(out: Any, items: list[tuple[str, str]], styles: dict) 
     out.print("  " + text, soft_wrap=True, highlight=False)
 
 
+def _utc(iso: str) -> str:
+    """A stored ISO time as people read it: 2026-12-01 22:03:15 UTC."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except ValueError:
+        return iso
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -339,6 +415,11 @@ def logs(
     found = select_run(run, include_stopped=True)  # a stopped run's log is worth reading too
     if not found.log_path.exists():
         raise UsageError(f"run {found.id} has no log yet")
+    if not found.live:  # whose log this is, when it is not a server that runs now (on stderr: the log stays clean)
+        state = found.observed_state().value + (f" {_utc(found.stopped_at)}" if found.stopped_at else "")
+        err_console().print(f"{'no server is running; ' if run is None else ''}the log of run {found.id} "
+                            f"({found.recipe_name or 'no recipe'}, {state}): {found.log_path}",
+                            highlight=False, soft_wrap=True)
     text = found.read_log().splitlines()
     for line in text[-lines:] if lines > 0 else text:
         sys.stdout.write(line + "\n")
@@ -385,10 +466,15 @@ def down(
         if pid_alive(target.pid):  # the pid is somebody else's now: never signalled
             note = f"; pid {target.pid} now belongs to another process, which was left alone"
         err_console().print(f"{target.id} was not running (nothing to stop{note})", highlight=False)
+    left = [r for r in live_runs() if r.id not in {t.id for t in targets}]
     if json_out:
-        print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale]})
+        print_json({"stopped": [t.id for t in targets], "stale": [s.id for s in stale], "left_running": [r.id for r in left]})
     elif not targets:
         err_console().print("no servers running")
+    if left and not json_out:
+        names = ", ".join(f"{r.id} ({r.url})" for r in left)
+        err_console().print(f"left running: {names}; `sparkit down RUN` stops one, `sparkit down --all` every one",
+                            highlight=False, soft_wrap=True)
     if unrecorded:
         raise unrecorded[0]
 

@@ -67,7 +67,8 @@ def load_split(path: Path) -> list[Question]:
     if not path.is_file():
         raise DataError(
             f"GSM8K data file not found: {path}",
-            hint="pass --data with the test.jsonl of openai/grade-school-math (train.jsonl beside it)",
+            hint="pass --data with the test.jsonl of openai/grade-school-math (train.jsonl beside it), "
+                 "or leave --data out for the copy shipped with sparkit",
         )
     questions: list[Question] = []
     try:
@@ -93,6 +94,11 @@ def load_split(path: Path) -> list[Question]:
     return questions
 
 
+# GSM8K as shipped with sparkit (openai/grade-school-math, MIT: data/gsm8k/NOTICE.txt and LICENSE),
+# so the check runs offline; `--from-hub` downloads the same bytes instead (evals/hub.py).
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
+
+
 @dataclass
 class Dataset:
     test: list[Question]
@@ -100,6 +106,7 @@ class Dataset:
     test_path: Path
     train_path: Path | None
     sha256: str  # of the test file: part of the settings hash
+    source: str = ""  # where the files came from, in words
 
 
 def _sha256_file(path: Path) -> str:
@@ -107,16 +114,25 @@ def _sha256_file(path: Path) -> str:
 
 
 def load_dataset(
-    data: Path | None, *, need_train: bool = True, download: bool = True, on_download: DownloadProgressFn | None = None
+    data: Path | None, *, need_train: bool = True, from_hub: bool = False, download: bool = True,
+    on_download: DownloadProgressFn | None = None,
 ) -> Dataset:
     """--data PATH (a test.jsonl, or a directory holding test.jsonl) with train.jsonl beside it;
-    without PATH, the cached copy, downloaded from the hub on first use."""
-    if data is None:
-        test_path, train_path = ensure_downloaded(on_progress=on_download) if download else _cached_paths()
-    else:
+    without PATH, the copy shipped with sparkit, or with `from_hub` the hub's copy in the cache
+    (downloaded on first use unless `download` is off)."""
+    if data is not None and from_hub:
+        raise UsageError("--data and --from-hub name two sources: give one")
+    if data is not None:
         data = Path(data).expanduser()
         test_path = data / "test.jsonl" if data.is_dir() else data
         train_path = test_path.with_name("train.jsonl")
+        source = f"--data {data}"
+    elif from_hub:
+        test_path, train_path = ensure_downloaded(on_progress=on_download) if download else _cached_paths()
+        source = f"{hub_dataset_name()} from the Hugging Face hub, cached in {test_path.parent}"
+    else:
+        test_path, train_path = SHIPPED_DIR / "test.jsonl", SHIPPED_DIR / "train.jsonl"
+        source = "shipped with sparkit (openai/grade-school-math, MIT)"
     test = load_split(test_path)
     train: list[Question] = []
     if need_train:
@@ -126,7 +142,14 @@ def load_dataset(
                 hint="put GSM8K's train.jsonl beside the test file, or pass --shots 0",
             )
         train = load_split(train_path)
-    return Dataset(test=test, train=train, test_path=test_path, train_path=train_path if need_train else None, sha256=_sha256_file(test_path))
+    return Dataset(test=test, train=train, test_path=test_path, train_path=train_path if need_train else None,
+                   sha256=_sha256_file(test_path), source=source)
+
+
+def hub_dataset_name() -> str:
+    from sparkit.evals.hub import DATASET
+
+    return DATASET
 
 
 def _cached_paths() -> tuple[Path, Path]:

@@ -41,7 +41,8 @@ MAX_RETRY_AFTER_S = 10.0
 
 # Worth another try: the viewer answers these while it is busy or being redeployed.
 _TRANSIENT_STATUS = {429, 500, 502, 503, 504}
-_DATA_HINT = "offline? pass --data /path/to/gsm8k/test.jsonl (train.jsonl beside it)"
+_DATA_HINT = ("offline? leave out --from-hub: sparkit ships the same files; or pass --data "
+              "/path/to/gsm8k/test.jsonl (train.jsonl beside it)")
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,8 @@ def download_gsm8k(
         raise DataError(
             f"GSM8K is not in the cache ({next(iter(missing.values())).parent}) and HF_HUB_OFFLINE is set, "
             f"so it is not downloaded from {dataset_page_url()}",
-            hint="pass --data /path/to/gsm8k/test.jsonl (train.jsonl beside it), or unset HF_HUB_OFFLINE",
+            hint="leave out --from-hub (sparkit ships the same files), pass --data /path/to/gsm8k/test.jsonl "
+                 "(train.jsonl beside it), or unset HF_HUB_OFFLINE",
         )
     import httpx
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -85,11 +86,52 @@ class Measurement:
     threads: int | None  # CPU: threads used
     method: str
     measured_at: str
+    # How busy the machine was while it measured (None in a measurement stored before they were kept):
+    load_avg_1m: float | None = None  # the 1-minute load average at the end
+    others_cpu_cores: float | None = None  # CPU the other processes used meanwhile, in cores (ours excluded)
+    cpu_count: int | None = None
+    rounds: int | None = None  # measurements spread over time, the best kept
 
     @property
     def gb_s(self) -> float:
         """The figure plans use: decode steps read weights, so the read bandwidth."""
         return self.read_gb_s
+
+    @property
+    def busy(self) -> bool | None:
+        """Whether other processes competed for the machine while it measured (memory bandwidth is
+        shared: a busy machine measures low). None when the load was not recorded."""
+        if self.others_cpu_cores is None:
+            return None
+        return self.others_cpu_cores > busy_threshold_cores(self.cpu_count)
+
+    def conditions(self) -> str:
+        """When and under what load, in words: what every line that uses the figure says."""
+        when = _when(self.measured_at)
+        if self.others_cpu_cores is None:
+            return f"measured {when}, load not recorded"
+        load = f"load {self.load_avg_1m:.1f}" if self.load_avg_1m is not None else "load average unknown"
+        text = (f"measured {when} at {load}, other processes using {self.others_cpu_cores:.1f} of "
+                f"{self.cpu_count or '?'} cores")
+        if self.busy:
+            text += ": a busy machine, so the figure may be low"
+        return text
+
+
+def busy_threshold_cores(cpu_count: int | None) -> float:
+    """Other processes' CPU use above which a measurement counts as taken on a busy machine: half
+    a core, or a quarter of the machine's cores if that is more."""
+    return max(0.5, 0.25 * (cpu_count or 1))
+
+
+def _when(iso: str) -> str:
+    try:
+        moment = _dt.datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    if moment.tzinfo is None:  # a bare date (or a time of no known zone): as written
+        return iso[:16].replace("T", " ")
+    return moment.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @dataclass
@@ -137,6 +179,19 @@ def save_measurement(measurement: Measurement, path: Path | None = None) -> Path
     return write_atomic(path, json.dumps({"format": STORE_FORMAT, "measurements": [asdict(m) for m in kept]}, indent=1) + "\n")
 
 
+def keep_best(measurement: Measurement, path: Path | None = None) -> tuple[Measurement, Path]:
+    """Store `measurement` unless this host already holds a better one of the same device taken
+    the same way (buffer size, threads): bandwidth does not rise under load, so the best figure is
+    the machine's. Returns (what is stored now, the store)."""
+    path = path or store_path()
+    for old in load_measurements(path):
+        if ((old.host, old.device, old.buffer_bytes, old.threads) == (measurement.host, measurement.device,
+                                                                      measurement.buffer_bytes, measurement.threads)
+                and old.read_gb_s > measurement.read_gb_s):
+            return old, path
+    return measurement, save_measurement(measurement, path)
+
+
 def measured_for(kind: str, gpu_name: str | None = None, host: str | None = None) -> Measurement | None:
     """This host's stored measurement of its CPU (kind "cpu") or of a GPU named `gpu_name`."""
     host = host or this_host()
@@ -161,7 +216,7 @@ def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None =
         if m:
             threads = f"{m.threads} thread" + ("s" if (m.threads or 1) > 1 else "")
             return Bandwidth(m.gb_s, 1, "measured", f"{m.gb_s:.1f} GB/s read, measured on this host's CPU "
-                             f"({threads}, {m.measured_at[:10]}; `sparkit doctor --bandwidth`)")
+                             f"({threads}; {m.conditions()}; `sparkit doctor --bandwidth`)")
         return Bandwidth(None, 1, "unknown", "this host's CPU bandwidth was never measured",
                          ["run `sparkit doctor --bandwidth` to measure it"])
     fits = host.gpus and (target == "auto" or target_fit(host, target, "sglang")[0])
@@ -170,7 +225,7 @@ def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None =
         m = measured_for("gpu", gpu.name)
         if m:
             return Bandwidth(m.gb_s, tp, "measured", f"{m.gb_s:.0f} GB/s read{_per_gpu(tp)}, measured on this host's "
-                             f"{gpu.name} ({m.measured_at[:10]}; `sparkit doctor --bandwidth`)")
+                             f"{gpu.name} ({m.conditions()}; `sparkit doctor --bandwidth`)")
         spec = gpu_spec(gpu.name)
         if spec:
             return Bandwidth(spec[1], tp, "spec", f"{spec[1]:.0f} GB/s{_per_gpu(tp)}: {spec[0]} spec sheet (this host's GPU)",
@@ -198,9 +253,54 @@ def default_buffer_bytes(kind: str, free_bytes: int | None = None) -> int:
     return target
 
 
-def measure_cpu(buffer_bytes: int | None = None, repeats: int = 5) -> Measurement:
+class LoadSampler:
+    """How busy the machine is over a block: the other processes' CPU use (all CPU time minus this
+    process's, threads included) in cores, and the load average at the end."""
+
+    def __enter__(self) -> "LoadSampler":
+        import psutil
+
+        self._me = psutil.Process()
+        self._t0 = time.monotonic()
+        self._busy0, self._own0 = _busy_seconds(psutil.cpu_times()), _own_seconds(self._me)
+        self.others_cores: float | None = None
+        self.load_avg_1m: float | None = None
+        self.cpu_count = psutil.cpu_count() or 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        import psutil
+
+        wall = max(time.monotonic() - self._t0, 1e-6)
+        others = (_busy_seconds(psutil.cpu_times()) - self._busy0) - (_own_seconds(self._me) - self._own0)
+        self.others_cores = round(max(others, 0.0) / wall, 2)
+        try:
+            self.load_avg_1m = round(os.getloadavg()[0], 2)
+        except OSError:
+            self.load_avg_1m = None
+
+    def stamp(self, m: Measurement, rounds: int) -> Measurement:
+        m.others_cpu_cores, m.load_avg_1m, m.cpu_count, m.rounds = self.others_cores, self.load_avg_1m, self.cpu_count, rounds
+        return m
+
+
+def _busy_seconds(times: Any) -> float:
+    idle = getattr(times, "idle", 0.0) + getattr(times, "iowait", 0.0)
+    return sum(times) - idle - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def _own_seconds(process: Any) -> float:
+    t = process.cpu_times()
+    return t.user + t.system
+
+
+def measure_cpu(buffer_bytes: int | None = None, repeats: int = 5, rounds: int = 5, pause_s: float = 0.3) -> Measurement:
     """Single-thread read and copy bandwidth of this CPU with numpy (the embedded engine runs
-    small models on one thread). Best of `repeats`, after one warm-up pass."""
+    small models on one thread): `rounds` rounds `pause_s` apart (a moment of the machine's
+    load does not decide it), `repeats` passes each after one warm-up pass; the best pass is kept,
+    with the other processes' CPU use over the whole measurement."""
     import numpy as np
 
     size = buffer_bytes or default_buffer_bytes("cpu")
@@ -208,26 +308,33 @@ def measure_cpu(buffer_bytes: int | None = None, repeats: int = 5) -> Measuremen
     src = np.ones(n, dtype=np.float64)
     dst = np.empty_like(src)
     best_read = best_copy = 0.0
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        float(src.max())  # reads every byte once (a SIMD reduction: sum's pairwise loop is compute-bound)
-        t1 = time.perf_counter()
-        np.copyto(dst, src)
-        t2 = time.perf_counter()
-        if i == 0:
-            continue  # first pass faults pages in
-        best_read = max(best_read, src.nbytes / (t1 - t0) / 1e9)
-        best_copy = max(best_copy, 2 * src.nbytes / (t2 - t1) / 1e9)
-    return Measurement(
+    with LoadSampler() as load:
+        for round_index in range(rounds):
+            if round_index:
+                time.sleep(pause_s)
+            for i in range(repeats + 1):
+                t0 = time.perf_counter()
+                float(src.max())  # reads every byte once (a SIMD reduction: sum's pairwise loop is compute-bound)
+                t1 = time.perf_counter()
+                np.copyto(dst, src)
+                t2 = time.perf_counter()
+                if i == 0:
+                    continue  # the first pass of a round faults pages in / warms the caches
+                best_read = max(best_read, src.nbytes / (t1 - t0) / 1e9)
+                best_copy = max(best_copy, 2 * src.nbytes / (t2 - t1) / 1e9)
+    return load.stamp(Measurement(
         host=this_host(), device="cpu", device_name=_cpu_name(), read_gb_s=best_read, copy_gb_s=best_copy,
         buffer_bytes=int(src.nbytes), threads=1,
-        method=f"numpy float64 max (read) and copyto (read+write) over {src.nbytes >> 20} MiB, best of {repeats}",
+        method=(f"numpy float64 max (read) and copyto (read+write) over {src.nbytes >> 20} MiB, best of {rounds} "
+                f"rounds of {repeats}"),
         measured_at=_now(),
-    )
+    ), rounds)
 
 
-def measure_gpu(index: int = 0, buffer_bytes: int | None = None, repeats: int = 20) -> Measurement:
-    """Read and copy bandwidth of GPU `index` with torch, timed with CUDA events."""
+def measure_gpu(index: int = 0, buffer_bytes: int | None = None, repeats: int = 20, rounds: int = 5,
+                pause_s: float = 0.3) -> Measurement:
+    """Read and copy bandwidth of GPU `index` with torch, timed with CUDA events: the best of
+    `rounds` rounds `pause_s` apart, each the mean of `repeats` passes."""
     import torch
 
     device = torch.device(f"cuda:{index}")
@@ -248,16 +355,22 @@ def measure_gpu(index: int = 0, buffer_bytes: int | None = None, repeats: int = 
         end.synchronize()
         return start.elapsed_time(end) / 1000 / repeats
 
-    read_s = timed(lambda: src.sum())
-    copy_s = timed(lambda: dst.copy_(src))
+    read_s = copy_s = math.inf
+    with LoadSampler() as load:
+        for round_index in range(rounds):
+            if round_index:
+                time.sleep(pause_s)
+            read_s = min(read_s, timed(lambda: src.sum()))
+            copy_s = min(copy_s, timed(lambda: dst.copy_(src)))
     nbytes = src.numel() * 4
     name = torch.cuda.get_device_name(device)
-    return Measurement(
+    return load.stamp(Measurement(
         host=this_host(), device=f"cuda:{index} {name}", device_name=name, read_gb_s=nbytes / read_s / 1e9,
         copy_gb_s=2 * nbytes / copy_s / 1e9, buffer_bytes=int(nbytes), threads=None,
-        method=f"torch sum (read) and copy_ (read+write) over {nbytes >> 20} MiB, CUDA events, mean of {repeats}",
+        method=(f"torch sum (read) and copy_ (read+write) over {nbytes >> 20} MiB, CUDA events, best of {rounds} "
+                f"rounds of the mean of {repeats}"),
         measured_at=_now(),
-    )
+    ), rounds)
 
 
 def _cpu_name() -> str:
@@ -275,4 +388,5 @@ def _now() -> str:
 
 
 __all__ = ["GPU_SPECS", "TARGET_DEVICES", "Measurement", "Bandwidth", "gpu_spec", "resolve_bandwidth",
-           "measure_cpu", "measure_gpu", "save_measurement", "load_measurements", "measured_for", "store_path"]
+           "measure_cpu", "measure_gpu", "save_measurement", "keep_best", "load_measurements", "measured_for",
+           "store_path", "LoadSampler", "busy_threshold_cores"]

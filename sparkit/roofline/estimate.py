@@ -354,13 +354,62 @@ _DECLARED: dict[tuple[str, str], ModelLayout] = {}
 
 
 def _cached_declared(family: str, weights: str) -> ModelLayout:
+    """A declared profile's layout: built once (Ling-3.0-flash declares ~128k tensors, seconds of
+    grouping) and kept in the cache directory, keyed on the code that builds it."""
     from sparkit.roofline.profiles import PROFILES, declared_layout
 
     key = (family, weights)
     if key not in _DECLARED:
-        profile = next(p for p in PROFILES if p.family == family)
-        _DECLARED[key] = declared_layout(profile, weights)
+        path = _declared_cache_path(family, weights)
+        layout = _read_layout(path)
+        if layout is None:
+            profile = next(p for p in PROFILES if p.family == family)
+            layout = declared_layout(profile, weights)
+            _write_layout(path, layout)
+        _DECLARED[key] = layout
     return _DECLARED[key]
+
+
+def _declared_cache_path(family: str, weights: str) -> Path:
+    """Where a declared layout is kept: its name holds the hash of the modules that compute it, so
+    a change of the profile or of the grouping is a new file, never a stale answer."""
+    import hashlib
+
+    import sparkit.checkpoint
+    import sparkit.roofline.layout
+    import sparkit.roofline.profiles
+    from sparkit._version import __version__
+    from sparkit.paths import cache_dir
+
+    digest = hashlib.sha256(f"{__version__}\0{family}\0{weights}".encode())
+    for module in (sparkit.roofline.profiles, sparkit.roofline.layout, sparkit.checkpoint):
+        digest.update(Path(module.__file__).read_bytes())
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{family}-{weights}")
+    return cache_dir() / "roofline" / f"{safe}-{digest.hexdigest()[:16]}.json"
+
+
+def _read_layout(path: Path) -> ModelLayout | None:
+    import json
+
+    from sparkit.roofline.layout import layout_from_dict
+
+    try:
+        return layout_from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not kept yet, or unreadable: build it
+
+
+def _write_layout(path: Path, layout: ModelLayout) -> None:
+    import json
+
+    from sparkit.paths import ensure_dir, write_atomic
+    from sparkit.roofline.layout import layout_to_dict
+
+    try:
+        ensure_dir(path.parent)
+        write_atomic(path, json.dumps(layout_to_dict(layout)))
+    except OSError:
+        pass  # a read-only cache costs speed, not the answer
 
 
 def plan_device(recipe: Any, host: Any) -> str:

@@ -313,5 +313,40 @@ def layout_from_checkpoint(directory: str | Path, *, name: str | None = None) ->
                                source_detail=f"{directory} ({len(index.files)} safetensors file(s), headers only)")
 
 
+def layout_to_dict(layout: ModelLayout) -> dict[str, Any]:
+    """A layout as JSON-ready data (layout_from_dict reads it back equal)."""
+    from dataclasses import asdict
+
+    def weights(w: Weights) -> dict[str, Any]:
+        return {**asdict(w), "dtypes": sorted(w.dtypes)}
+
+    data = asdict(layout)
+    for name in ("embedding", "lm_head", "final_norm", "other"):
+        data[name] = weights(getattr(layout, name))
+    data["layers"] = []
+    for layer in layout.layers:
+        entry = asdict(layer)
+        entry["weights"] = {role: weights(w) for role, w in layer.weights.items()}
+        if layer.experts is not None:
+            entry["experts"] = {**asdict(layer.experts), "per_expert": weights(layer.experts.per_expert)}
+        data["layers"].append(entry)
+    return data
+
+
+def layout_from_dict(data: dict[str, Any]) -> ModelLayout:
+    def weights(d: dict[str, Any]) -> Weights:
+        return Weights(**{**d, "dtypes": set(d["dtypes"])})
+
+    layers = []
+    for entry in data["layers"]:
+        experts = entry.get("experts")
+        layers.append(LayerReads(**{
+            **entry, "weights": {role: weights(w) for role, w in entry["weights"].items()},
+            "experts": None if experts is None else ExpertSet(**{**experts, "per_expert": weights(experts["per_expert"])}),
+        }))
+    return ModelLayout(**{**data, "layers": layers, **{name: weights(data[name])
+                                                        for name in ("embedding", "lm_head", "final_norm", "other")}})
+
+
 __all__ = ["ModelLayout", "LayerReads", "ExpertSet", "Weights", "layout_from_tensors", "layout_from_checkpoint",
-           "ROLES", "FLOAT_DTYPES"]
+           "layout_to_dict", "layout_from_dict", "ROLES", "FLOAT_DTYPES"]

@@ -49,13 +49,28 @@ def preflight(plan: LaunchPlan) -> list[CheckResult]:
     from sparkit.host import detect_host
 
     results = run_preflight(plan, detect_host())
+    _raise_on_failure(results)
+    return results
+
+
+def host_preflight(recipe) -> list[CheckResult]:
+    """The part of preflight a loaded recipe answers before it is compiled (its target's GPUs on
+    this host); raises PreflightError (exit 4) on a failure, with the results on the error."""
+    from sparkit.checks.preflight import gpus_check
+    from sparkit.host import detect_host
+
+    results = [gpus_check(recipe.target, recipe.engine, recipe.stack.tp, detect_host())]
+    _raise_on_failure(results)
+    return results
+
+
+def _raise_on_failure(results: list[CheckResult]) -> None:
     failed = [r for r in results if r.status is Status.FAIL]
     if failed:
         error = PreflightError("preflight failed: " + "; ".join(f"{r.title}: {r.detail}" for r in failed),
                                hint=next((r.fix for r in failed if r.fix), None))
         error.results = results  # type: ignore[attr-defined]
         raise error
-    return results
 
 
 def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: bool = True,

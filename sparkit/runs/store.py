@@ -269,6 +269,9 @@ class Run:
             "state": state.value, "failure": self.failure, "uptime_s": uptime,
             "healthy": check_health(self.url, api_key=self.api_key) if live and probe_health else None,
             "decode_tok_s": probe.get("decode_tok_s"), "accept_length": probe.get("accept_length"),
+            # Both figures are the startup probe's (a few short greedy requests when the checks last
+            # ran: `up`, or `check` since), not the server's traffic.
+            "figures_from": "startup probe" if probe else None, "probe_measured_at": probe.get("measured_at"),
             "checks": worst_status, "log": str(self.log_path),
         }
 

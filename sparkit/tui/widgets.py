@@ -124,7 +124,13 @@ class MessageView(Vertical):
 
 
 class MetricsBar(Horizontal):
-    """Live figures of the current (or last) reply, a sparkline of tok/s, and the connection state."""
+    """Live figures of the current (or last) reply, a sparkline of tok/s, and the connection state.
+
+    Laid out to its width by what matters most: the reply's figures whole (values and units, the
+    accept length included), then the connection state, then the session's figures, and the
+    sparkline in whatever room is left; what does not fit is hidden, never cut."""
+
+    SPARK_MIN, SPARK_MAX = 8, 30
 
     def compose(self) -> ComposeResult:
         yield Static("no reply yet", id="reply-metrics", markup=False)
@@ -132,8 +138,43 @@ class MetricsBar(Horizontal):
         yield Static("", id="session-metrics", markup=False)
         yield Static("connecting…", id="connection", markup=False)
 
+    def on_mount(self) -> None:
+        self._texts = {"reply-metrics": "no reply yet", "session-metrics": "", "connection": "connecting…"}
+        self._fit()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _show(self, widget_id: str, text: str) -> None:
+        self._texts[widget_id] = text
+        self.query_one(f"#{widget_id}", Static).update(text)
+        self._fit()
+
+    def _fit(self) -> None:
+        from rich.cells import cell_len
+
+        width = self.content_size.width
+        if not width:
+            return
+        reply, session, connection = (cell_len(self._texts[k]) for k in ("reply-metrics", "session-metrics", "connection"))
+        used = reply + (1 + connection if connection else 0)
+        show_session = bool(session) and used + 1 + session <= width
+        used += 1 + session if show_session else 0
+        spark = min(self.SPARK_MAX, width - used - 2)  # its margin, a cell each side
+        widths = {"reply-metrics": max(min(reply, width - (1 + connection if connection else 0)), 1),
+                  "session-metrics": session, "connection": connection + 1}
+        for widget_id, cells in widths.items():
+            self.query_one(f"#{widget_id}", Static).styles.width = cells
+        self.query_one("#session-metrics", Static).display = show_session
+        sparkline = self.query_one(Sparkline)
+        sparkline.display = spark >= self.SPARK_MIN
+        if spark >= self.SPARK_MIN:
+            sparkline.styles.width = spark
+        else:  # the room the sparkline would have had goes to the figures before it: the state stays right
+            self.query_one("#session-metrics" if show_session else "#reply-metrics", Static).styles.width = "1fr"
+
     def show_reply(self, reply: ReplyMetrics | None) -> None:
-        self.query_one("#reply-metrics", Static).update(format_reply(reply))
+        self._show("reply-metrics", format_reply(reply))
 
     def show_session(self, series: list[float], mean: float | None, accept: float | None) -> None:
         self.query_one(Sparkline).data = list(series[-60:])
@@ -142,14 +183,14 @@ class MetricsBar(Horizontal):
             parts.append(f"mean {mean:.0f} tok/s")
         if accept is not None:
             parts.append(f"acc {accept:.2f}")
-        self.query_one("#session-metrics", Static).update(" · ".join(parts))
+        self._show("session-metrics", " · ".join(parts))
 
     def show_connection(self, state: str, url: str) -> None:
         label = self.query_one("#connection", Static)
-        label.update(f"● {state}" if state == "online" else f"○ {state}")
         label.set_class(state == "online", "online")
         label.set_class(state != "online", "offline")
         label.tooltip = url
+        self._show("connection", f"● {state}" if state == "online" else f"○ {state}")
 
 
 class ServerPanel(Pane):

@@ -46,6 +46,13 @@ def test_fp8_lm_head_versus_bf16_is_declared_rounding_changing_with_its_agreemen
     # FP8 rounding flips a few argmaxes; given the same context nearly all tokens agree.
     assert 0.8 <= greedy.data["teacher_forced_agreement"] <= 1.0
     assert greedy.data["teacher_forced_positions"] == 4 * 256 // 16
+    # Every output that differs is explained: where it leaves the baseline, in tokens, and the
+    # candidate's own logprobs of both tokens there (the real server's top_logprobs).
+    divergences = greedy.data.get("divergences", [])
+    assert len(divergences) == 4 - greedy.data["identical"]
+    for d in divergences:
+        assert d["candidate_logprob"] is not None and d["candidate_token"] != d["baseline_token"]
+        assert any(f"prompt {d['prompt_index']} diverges at token {d['token']}" in line for line in greedy.evidence)
     accept = checks["accept_length"]
     assert accept.status != Status.SKIP  # both speculate: judged (its verdict is in the report)
     assert accept.data["baseline"] > 1.5 and accept.data["candidate"] > 1.5

@@ -134,3 +134,37 @@ def test_tensor_parallelism_is_rounding_changing():
     tp1 = load_recipe("tiny/tiny-sglang").resolved()
     tp2 = load_recipe("tiny/tiny-sglang-tp2").resolved()
     assert "stack.tp: 1 -> 2" in rounding_changes(tp1, tp2)
+
+
+def test_a_divergence_at_a_near_tie_is_explained_beside_a_perfect_teacher_forced_figure():
+    from sparkit.bench.verify import NEAR_TIE_MARGIN, Divergence
+
+    base = side(["0 You are welcome!", "same"], ids=[[1, 2, 3], [7, 8]])
+    cand = side(["1 10 9 8", "same"], ids=[[4, 2, 3], [7, 8]], rerun_texts=["1 10 9 8", "same"])
+    near = Divergence(0, 0, 0, "0", "1", candidate_logprob=-0.70, baseline_logprob=-0.72, top_checked=10)
+    cand.divergences = [near]
+    cand.teacher_forced = {"agree": 2, "total": 2}
+    check = by_name(judge(base, cand, rounding=["stack.lm_head: bf16 -> fp8"]))["greedy_outputs"]
+    assert near.margin < NEAR_TIE_MARGIN
+    assert "1 of the 1 divergences start at a near-tie" in check.detail
+    assert "teacher-forced agreement samples positions 0, 16, 32" in check.detail  # why 100% beside a difference
+    assert check.evidence == ["prompt 0 diverges at token 0 (character 0): baseline '0', candidate '1'; the candidate's "
+                              "logprobs there: '1' -0.700, '0' -0.720 (margin 0.020: a near-tie, where a change of "
+                              "rounding picks the other token)"]
+    assert check.data["divergences"][0]["margin"] == near.margin
+
+
+def test_a_divergence_far_from_a_tie_says_so():
+    from sparkit.bench.verify import Divergence
+
+    assert "not a near-tie" in Divergence(2, 5, 9, "a", "b", -0.1, -3.0, 10).sentence()
+    assert "not among the candidate's top 10" in Divergence(2, 5, 9, "a", "b", -0.1, None, 10).sentence()
+
+
+def test_the_first_divergence_is_found_in_tokens_and_characters():
+    from sparkit.bench.verify import first_divergence
+
+    a, b = GreedyOutput(0, "abcdef", [1, 2, 3], 3, None), GreedyOutput(0, "abXdef", [1, 9, 3], 3, None)
+    assert first_divergence(a, b) == (1, 2)
+    assert first_divergence(a, a) is None
+    assert first_divergence(a, GreedyOutput(0, "abX", None, 1, None)) is None  # no ids: not located in tokens

@@ -66,3 +66,37 @@ def test_no_vocabulary_anywhere_is_a_data_error_with_a_way_out():
     with pytest.raises(DataError) as caught:
         vocabulary_from_server({"model_path": "nobody/no-such-model-xyz"}, {})
     assert "--dataset" in str(caught.value)
+
+
+def test_the_context_a_model_was_made_for_comes_from_its_training_its_recipe_or_its_checkpoint(tmp_path):
+    import json as _json
+
+    from sparkit.bench.workload import model_context, tune_shape
+    from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+    from sparkit.recipes.load import load_recipe
+
+    tiny = model_context(load_recipe("tiny").recipe)
+    assert (tiny.tokens, tiny.why) == (TRAIN_SEQ_LEN, f"tiny-ling was trained on {TRAIN_SEQ_LEN}-token windows")
+    assert tune_shape(tiny) == (48, 64) and sum(tune_shape(tiny)) <= TRAIN_SEQ_LEN
+    stated = model_context(load_recipe("ling-3.0-flash/spark-optimized", ["model.context_length=4096"]).recipe)
+    assert stated.tokens == 4096 and tune_shape(stated) == (1024, 256)
+    local = tmp_path / "m"
+    local.mkdir()
+    (local / "config.json").write_text(_json.dumps({"max_position_embeddings": 512}))
+    found = model_context(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={local}"]).recipe)
+    assert found.tokens == 512 and "max_position_embeddings 512" in found.why and tune_shape(found) == (192, 256)
+    assert model_context(load_recipe("ling-3.0-flash/spark-optimized").recipe) is None  # a hub id: nothing says
+    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec
+
+    shipped = SHIPPED_DIR / BuildSpec().dir_name  # a build's own max_position_embeddings (2048) is not its training
+    assert model_context(load_recipe("tiny", [f"model.path={shipped}"]).recipe).tokens == TRAIN_SEQ_LEN
+    assert tune_shape(None) == (1024, 256)
+
+
+def test_mixed_profile_prompts_take_each_natural_kind_in_turn():
+    from sparkit.bench.profile_texts import MIXED_KINDS, passages, profile_prompts
+
+    prompts = profile_prompts("mixed", 40, 8)
+    assert [p.kind for p in prompts] == list(MIXED_KINDS) * 2 and "repetitive" not in MIXED_KINDS
+    for p in prompts:  # each cut from its own kind's texts
+        assert p.text and any(p.text[:60] in passage or passage[:60] in p.text for passage in passages(p.kind))

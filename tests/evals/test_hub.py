@@ -1,8 +1,10 @@
 """GSM8K from the Hugging Face hub's dataset viewer: a real local HTTP server on 127.0.0.1 speaks
-the viewer's /rows JSON (built from the shared GSM8K files), pointed to by SPARKIT_GSM8K_ROWS_URL."""
+the viewer's /rows JSON (built from the GSM8K files shipped with sparkit: the hub's rows are the
+same), pointed to by SPARKIT_GSM8K_ROWS_URL."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -20,8 +22,6 @@ from sparkit.errors import DataError
 from sparkit.evals import gsm8k as core
 from sparkit.evals import hub
 
-if not (GSM8K_DIR / "train.jsonl").is_file():  # the hub stand-in serves the real files
-    pytest.skip(f"GSM8K data not found in {GSM8K_DIR} (set SPARKIT_SHARED_DIR)", allow_module_level=True)
 SPLITS = {split: [json.loads(line) for line in (GSM8K_DIR / f"{split}.jsonl").read_text().splitlines()] for split in ("test", "train")}
 
 
@@ -143,7 +143,7 @@ def test_both_splits_are_downloaded_page_by_page_into_the_cache(sparkit_home, vi
     assert [p.done for p in seen] == sorted(p.done for p in seen)
     assert not list(cache(sparkit_home).glob("*.part"))
 
-    dataset = core.load_dataset(None)
+    dataset = core.load_dataset(None, from_hub=True)
     assert (len(dataset.test), len(dataset.train)) == (1319, 7473)
     assert dataset.sha256 == core.load_dataset(GSM8K_DIR / "test.jsonl").sha256
 
@@ -151,7 +151,7 @@ def test_both_splits_are_downloaded_page_by_page_into_the_cache(sparkit_home, vi
 def test_the_cache_is_reused_without_a_request(sparkit_home, viewer):
     core.ensure_downloaded()
     before = len(viewer.requests)
-    core.load_dataset(None)
+    core.load_dataset(None, from_hub=True)
     assert len(viewer.requests) == before
 
 
@@ -229,7 +229,7 @@ def test_a_file_the_check_refuses_never_replaces_the_cache(sparkit_home, viewer)
 def test_hf_hub_offline_refuses_without_any_request(sparkit_home, viewer, monkeypatch, value):
     monkeypatch.setenv("HF_HUB_OFFLINE", value)
     with pytest.raises(DataError) as info:
-        core.load_dataset(None)
+        core.load_dataset(None, from_hub=True)
     assert "HF_HUB_OFFLINE" in info.value.message and "--data" in info.value.hint
     assert viewer.requests == []
 
@@ -237,7 +237,7 @@ def test_hf_hub_offline_refuses_without_any_request(sparkit_home, viewer, monkey
 def test_hf_hub_offline_still_uses_the_cache(sparkit_home, viewer, monkeypatch):
     core.ensure_downloaded()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert len(core.load_dataset(None).test) == 1319
+    assert len(core.load_dataset(None, from_hub=True).test) == 1319
 
 
 def test_the_offline_message_names_the_hf_endpoint_mirror(sparkit_home, monkeypatch):
@@ -252,7 +252,7 @@ def test_connection_refused_is_a_data_error_naming_the_url(sparkit_home, monkeyp
     monkeypatch.setenv(hub.ROWS_URL_ENV, url)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DataError) as info:
-        core.load_dataset(None)
+        core.load_dataset(None, from_hub=True)
     assert url in info.value.message and "split=test" in info.value.message
     assert info.value.exit_code == 8 and "--data" in info.value.hint
     assert not list(cache(sparkit_home).glob("*"))
@@ -276,10 +276,59 @@ def test_cli_downloads_then_fails_at_the_unreachable_engine(tmp_path, viewer):
     env = {**os.environ, "SPARKIT_HOME": str(home), hub.ROWS_URL_ENV: viewer.url}
     env.pop("HF_HUB_OFFLINE", None)
     engine = f"http://127.0.0.1:{_closed_port()}"
-    done = subprocess.run([sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", engine, "--limit", "1",
+    done = subprocess.run([sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", engine, "--limit", "1", "--from-hub",
                            "--out", str(tmp_path / "r.jsonl")], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr  # the data came down; the engine is what failed
     assert engine.removeprefix("http://") in done.stderr and "Traceback" not in done.stderr
     assert len((home / "cache" / "gsm8k" / "test.jsonl").read_text().splitlines()) == 1319
     assert len((home / "cache" / "gsm8k" / "train.jsonl").read_text().splitlines()) == 7473
     assert "GSM8K from the hub" in done.stderr
+
+
+def test_without_data_the_shipped_copy_is_read_offline_without_any_request(sparkit_home, viewer, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    dataset = core.load_dataset(None)
+    assert (len(dataset.test), len(dataset.train)) == (1319, 7473)
+    assert dataset.test_path == core.SHIPPED_DIR / "test.jsonl" and "shipped" in dataset.source
+    assert viewer.requests == [] and not cache(sparkit_home).exists()
+
+
+def test_the_shipped_copy_is_the_hubs_bytes_so_results_hash_alike(sparkit_home, viewer):
+    # A results file made on the shipped copy resumes with --from-hub and compares with it: the
+    # settings hash includes the test file's sha256.
+    assert core.load_dataset(None, from_hub=True).sha256 == core.load_dataset(None).sha256
+    assert "MIT" in (core.SHIPPED_DIR / "LICENSE").read_text()
+    notice = (core.SHIPPED_DIR / "NOTICE.txt").read_text()
+    for split in ("test", "train"):
+        assert hashlib.sha256((core.SHIPPED_DIR / f"{split}.jsonl").read_bytes()).hexdigest() in notice
+
+
+def test_data_and_from_hub_together_is_a_usage_error():
+    from sparkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="--data and --from-hub"):
+        core.load_dataset(GSM8K_DIR, from_hub=True)
+
+
+def test_the_package_data_globs_ship_every_gsm8k_file():
+    import fnmatch
+    import tomllib
+
+    from _shared import REPO_DIR
+
+    patterns = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sparkit.evals"]
+    package = REPO_DIR / "sparkit" / "evals"
+    files = [p.relative_to(package).as_posix() for p in core.SHIPPED_DIR.iterdir()]
+    assert sorted(files) == ["data/gsm8k/LICENSE", "data/gsm8k/NOTICE.txt", "data/gsm8k/test.jsonl", "data/gsm8k/train.jsonl"]
+    assert all(any(fnmatch.fnmatch(f, pattern) for pattern in patterns) for f in files)
+
+
+def test_cli_without_data_uses_the_shipped_copy_offline(tmp_path, viewer):
+    home = tmp_path / "home"
+    env = {**os.environ, "SPARKIT_HOME": str(home), hub.ROWS_URL_ENV: viewer.url, "HF_HUB_OFFLINE": "1"}
+    engine = f"http://127.0.0.1:{_closed_port()}"
+    done = subprocess.run([sys.executable, "-m", "sparkit", "eval", "gsm8k", "--url", engine, "--limit", "1",
+                           "--out", str(tmp_path / "r.jsonl")], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr  # the data was there; only the engine is missing
+    assert "shipped with sparkit" in done.stderr and viewer.requests == []
+    assert not (home / "cache" / "gsm8k").exists()

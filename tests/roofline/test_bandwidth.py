@@ -69,3 +69,71 @@ def test_a_gpu_plan_uses_this_hosts_measurement_then_its_spec_then_the_targets(s
     assert resolve_bandwidth("hopper", "gpu", 1, h200).gb_s == 4800.0  # the host's own part
     tp4 = resolve_bandwidth("blackwell-tp4", "gpu", 4, Host())
     assert (tp4.gb_s, tp4.devices) == (8000.0, 4) and "B200" in tp4.detail
+
+
+def burners(count: int) -> list[subprocess.Popen]:
+    """Real processes that each keep a core busy until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def test_a_measurement_beside_busy_processes_says_the_machine_was_busy(sparkit_home):
+    import math
+
+    from sparkit.roofline.bandwidth import busy_threshold_cores, measure_cpu
+
+    procs = burners(math.ceil(busy_threshold_cores(os.cpu_count())) + 1)
+    try:
+        m = measure_cpu(16 << 20, repeats=2, rounds=3, pause_s=0.2)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert m.busy is True and m.others_cpu_cores > busy_threshold_cores(m.cpu_count)
+    assert m.rounds == 3 and m.load_avg_1m is not None and "a busy machine" in m.conditions()
+
+
+def test_doctor_warns_when_busy_and_every_roofline_line_says_when_and_under_what_load(tmp_path):
+    import math
+
+    from sparkit.roofline.bandwidth import busy_threshold_cores
+
+    procs = burners(math.ceil(busy_threshold_cores(os.cpu_count())) + 1)
+    try:
+        done = sparkit(tmp_path, "doctor", "--bandwidth", "--bandwidth-mib", "16")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert done.returncode == 0, done.stderr
+    assert "warning: the machine was busy while measuring cpu" in " ".join(done.stderr.split())
+    stored = json.loads((tmp_path / "data" / "bandwidth.json").read_text())["measurements"][0]
+    assert stored["others_cpu_cores"] > 0 and stored["load_avg_1m"] is not None and stored["rounds"] == 5
+    plan = sparkit(tmp_path, "plan", "tiny", "--set", "target=cpu")
+    line = next(l for l in plan.stdout.splitlines() if l.strip().startswith("bandwidth "))
+    assert f"at load {stored['load_avg_1m']:.1f}" in line and "a busy machine, so the figure may be low" in line
+    assert "measured 20" in line and " UTC" in line
+
+
+def stored(read: float, buffer: int = 1 << 28, **load) -> Measurement:
+    return Measurement(this_host(), "cpu", "x", read, read * 1.5, buffer, 1, "test", "2026-12-01T20:00:00+00:00", **load)
+
+
+def test_the_best_figure_of_the_same_measurement_is_kept(sparkit_home):
+    from sparkit.roofline.bandwidth import keep_best, load_measurements
+
+    assert keep_best(stored(6.5, load_avg_1m=2.5, others_cpu_cores=0.1, cpu_count=2))[0].read_gb_s == 6.5
+    kept, _ = keep_best(stored(1.6, load_avg_1m=16.0, others_cpu_cores=1.9, cpu_count=2))
+    assert kept.read_gb_s == 6.5 and [m.read_gb_s for m in load_measurements()] == [6.5]
+    assert keep_best(stored(7.0))[0].read_gb_s == 7.0  # better: replaces
+    # Another buffer size is another measurement (a small one may sit in the caches): it replaces.
+    assert keep_best(stored(5.0, buffer=16 << 20))[0].read_gb_s == 5.0
+    assert [m.read_gb_s for m in load_measurements()] == [5.0]
+
+
+def test_a_figure_stored_before_loads_were_recorded_says_so(sparkit_home):
+    save_measurement(stored(6.0))
+    bw = resolve_bandwidth("cpu", "cpu", 1, Host())
+    assert "measured 2026-12-01 20:00 UTC, load not recorded" in bw.detail
+    save_measurement(stored(6.0, load_avg_1m=0.4, others_cpu_cores=0.05, cpu_count=8))
+    detail = resolve_bandwidth("cpu", "cpu", 1, Host()).detail
+    assert "at load 0.4, other processes using 0.1 of 8 cores" in detail and "busy" not in detail

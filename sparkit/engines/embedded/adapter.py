@@ -107,6 +107,35 @@ class EmbeddedAdapter(SGLangLogAdapter):
 
         return [packages_check(self)]
 
+    def model_check(self, plan):
+        """The preflight's model check for this engine: it serves tiny-ling (sparkit's builds and
+        their Hugging Face exports) and downloads nothing, so a hub id or another model's
+        checkpoint fails here, saying which engine and recipe would serve it, rather than later
+        as an unreadable checkpoint."""
+        from sparkit.checks.results import CheckResult, Status
+        from sparkit.engines.embedded.formats import recognise
+
+        model, title = plan.model, "model"
+        if parse_builtin(model) is not None:
+            builds = ", ".join(b["dir"] for b in plan.model_builds)
+            return CheckResult("model", title, Status.PASS, f"built-in {model}, built before launch if missing",
+                               evidence=[builds] if builds else [])
+        path = Path(model).expanduser()
+        if not path.exists():
+            return CheckResult("model", title, Status.FAIL, f"{model}: {not_servable_reason(model)}",
+                               fix=serve_elsewhere_hint(model))
+        if not path.is_dir() or not (path / "config.json").is_file():
+            return CheckResult("model", title, Status.FAIL, f"{model} is not a checkpoint directory (no config.json)",
+                               fix="point model.path at a tiny-ling checkpoint (`sparkit model make-tiny DIR` builds one)")
+        found = recognise(path)
+        if found.servable is False:
+            return CheckResult("model", title, Status.FAIL, f"{model} holds {found.what}, and the embedded engine {SERVES.removeprefix('it ')}",
+                               evidence=[f"architectures: {', '.join(found.architectures) or 'none'}"],
+                               fix=serve_elsewhere_hint(model))
+        if found.servable is None:
+            return CheckResult("model", title, Status.WARN, f"{model}: {found.what}", evidence=[f"the embedded engine: {SERVES}"])
+        return CheckResult("model", title, Status.PASS, f"local checkpoint {model}: {found.what}")
+
     def prepare(self, plan, progress) -> None:
         prepare_builds(plan.model_builds, progress)
 
@@ -162,6 +191,9 @@ class EmbeddedAdapter(SGLangLogAdapter):
             raise loaded.error("model.path", "a model path cannot start with '-'")
 
         warnings: list[str] = []
+        if parse_builtin(r.model.path) is None and not Path(model_dir).exists():
+            warnings.append(f"model.path {r.model.path}: {not_servable_reason(r.model.path)}; `sparkit up` refuses it. "
+                            + serve_elsewhere_hint(r.model.path))
         sharing = flag_value(server.extra_args, flag_name("draft_lm_head_sharing"))
         if sharing == "tensor" and spec.method == "nextn" and stack.lm_head == "fp8":
             warnings.append("server.extra_args: --draft-lm-head-sharing tensor with an FP8 lm_head reproduces the "
@@ -207,6 +239,33 @@ class EmbeddedAdapter(SGLangLogAdapter):
             provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
             validated_by="the embedded server's own argument parser and flag rules",
         )
+
+
+# What the embedded engine serves, in the words every message about it uses.
+SERVES = ("it serves tiny-ling only: sparkit's builds (`sparkit:tiny-ling`, `sparkit model make-tiny DIR`) "
+          "and their Hugging Face exports (`sparkit model export-hf DIR`)")
+
+
+def not_servable_reason(model: str) -> str:
+    return f"not a local directory, and the embedded engine downloads nothing: {SERVES}"
+
+
+def sglang_recipe(model: str) -> tuple[str, str]:
+    """(file name, YAML) of the smallest recipe that serves `model` on SGLang as it is: sglang is
+    the schema's default engine, and every other key its default (weights as stored, no
+    speculative decoding)."""
+    import json
+
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(model.rstrip("/")).name.lower()) or "model"
+    return f"{stem}.yaml", f"model: {{path: {json.dumps(model)}}}"
+
+
+def serve_elsewhere_hint(model: str) -> str:
+    """Which engine and recipe would serve a model the embedded engine cannot."""
+    name, text = sglang_recipe(model)
+    return (f"SGLang serves it (engine: sglang, on a host with a GPU and sglang): write {text} to {name} and run "
+            f"`sparkit up {name}`; a Ling-3.0-flash checkpoint has shipped recipes: "
+            f"`sparkit up ling-3.0-flash/spark-optimized --set model.path=...`")
 
 
 def _check_with_engine(loaded, parser: argparse.ArgumentParser, args: list[str]) -> None:

@@ -16,9 +16,10 @@ import json
 import shutil
 from pathlib import Path
 
+from sparkit.engines.embedded.formats import BUILD_MARKER
 from sparkit.errors import LaunchError
 
-MARKER = ".sparkit-build.json"
+MARKER = BUILD_MARKER
 WEIGHTS = "model.safetensors"
 
 

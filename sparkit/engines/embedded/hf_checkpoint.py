@@ -33,10 +33,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HF_ARCHITECTURE = "BailingMoeV2ForCausalLM"
+from sparkit.engines.embedded.formats import EXPORT_MARKER, HF_ARCHITECTURE
+
 HF_MODEL_TYPE = "bailing_moe"
 CONFIG_MODULE = "configuration_bailing_moe_v2"
-EXPORT_MARKER = ".sparkit-export.json"
 EXPORT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DTYPES = ("bfloat16", "float32")

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-MODEL_CLASS = "TinyLingForCausalLM"
+from sparkit.engines.embedded.formats import MODEL_CLASS  # declared where the preflight reads it
+
 DRAFT_CLASS = "TinyLingForCausalLMNextN"
 
 

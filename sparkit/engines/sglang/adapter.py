@@ -1,8 +1,9 @@
 """SGLang adapter: compile a recipe to an exact `sglang.launch_server` command and
 check it against the *installed* sglang (its own argparse parser and its env registry).
 
-Importing sglang's parser costs seconds (it pulls torch), so it happens lazily and
-once per process.
+Importing sglang's parser costs ~10 s (it pulls torch), so its answers are remembered per sglang
+install (sparkit.engines.sglang.parser_facts) and it is imported only for a question the record
+cannot answer, at most once per process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, package_version
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
+from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
     ENABLE_ENV, EXACT_TOP_K_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV, SHARE_ENV, truthy,
 )
@@ -58,48 +60,34 @@ MANAGED_DESTS = {
 }
 
 
-class ParserRejected(Exception):
-    """sglang's argparse parser refused the arguments; str() is its own message."""
-
-
 # How to get the validation on a machine without a GPU (sglang-facts.md §1).
 PARSER_INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 plus its parser's pure-Python imports "
                        "(torch numpy orjson psutil pybase64 requests packaging pillow starlette msgspec "
                        "pydantic pyzmq tqdm IPython aiohttp triton), or plan on the machine that serves")
+# A plan's own port is any free one (tune and verify pick a new one each time); the parser's
+# verdict does not depend on which (an int), so the verdicts are remembered for this one.
+_PORT_FOR_VERDICTS = "30000"
 
 
 @functools.cache
+def parser_facts() -> ParserFacts:
+    """The installed sglang's parser (sparkit.engines.sglang.parser_facts: remembered per install)."""
+    return load_facts()
+
+
 def parser_unavailable() -> str | None:
-    """None when sglang's own argument parser imports here, else why not (one line)."""
-    try:
-        from sglang.srt.server_args import ServerArgs  # noqa: F401
-    except Exception as exc:  # ImportError, or a dependency of sglang failing to import
-        return f"{type(exc).__name__}: {exc}".splitlines()[0]
-    return None
+    """None when sglang's own argument parser answers here, else why not (one line)."""
+    return parser_facts().unavailable
 
 
-@functools.cache
 def server_arg_parser():
-    """sglang's own server-args parser, raising ParserRejected instead of exiting."""
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
-    class _Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # argparse would print usage and exit(2)
-            raise ParserRejected(message)
-
-    parser = _Parser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-    return parser
+    """sglang's own server-args parser (imports sglang), raising ParserRejected instead of exiting."""
+    return parser_facts().real_parser()
 
 
-@functools.cache
 def env_registry() -> frozenset[str]:
     """Names of the environment variables the installed sglang reads (sglang.srt.environ.envs)."""
-    from sglang.srt.environ import Envs
-
-    return frozenset(n for n, v in vars(Envs).items() if type(v).__name__.startswith("Env"))
+    return parser_facts().env
 
 
 @functools.cache
@@ -107,24 +95,17 @@ def installed_version() -> str | None:
     return package_version("sglang")
 
 
-def parse_args(args: list[str]) -> Any:
-    """Parse with sglang's parser (raises ParserRejected). Returns the argparse Namespace."""
-    return server_arg_parser().parse_args(args)
+def check_args(args: list[str]) -> None:
+    """Raise ParserRejected (sglang's own message) when its parser refuses `args`."""
+    parser_facts().check(args)
 
 
 def choices_for(dest: str) -> list[str] | None:
-    for action in server_arg_parser()._actions:
-        if action.dest == dest and action.choices:
-            return [str(c) for c in action.choices]
-    return None
+    return parser_facts().choices.get(dest)
 
 
-def _action_for(flag: str):
-    parser = server_arg_parser()
-    name = flag.split("=", 1)[0]
-    if name in parser._option_string_actions:
-        return parser._option_string_actions[name]
-    return None
+def _action_for(flag: str) -> OptionFact | None:
+    return parser_facts().exact_option(flag)
 
 
 def _moe_backend_rule(loaded):
@@ -218,6 +199,12 @@ class SGLangAdapter(SGLangLogAdapter):
         return {}, ["--config", str(path)]
 
     def launch(self, loaded, *, port: int) -> EngineLaunch:
+        try:
+            return self._launch(loaded, port=port)
+        finally:
+            parser_facts().save()  # what sglang's parser answered is kept, for the next plan
+
+    def _launch(self, loaded, *, port: int) -> EngineLaunch:
         r = loaded.recipe
         stack, server, spec = r.stack, r.server, r.stack.speculative
         warnings: list[str] = []
@@ -288,7 +275,7 @@ class SGLangAdapter(SGLangLogAdapter):
         args += list(server.extra_args)
         if unavailable is None:
             try:
-                parse_args(args)
+                check_args(_with_port(args, _PORT_FOR_VERDICTS))
             except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
                 raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
 
@@ -340,6 +327,8 @@ class SGLangAdapter(SGLangLogAdapter):
         )
         if unavailable is None:
             launch.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
+            if parser_facts().answered_from_record:
+                launch.validated_by += " (answers remembered from an earlier run, per sglang install)"
         else:
             launch.validation_note = (f"not validated by SGLang's own argument parser: it does not import here "
                                       f"({unavailable}); the flags and environment variables are unchecked "
@@ -374,7 +363,7 @@ class SGLangAdapter(SGLangLogAdapter):
             is_value = _takes_value(item)
             key = f"server.extra_args.{i}"
             try:
-                parse_args(["--model-path", "x", *(extra[i:i + 2] if _takes_value(item) else [item])])
+                check_args(["--model-path", "x", *(extra[i:i + 2] if _takes_value(item) else [item])])
             except ParserRejected as exc:
                 raise loaded.error(key, f"sglang {installed_version()} rejects {item!r}: {exc}",
                                    hint="flags change between sglang versions: check `python -m sglang.launch_server --help`") from None
@@ -386,11 +375,11 @@ class SGLangAdapter(SGLangLogAdapter):
             if action.dest in MANAGED_DESTS and not (action.dest == "enable_fp32_lm_head" and loaded.recipe.stack.lm_head == "fp8"):
                 raise loaded.error(key, f"{item.split('=')[0]} is set from the recipe key {MANAGED_DESTS[action.dest]}",
                                    hint=f"set {MANAGED_DESTS[action.dest]} instead of passing the flag")
-            if type(action).__name__.startswith("Deprecated"):
-                new = getattr(action, "new_flag", None) or "see sglang --help"
+            if action.deprecated:
+                new = action.new_flag or "see sglang --help"
                 warnings.append(f"{key}: {item} is deprecated in sglang {installed_version()} (use {new})")
         try:
-            parse_args(["--model-path", "x", *extra])
+            check_args(["--model-path", "x", *extra])
         except ParserRejected as exc:
             raise loaded.error("server.extra_args", f"sglang {installed_version()} rejects the pass-through flags: {exc}") from None
         return warnings
@@ -458,13 +447,18 @@ class SGLangAdapter(SGLangLogAdapter):
 def _takes_value(flag: str) -> bool:
     if "=" in flag:
         return False
-    action = _action_for(flag) or _abbreviated(flag)
-    return action is not None and action.nargs != 0
+    action = parser_facts().option(flag)
+    return action is not None and action.takes_value
 
 
-def _abbreviated(flag: str):
-    name = flag.split("=", 1)[0]
-    matches = [a for s, a in server_arg_parser()._option_string_actions.items() if s.startswith(name)]
-    unique = {id(a): a for a in matches}
-    return next(iter(unique.values())) if len(unique) == 1 else None
+def _abbreviated(flag: str) -> OptionFact | None:
+    """The option an abbreviation names (argparse accepts a unique prefix), or None."""
+    return parser_facts().option(flag)
 
+
+def _with_port(args: list[str], port: str) -> list[str]:
+    out = list(args)
+    for i, item in enumerate(out[:-1]):
+        if item == "--port":
+            out[i + 1] = port
+    return out

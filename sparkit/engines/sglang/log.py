@@ -349,7 +349,7 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         ),
         "missing model",
         "the model (or its draft) could not be found",
-        "check model.path in the recipe (a local directory or a hub id already downloaded); build the tiny model with `sparkit model build`",
+        "check model.path in the recipe (a local directory or a hub id already downloaded); `sparkit model make-tiny DIR` builds a tiny-ling",
     ),
     (
         re.compile(
@@ -359,7 +359,7 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         ),
         "broken checkpoint",
         "the model's weight files are unreadable (truncated download or not a checkpoint)",
-        "re-download the checkpoint, or rebuild the tiny model with `sparkit model build --force`",
+        "re-download the checkpoint; a tiny-ling build: delete its directory and build it again with `sparkit model make-tiny DIR`",
     ),
     (
         re.compile(r"Unknown speculative algorithm name"),

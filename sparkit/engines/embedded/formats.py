@@ -1,0 +1,50 @@
+"""What the embedded engine loads, by name: tiny-ling's own checkpoint layout and its Hugging Face
+BailingMoeV2 export, each recognised by its config.json architecture and sparkit's marker file.
+
+A leaf module (no torch, no transformers): the preflight recognises a checkpoint with it before
+anything heavy is imported, and the model, the loader and the exporter take their names from here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL_CLASS = "TinyLingForCausalLM"  # config.json architectures of sparkit's own layout
+HF_ARCHITECTURE = "BailingMoeV2ForCausalLM"  # ... of the Hugging Face export (sparkit model export-hf)
+BUILD_MARKER = ".sparkit-build.json"  # written by the builder (sparkit model make-tiny)
+EXPORT_MARKER = ".sparkit-export.json"  # written by the exporter
+
+
+@dataclass(frozen=True)
+class Recognised:
+    """What a directory holds, as far as the embedded engine is concerned."""
+
+    servable: bool | None  # True: tiny-ling; False: a model this engine cannot serve; None: cannot tell
+    what: str  # in words, for a message
+    architectures: tuple[str, ...] = ()
+
+
+def recognise(directory: str | Path) -> Recognised:
+    """A checkpoint directory read for what it is (config.json and the markers only)."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        return Recognised(None, f"{config_path} is unreadable ({getattr(exc, 'strerror', None) or exc})")
+    if not isinstance(config, dict):
+        return Recognised(None, f"{config_path} is not a JSON object")
+    architectures = tuple(str(a) for a in (config.get("architectures") or []) if isinstance(a, str))
+    named = ", ".join(architectures) or "none"
+    if MODEL_CLASS in architectures:
+        built = " (built by sparkit)" if (directory / BUILD_MARKER).is_file() else ""
+        return Recognised(True, f"a tiny-ling checkpoint{built}", architectures)
+    if HF_ARCHITECTURE in architectures:
+        if (directory / EXPORT_MARKER).is_file() or isinstance(config.get("sparkit"), dict):
+            return Recognised(True, "tiny-ling's Hugging Face export (sparkit model export-hf)", architectures)
+        return Recognised(None, f"a {HF_ARCHITECTURE} checkpoint sparkit did not export: the embedded engine computes "
+                          "this architecture but at tiny-ling's scale; a real Ling model belongs on SGLang", architectures)
+    return Recognised(False, f"a model of architecture {named} (config.json {config.get('model_type') or 'has no model_type'})",
+                      architectures)
