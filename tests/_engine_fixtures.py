@@ -23,6 +23,12 @@ start_embedded_server (function) -> callable(**flags) -> RunningServer
     e.g. {"SPARKIT_API_KEY": "k"}), `wait=False` (return at once, e.g. to watch a start
     fail), `report_dir=Path` (SPARKIT_REPORT_DIR; default a fresh tmp dir, as
     RunningServer.report_dir).
+quant_model_dir (session) -> Path
+    a tiny-ling whose expert widths (128) the quantised layouts tile (block 128, group 32):
+    QUANT_MODEL_STEPS steps of the builder at widths 128, cached like the wrong draft.
+quantized_exports (session) -> {"bf16" | "fp8" | "mxfp4" | "fp8-damaged": Path}
+    quant_model_dir's Hugging Face exports in each layout (`sparkit model export-hf --weights`),
+    and the FP8 one with its deliberately damaged scale.
 embedded_server (module) -> RunningServer
     tiny-ling with NEXTN 3/1/4 and an fp8 lm_head, shared by every test of a module.
     Tests that share it must not depend on the absolute values of its counters.
@@ -55,12 +61,15 @@ __all__ = [
     "start_embedded_server",
     "embedded_server",
     "model_cache_dir",
+    "quant_model_dir",
+    "quantized_exports",
     "free_port",
     "launch_embedded_server",
 ]
 
 SERVER_START_TIMEOUT = float(os.environ.get("SPARKIT_TEST_SERVER_TIMEOUT", "180"))
 WRONG_DRAFT_STEPS = 40
+QUANT_MODEL_STEPS = 10
 
 
 def model_cache_dir() -> Path:
@@ -197,6 +206,46 @@ def wrong_draft_model_dir() -> Path:
 
     spec = BuildSpec("tiny-ling", 1, WRONG_DRAFT_STEPS)
     return ensure_model(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=spec.steps)
+
+
+@pytest.fixture(scope="session")
+def quant_model_dir() -> Path:
+    import fcntl
+    import json
+    import shutil
+
+    from sparkit.engines.embedded.builder import BUILDER_VERSION, BuildSpec, build_model
+    from sparkit.engines.embedded.checkpoint import MARKER
+    from sparkit.engines.embedded.model import TinyLingConfig
+
+    cache = model_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    directory = cache / f"tiny-ling-w128-n{QUANT_MODEL_STEPS}-v{BUILDER_VERSION}"
+    with open(cache / f".{directory.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / MARKER).is_file():
+            tmp = cache / f".{directory.name}.building"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            build_model(tmp, BuildSpec(steps=QUANT_MODEL_STEPS),
+                        config=TinyLingConfig(moe_intermediate_size=128, shared_expert_intermediate_size=128))
+            json.loads((tmp / MARKER).read_text())
+            shutil.rmtree(directory, ignore_errors=True)
+            tmp.rename(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def quantized_exports(quant_model_dir, tmp_path_factory) -> dict:
+    from sparkit.engines.embedded.checkpoint import export_hf
+
+    root = tmp_path_factory.mktemp("quantized-exports")
+    out = {}
+    for label, weights, damaged in (("bf16", "bf16", False), ("fp8", "fp8", False), ("mxfp4", "mxfp4", False),
+                                    ("fp8-damaged", "fp8", True)):
+        out[label] = root / f"tiny-ling-hf-{label}"
+        export_hf(quant_model_dir, out[label], "bfloat16", weights, damaged)
+    return out
 
 
 @pytest.fixture

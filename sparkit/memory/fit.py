@@ -37,6 +37,7 @@ from typing import Any
 
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
+from sparkit.weight_formats import MX_BLOCK
 from sparkit.memory.units import GIB, MIB, gib
 
 # Estimates of what an engine holds before it measures free memory (so P is that much lower than
@@ -616,8 +617,8 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
     def expert_terms(tensors: list, label: str) -> None:
         numel = sum(t.numel for t in tensors)
         rows = sum(math.prod(t.shape[:-1]) for t in tensors)
-        stored = {"bf16": numel * 2, "fp8": numel + rows * 4 * 2, "mxfp4": numel // 2 + numel // 32}[fmt]
-        how = {"bf16": "bf16", "fp8": "e4m3 + two float32 scales per row", "mxfp4": "e2m1 + an e8m0 scale per 32"}[fmt]
+        stored = {"bf16": numel * 2, "fp8": numel + rows * 4 * 2, "mxfp4": numel // 2 + numel // MX_BLOCK}[fmt]
+        how = {"bf16": "bf16", "fp8": "e4m3 + two float32 scales per row", "mxfp4": f"e2m1 + an e8m0 scale per {MX_BLOCK}"}[fmt]
         fit.terms.append(FitTerm("weights", f"{label}: {fmt} form", stored, f"{numel} values as {how}"))
         fit.terms.append(FitTerm("weights", f"{label}: decoded copy", numel * compute,
                                  f"{numel} values x {compute} B ({cname}), decoded once at load"))
