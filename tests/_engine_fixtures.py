@@ -24,8 +24,8 @@ start_embedded_server (function) -> callable(**flags) -> RunningServer
     fail), `report_dir=Path` (SPARKIT_REPORT_DIR; default a fresh tmp dir, as
     RunningServer.report_dir).
 quant_model_dir (session) -> Path
-    a tiny-ling whose expert widths (128) the quantised layouts tile (block 128, group 32):
-    QUANT_MODEL_STEPS steps of the builder at widths 128, cached like the wrong draft.
+    the shipped tiny-ling, whose expert widths (128) the quantised layouts tile (block 128, group
+    32); the session fails naming the tensor if they do not.
 quantized_exports (session) -> {"bf16" | "fp8" | "mxfp4" | "fp8-damaged": Path}
     quant_model_dir's Hugging Face exports in each layout (`sparkit model export-hf --weights`),
     and the FP8 one with its deliberately damaged scale.
@@ -69,7 +69,6 @@ __all__ = [
 
 SERVER_START_TIMEOUT = float(os.environ.get("SPARKIT_TEST_SERVER_TIMEOUT", "180"))
 WRONG_DRAFT_STEPS = 40
-QUANT_MODEL_STEPS = 10
 
 
 def model_cache_dir() -> Path:
@@ -209,30 +208,16 @@ def wrong_draft_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def quant_model_dir() -> Path:
-    import fcntl
-    import json
-    import shutil
+def quant_model_dir(tiny_model_dir) -> Path:
+    from sparkit.engines.embedded.checkpoint import load_checkpoint
+    from sparkit.engines.embedded.hf_quantized import layout_error
 
-    from sparkit.engines.embedded.builder import BUILDER_VERSION, BuildSpec, build_model
-    from sparkit.engines.embedded.checkpoint import MARKER
-    from sparkit.engines.embedded.model import TinyLingConfig
-
-    cache = model_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    directory = cache / f"tiny-ling-w128-n{QUANT_MODEL_STEPS}-v{BUILDER_VERSION}"
-    with open(cache / f".{directory.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (directory / MARKER).is_file():
-            tmp = cache / f".{directory.name}.building"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            build_model(tmp, BuildSpec(steps=QUANT_MODEL_STEPS),
-                        config=TinyLingConfig(moe_intermediate_size=128, shared_expert_intermediate_size=128))
-            json.loads((tmp / MARKER).read_text())
-            shutil.rmtree(directory, ignore_errors=True)
-            tmp.rename(directory)
-    return directory
+    cfg, _ = load_checkpoint(tiny_model_dir)
+    for weights in ("fp8", "mxfp4"):  # the shipped build's widths are what the layouts need
+        problem = layout_error(cfg, weights)
+        if problem:
+            pytest.fail(f"the shipped tiny-ling cannot be exported in the {weights} layout: {problem}", pytrace=False)
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="session")

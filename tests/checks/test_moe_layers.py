@@ -40,10 +40,7 @@ def _plan(recipe: str, *sets: str):
     return compile_plan(load_recipe(recipe, list(sets)))
 
 
-# The expectations of tiny/tiny-sglang-mxfp4 (MXFP4 experts through humming), from a recipe that
-# plans whatever the shipped build's widths (the MXFP4 export of a build is refused when they
-# cannot be tiled).
-MXFP4_HUMMING = "tiny/tiny-sglang-humming"
+MXFP4_HUMMING = "tiny/tiny-sglang-mxfp4"  # the shipped recipe asking for MXFP4 experts through humming
 
 
 def test_the_schema_1_reports_of_the_real_runs_still_parse_as_one_entry_per_model():
@@ -189,7 +186,7 @@ def test_one_layer_off_the_requested_runner_fails_alone():
 
 
 def test_without_a_report_the_weights_check_reads_the_resolved_quantization():
-    plan = _plan("tiny/tiny-sglang", "stack.weights=fp8")
+    plan = _plan("tiny/tiny-sglang-fp8")
     fp8 = check_weights(plan, ServerEvidence("sglang", server_info=parse_server_info({"quantization": "fp8"})))
     assert fp8.status == Status.PASS and "not judged layer by layer" in fp8.detail
     bf16 = check_weights(plan, ServerEvidence("sglang", server_info=parse_server_info({"quantization": None})))

@@ -85,11 +85,15 @@ def test_sglang_argv_accepted_by_prepare_server_args(name):
     spec = r.stack.speculative
     # What the recipe asked for, read back from sglang's own parse; a built-in model is served
     # as its Hugging Face export, planned as a build.
-    exports = {b["name"] + (f":seed={b['seed']}" if b["seed"] else "") + (f":steps={b['steps']}" if b.get("steps") else ""):
-               b["export_hf"]["dir"] for b in plan.model_builds if "export_hf" in b}
+    from sparkit.engines.builtin_models import parse_builtin_ref
 
     def served(path):
-        return exports.get(path.removeprefix("sparkit:"), path) if path and path.startswith("sparkit:") else path
+        ref = parse_builtin_ref(path) if path else None
+        if ref is None:
+            return path
+        return next(b["export_hf"]["dir"] for b in plan.model_builds
+                    if (b["name"], b["seed"], b.get("steps")) == (ref.name, ref.seed, ref.steps)
+                    and (b["export_hf"]["weights"], b["export_hf"]["damaged_scale"]) == (ref.weights or "bf16", ref.damaged_scale))
 
     assert parsed.model_path == served(r.model.path)
     assert parsed.port == 31234 and parsed.host == r.server.host
