@@ -50,7 +50,8 @@ def variant_row(label: str, up: dict | None, runs: Path, decode: dict) -> dict:
         "failed": [f"{c.get('title')}: {c.get('detail')}" for c in checks if c.get("status") == "fail"],
         "perplexity": known.get("perplexity"), "expected_perplexity": known.get("expected"),
         "tolerance": known.get("tolerance"), "accept_length": accept.get("accept_length"),
-        "probe_decode_tok_s": speed.get("decode_tok_s"), "ready_s": (meta.get("extra") or {}).get("ready_s"),
+        "probe_decode_tok_s": speed.get("decode_tok_s"),
+        "ready_s": meta.get("ready_s", (meta.get("extra") or {}).get("ready_s")),
         "log": str(run / "server.log"),
     })
     try:

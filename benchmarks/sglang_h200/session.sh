@@ -43,12 +43,16 @@ set -u
 OUT=${OUT:-/tmp/sglang-session}
 STEPS=${STEPS:-setup,launch,main,ab,traps,verify,v3,humming,quant}
 REPO=$(pwd)
-W=/tmp/sglang-session-w  # packed into $OUT/session.tgz: $OUT itself holds two files
+# the work files and sparkit's home, packed into $OUT/session.tgz ($OUT itself holds two files);
+# SESSION_W / SESSION_HOME move them (a rehearsal beside another on the same machine)
+W=${SESSION_W:-/tmp/sglang-session-w}
+SK_HOME=${SESSION_HOME:-/tmp/sparkit-home}
 mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 stamp() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null; tar -czf "$OUT/session.tgz" -C /tmp sglang-session-w sparkit-home/runs 2>/dev/null; }
+save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null
+  tar -czf "$OUT/session.tgz" -C "$(dirname "$W")" "$(basename "$W")" -C "$(dirname "$SK_HOME")" "$(basename "$SK_HOME")/runs" 2>/dev/null; }
 sk() { python3 -m sparkit.cli.main "$@"; }
 REHEARSE=${REHEARSE:-0}
 recipe() {  # the recipe to run (under REHEARSE, the embedded engine's counterpart)
@@ -87,7 +91,7 @@ if [ "$REHEARSE" != 1 ]; then
   source /tmp/sglenv.sh
 fi
 export PYTHONPATH=$REPO:/tmp/site:/tmp/sparkit-deps
-export SPARKIT_HOME=/tmp/sparkit-home PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export SPARKIT_HOME=$SK_HOME PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 
 if has setup; then
   # sparkit's own dependencies: only the wheels whose top-level modules this python cannot import
@@ -238,27 +242,30 @@ if has quant; then
   [ -n "${URL:-}" ] && qurls="bf16=$URL"  # the main server: the bf16 export, the same stack
   for q in $QUANT; do
     label=${q%%:*}
-    while [ ! -s "$W/quant-$label-up.json" ] && ! grep -q "up rc=" "$W/quant-$label-up.err" 2>/dev/null; do sleep 2; done
-    sleep 1
+    # `up --detach` writes its JSON, then exits: its exit code is the last line of its .err
+    while ! grep -q "up rc=" "$W/quant-$label-up.err" 2>/dev/null; do sleep 2; done
     url=$(json_field "$W/quant-$label-up.json" url)
     stamp "quant $label: $(tail -n 1 "$W/quant-$label-up.err") url=$url"
     [ "$label" != damaged ] && [ -n "$url" ] && qurls="$qurls $label=$url"
   done
   # the exports as SGLang read them: config.json (quantization_config) and every tensor's header
-  for x in /tmp/sparkit-home/cache/models/tiny-ling-s0-hf-*; do
+  for x in "$SK_HOME"/cache/models/tiny-ling-s0-hf-*; do
     [ -d "$x" ] || continue
     mkdir -p "$W/exports/${x##*/}" && cp "$x"/*.json "$W/exports/${x##*/}/" 2>/dev/null
-    python3 -c "import sys, json; from sparkit.checkpoint import read_safetensors_index as r; i = r(sys.argv[1]); \
-print(json.dumps({t.name: [t.dtype, list(t.shape)] for t in i.tensors.values()}, indent=0))" "$x" > "$W/exports/${x##*/}/headers.json" 2>&1
+    python3 -c "import sys; from sparkit.checkpoint import read_safetensors_index as r; \
+print('\n'.join(f'{t.name} {t.dtype} {list(t.shape)}' for t in sorted(r(sys.argv[1]).tensors.values(), key=lambda t: t.name)))" \
+      "$x" > "$W/exports/${x##*/}/headers.txt" 2>&1
   done
   if [ "$(echo "$qurls" | wc -w)" -ge 2 ]; then
     stamp "quant: interleaved decode over: $qurls"
     # shellcheck disable=SC2086
-    timeout 150 python3 benchmarks/decode_interleaved.py $qurls --input-len 256 --output-len 256 --num-prompts 4 \
-      --repeats 2 --json "$W/quant-decode.json" > "$W/quant-decode.txt" 2>&1
+    shape="--input-len 256 --output-len 256 --num-prompts 4 --repeats 2"
+    [ "$REHEARSE" = 1 ] && shape="--input-len 64 --output-len 32 --num-prompts 2 --repeats 1"  # CPU decodes ~30 tok/s
+    # shellcheck disable=SC2086
+    timeout 150 python3 benchmarks/decode_interleaved.py $qurls $shape --json "$W/quant-decode.json" > "$W/quant-decode.txt" 2>&1
     stamp "quant interleaved rc=$?"; tee -a "$OUT/summary.txt" < "$W/quant-decode.txt"
   fi
-  timeout 60 python3 benchmarks/sglang_h200/quant_table.py "$W" /tmp/sparkit-home/runs --json "$W/quant-table.json" \
+  timeout 60 python3 benchmarks/sglang_h200/quant_table.py "$W" "$SK_HOME/runs" --json "$W/quant-table.json" \
     2>&1 | tee -a "$OUT/summary.txt"
   for q in $QUANT; do
     r=$(json_field "$W/quant-${q%%:*}-up.json" run)
@@ -280,7 +287,7 @@ if has tp; then
       timeout 120 python3 -m sparkit.cli.main check "$RUN2" --json > "$W/tp2-check.json" 2>&1; stamp "tp2 check rc=$?"
       timeout 300 python3 -m sparkit.cli.main bench "$RUN2" --input-len 128 --output-len 128 --num-prompts 8 --json \
         --out "$W/tp2-bench.json" > /dev/null 2> "$W/tp2-bench.err"; stamp "tp2 bench rc=$?"
-      ls /tmp/sparkit-home/runs/"$RUN2"/activation-tp*.json 2>&1 | tee -a "$OUT/summary.txt"
+      ls "$SK_HOME"/runs/"$RUN2"/activation-tp*.json 2>&1 | tee -a "$OUT/summary.txt"
       timeout 60 python3 -m sparkit.cli.main down "$RUN2" --json > "$W/tp2-down.json" 2>&1; stamp "tp2 down rc=$?"
       nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | wc -l | xargs -I{} stamp "GPU processes after tp2 down: {}"
     fi
