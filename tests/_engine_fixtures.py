@@ -23,6 +23,12 @@ start_embedded_server (function) -> callable(**flags) -> RunningServer
     e.g. {"SPARKIT_API_KEY": "k"}), `wait=False` (return at once, e.g. to watch a start
     fail), `report_dir=Path` (SPARKIT_REPORT_DIR; default a fresh tmp dir, as
     RunningServer.report_dir).
+quant_model_dir (session) -> Path
+    the shipped tiny-ling, whose expert widths (128) the quantised layouts tile (block 128, group
+    32); the session fails naming the tensor if they do not.
+quantized_exports (session) -> {"bf16" | "fp8" | "mxfp4" | "fp8-damaged": Path}
+    quant_model_dir's Hugging Face exports in each layout (`sparkit model export-hf --weights`),
+    and the FP8 one with its deliberately damaged scale.
 embedded_server (module) -> RunningServer
     tiny-ling with NEXTN 3/1/4 and an fp8 lm_head, shared by every test of a module.
     Tests that share it must not depend on the absolute values of its counters.
@@ -55,6 +61,8 @@ __all__ = [
     "start_embedded_server",
     "embedded_server",
     "model_cache_dir",
+    "quant_model_dir",
+    "quantized_exports",
     "free_port",
     "launch_embedded_server",
 ]
@@ -197,6 +205,32 @@ def wrong_draft_model_dir() -> Path:
 
     spec = BuildSpec("tiny-ling", 1, WRONG_DRAFT_STEPS)
     return ensure_model(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=spec.steps)
+
+
+@pytest.fixture(scope="session")
+def quant_model_dir(tiny_model_dir) -> Path:
+    from sparkit.engines.embedded.checkpoint import load_checkpoint
+    from sparkit.engines.embedded.hf_quantized import layout_error
+
+    cfg, _ = load_checkpoint(tiny_model_dir)
+    for weights in ("fp8", "mxfp4"):  # the shipped build's widths are what the layouts need
+        problem = layout_error(cfg, weights)
+        if problem:
+            pytest.fail(f"the shipped tiny-ling cannot be exported in the {weights} layout: {problem}", pytrace=False)
+    return tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def quantized_exports(quant_model_dir, tmp_path_factory) -> dict:
+    from sparkit.engines.embedded.checkpoint import export_hf
+
+    root = tmp_path_factory.mktemp("quantized-exports")
+    out = {}
+    for label, weights, damaged in (("bf16", "bf16", False), ("fp8", "fp8", False), ("mxfp4", "mxfp4", False),
+                                    ("fp8-damaged", "fp8", True)):
+        out[label] = root / f"tiny-ling-hf-{label}"
+        export_hf(quant_model_dir, out[label], "bfloat16", weights, damaged)
+    return out
 
 
 @pytest.fixture

@@ -77,6 +77,13 @@ def run_section(run: Path) -> list[str]:
                        f"{model.lm_head.quant_method} (module {model.lm_head.module_id}, shared {model.lm_head.shared_with_target}, "
                        f"exact top-k {model.lm_head.exact_top_k})"
                        + (f", MoE {moe.expert_weight_format} via {moe.quant_method} on {moe.runner}" if moe else ""))
+            if moe and moe.layers:  # schema /2: what every MoE layer runs
+                kinds: dict = {}
+                for layer in moe.layers:
+                    kinds.setdefault((layer.quant_method, layer.expert_weight_format, layer.runner, layer.weight_schema), []).append(layer.name)
+                for (method, fmt, runner, schema), names in kinds.items():
+                    out.append(f"  {len(names)} MoE layer(s) ({names[0]}{', ...' if len(names) > 1 else ''}): {method}, {fmt}, "
+                               f"runner {runner}" + (f", humming schema {schema}" if schema else ""))
     if probe:
         out.append(f"probe: accept length {probe.get('accept_length')}, decode {probe.get('decode_tok_s')} tok/s "
                    f"({probe.get('completion_tokens')} tokens / {probe.get('spec_verify_ct')} verify steps)")

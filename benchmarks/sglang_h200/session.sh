@@ -16,6 +16,9 @@
 #           verify   `sparkit verify` NEXTN against plain decoding, both with the FP8 head
 #           v3       a tiny BailingMoeV3 (Ling-3.0's KDA + MLA layout, dummy weights) + NEXTN + plugin
 #           humming  tiny/tiny-sglang-humming (online MXFP4 experts through humming)
+#           quant    tiny/tiny-sglang-fp8 (block-128 FP8 export, Triton MoE), tiny/tiny-sglang-mxfp4
+#                    (MXFP4 export, humming pre-quantised) and tiny/tiny-sglang-damaged-scale (its known
+#                    answer must fail: exit 6); each exports its checkpoint first (seconds)
 #   tp      (not in the default: only on a machine of 2 or 4 GPUs, with the real NCCL carried; run
 #           as STEPS=setup,tp) TP2: `sparkit verify tiny/tiny-sglang-tp2 --against tiny/tiny-sglang`
 #           (greedy outputs TP2 vs TP1), up/check/bench/down of the TP2 recipe, both ranks' reports;
@@ -25,6 +28,10 @@
 #           comparison, bench, eval gsm8k, sglang.bench_serving (SGLang's own client, same shape as
 #           bench), a Pilot chat session, /metrics, down (then: no process left)
 #   ab      the five main-stack variants decoded interleaved, request by request
+#   quant   the quantised exports: each run's checks.json, known-answer perplexity against the bf16
+#           export's (the main server's), accept length, start-up time, decode tok/s of bf16 / fp8 /
+#           mxfp4 interleaved (benchmarks/decode_interleaved.py), the export headers, the server logs;
+#           one table (benchmarks/sglang_h200/quant_table.py) in summary.txt and quant-table.json
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -34,19 +41,35 @@
 # limit still brings back what ran, and $OUT/summary.txt (the `run` tool returns few files).
 set -u
 OUT=${OUT:-/tmp/sglang-session}
-STEPS=${STEPS:-setup,launch,main,ab,traps,verify,v3,humming}
+STEPS=${STEPS:-setup,launch,main,ab,traps,verify,v3,humming,quant}
 REPO=$(pwd)
-W=/tmp/sglang-session-w  # packed into $OUT/session.tgz: $OUT itself holds two files
+# the work files and sparkit's home, packed into $OUT/session.tgz ($OUT itself holds two files);
+# SESSION_W / SESSION_HOME move them (a rehearsal beside another on the same machine)
+W=${SESSION_W:-/tmp/sglang-session-w}
+SK_HOME=${SESSION_HOME:-/tmp/sparkit-home}
 mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 stamp() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null; tar -czf "$OUT/session.tgz" -C /tmp sglang-session-w sparkit-home/runs 2>/dev/null; }
+save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null
+  tar -czf "$OUT/session.tgz" -C "$(dirname "$W")" "$(basename "$W")" -C "$(dirname "$SK_HOME")" "$(basename "$SK_HOME")/runs" 2>/dev/null; }
 sk() { python3 -m sparkit.cli.main "$@"; }
 REHEARSE=${REHEARSE:-0}
 recipe() {  # the recipe to run (under REHEARSE, the embedded engine's counterpart)
   if [ "$REHEARSE" = 1 ]; then echo "$1" | sed -e 's#tiny/tiny-sglang-unshared-head#tiny/tiny-unshared-head#' \
-    -e 's#tiny/tiny-sglang-wrong-draft#tiny/tiny-wrong-draft#' -e 's#tiny/tiny-sglang$#tiny#'; else echo "$1"; fi
+    -e 's#tiny/tiny-sglang-wrong-draft#tiny/tiny-wrong-draft#' -e 's#tiny/tiny-sglang$#tiny#' \
+    -e 's#tiny/tiny-sglang-\(fp8\|mxfp4\|damaged-scale\)$#tiny#'; else echo "$1"; fi
+}
+# The quantised-export recipes as (label recipe); under REHEARSE the embedded engine serves the
+# same exports (`tiny` with the model path and weights the SGLang recipe names).
+QUANT="fp8:tiny/tiny-sglang-fp8 mxfp4:tiny/tiny-sglang-mxfp4 damaged:tiny/tiny-sglang-damaged-scale"
+quant_sets() {  # RECIPE: the --set arguments that make `tiny` serve that recipe's export (REHEARSE only)
+  [ "$REHEARSE" = 1 ] || return 0
+  case "$1" in
+    tiny/tiny-sglang-fp8) echo "--set model.path=sparkit:tiny-ling@fp8 --set stack.weights=fp8" ;;
+    tiny/tiny-sglang-mxfp4) echo "--set model.path=sparkit:tiny-ling@mxfp4 --set stack.weights=mxfp4" ;;
+    tiny/tiny-sglang-damaged-scale) echo "--set model.path=sparkit:tiny-ling@fp8+damaged-scale --set stack.weights=fp8" ;;
+  esac
 }
 [ "$REHEARSE" = 1 ] && STEPS=$(echo ",$STEPS," | sed -e 's/,setup,/,/; s/,v3,/,/; s/,humming,/,/')
 json_field() { python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2" 2>/dev/null; }
@@ -68,7 +91,7 @@ if [ "$REHEARSE" != 1 ]; then
   source /tmp/sglenv.sh
 fi
 export PYTHONPATH=$REPO:/tmp/site:/tmp/sparkit-deps
-export SPARKIT_HOME=/tmp/sparkit-home PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export SPARKIT_HOME=$SK_HOME PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 
 if has setup; then
   # sparkit's own dependencies: only the wheels whose top-level modules this python cannot import
@@ -136,6 +159,14 @@ if has launch; then
     BG="$BG $!"
   fi
   if has humming; then up_bg humming tiny/tiny-sglang-humming; fi
+  if has quant; then
+    for q in $QUANT; do
+      # the damaged one must fail its known answer and be stopped (exit 6); the others stay up for the decode
+      keep=--keep-on-fail; [ "${q%%:*}" = damaged ] && keep=""
+      # shellcheck disable=SC2046
+      up_bg "quant-${q%%:*}" "${q#*:}" $keep $(quant_sets "${q#*:}")
+    done
+  fi
   if has v3; then
     (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/v3-make.log" 2>&1 \
        && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/v3-make.log" 2>&1)
@@ -209,6 +240,44 @@ if has ab; then
   stamp "interleaved rc=$?"; tee -a "$OUT/summary.txt" < "$W/ab-decode.txt"; save
 fi
 
+if has quant; then
+  stamp "quant: waiting for the quantised-export servers"
+  qurls=""
+  [ -n "${URL:-}" ] && qurls="bf16=$URL"  # the main server: the bf16 export, the same stack
+  for q in $QUANT; do
+    label=${q%%:*}
+    # `up --detach` writes its JSON, then exits: its exit code is the last line of its .err
+    while ! grep -q "up rc=" "$W/quant-$label-up.err" 2>/dev/null; do sleep 2; done
+    url=$(json_field "$W/quant-$label-up.json" url)
+    stamp "quant $label: $(tail -n 1 "$W/quant-$label-up.err") url=$url"
+    [ "$label" != damaged ] && [ -n "$url" ] && qurls="$qurls $label=$url"
+  done
+  # the exports as SGLang read them: config.json (quantization_config) and every tensor's header
+  for x in "$SK_HOME"/cache/models/tiny-ling-s0-hf-*; do
+    [ -d "$x" ] || continue
+    mkdir -p "$W/exports/${x##*/}" && cp "$x"/*.json "$W/exports/${x##*/}/" 2>/dev/null
+    python3 -c "import sys; from sparkit.checkpoint import read_safetensors_index as r; \
+print('\n'.join(f'{t.name} {t.dtype} {list(t.shape)}' for t in sorted(r(sys.argv[1]).tensors.values(), key=lambda t: t.name)))" \
+      "$x" > "$W/exports/${x##*/}/headers.txt" 2>&1
+  done
+  if [ "$(echo "$qurls" | wc -w)" -ge 2 ]; then
+    stamp "quant: interleaved decode over: $qurls"
+    # shellcheck disable=SC2086
+    shape="--input-len 256 --output-len 256 --num-prompts 4 --repeats 2"
+    [ "$REHEARSE" = 1 ] && shape="--input-len 64 --output-len 32 --num-prompts 2 --repeats 1"  # CPU decodes ~30 tok/s
+    # shellcheck disable=SC2086
+    timeout 150 python3 benchmarks/decode_interleaved.py $qurls $shape --json "$W/quant-decode.json" > "$W/quant-decode.txt" 2>&1
+    stamp "quant interleaved rc=$?"; tee -a "$OUT/summary.txt" < "$W/quant-decode.txt"
+  fi
+  timeout 60 python3 benchmarks/sglang_h200/quant_table.py "$W" "$SK_HOME/runs" --json "$W/quant-table.json" \
+    2>&1 | tee -a "$OUT/summary.txt"
+  for q in $QUANT; do
+    r=$(json_field "$W/quant-${q%%:*}-up.json" run)
+    [ -n "$r" ] && timeout 60 python3 -m sparkit.cli.main down "$r" > /dev/null 2>&1
+  done
+  save
+fi
+
 if has tp; then
   NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
   stamp "tp: $NGPU GPU(s); LD_PRELOAD=${LD_PRELOAD:-}"
@@ -222,7 +291,7 @@ if has tp; then
       timeout 120 python3 -m sparkit.cli.main check "$RUN2" --json > "$W/tp2-check.json" 2>&1; stamp "tp2 check rc=$?"
       timeout 300 python3 -m sparkit.cli.main bench "$RUN2" --input-len 128 --output-len 128 --num-prompts 8 --json \
         --out "$W/tp2-bench.json" > /dev/null 2> "$W/tp2-bench.err"; stamp "tp2 bench rc=$?"
-      ls /tmp/sparkit-home/runs/"$RUN2"/activation-tp*.json 2>&1 | tee -a "$OUT/summary.txt"
+      ls "$SK_HOME"/runs/"$RUN2"/activation-tp*.json 2>&1 | tee -a "$OUT/summary.txt"
       timeout 60 python3 -m sparkit.cli.main down "$RUN2" --json > "$W/tp2-down.json" 2>&1; stamp "tp2 down rc=$?"
       nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | wc -l | xargs -I{} stamp "GPU processes after tp2 down: {}"
     fi

@@ -19,7 +19,7 @@ from sparkit.checks.evidence import ServerInfo
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT, KnownAnswerScore
 from sparkit.engines.sglang.log import LogEvidence
 from sparkit.checks.results import CheckResult, Status
-from sparkit.engines.activation import ActivationReport
+from sparkit.engines.activation import ActivationReport, MoeLayerReport
 from sparkit.recipes.plan import LaunchPlan
 
 
@@ -264,12 +264,143 @@ def check_resolved_args(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     return _result(name, title, Status.PASS, detail, evidence=evidence + [f"source: {source}"], data=data)
 
 
-def _report_runner(ev: ServerEvidence) -> tuple[str | None, list[str]]:
-    rep = ev.report
-    if rep and rep.target and rep.target.moe:
-        moe = rep.target.moe
-        return moe.runner, [f"activation report: target moe runner={moe.runner}, quant_method={moe.quant_method}, experts={moe.expert_weight_format}"]
-    return None, []
+# -- MoE layers: what each one really runs -----------------------------------------------------
+
+
+@dataclass
+class _MoeLayer:
+    """One MoE layer of one model (target / draft) on one TP rank, as its activation report says."""
+
+    model: str  # "target" | "draft"
+    rank: int
+    layer: MoeLayerReport
+
+    @property
+    def key(self) -> tuple[str, str, str, str | None]:
+        return self.layer.quant_method, self.layer.expert_weight_format, self.layer.runner, self.layer.weight_schema
+
+
+def moe_layers(ev: ServerEvidence) -> list[_MoeLayer]:
+    """Every MoE layer of every model on every rank that wrote a report (a schema /1 report counts
+    as one entry for all of its model's layers)."""
+    out = []
+    for rep in ev.reports:
+        for role, model in rep.models.items():
+            if model.moe is not None:
+                out.extend(_MoeLayer(role, rep.tp_rank, layer) for layer in model.moe.per_layer())
+    return out
+
+
+def _layer_names(layers: list[_MoeLayer], ranks: int) -> str:
+    """'target model.layers.0.mlp.experts, ... (4 layers); draft model.decoder.mlp.experts' (ranks
+    named when there are several)."""
+    parts = []
+    for model in ("target", "draft"):
+        names = list(dict.fromkeys(f.layer.name for f in layers if f.model == model))
+        if not names:
+            continue
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} layers)" if len(names) > 3 else "")
+        on = sorted({f.rank for f in layers if f.model == model})
+        parts.append(f"{model} {shown}" + (f" on TP rank(s) {on}" if ranks > 1 else ""))
+    return "; ".join(parts)
+
+
+def _groups(layers: list[_MoeLayer]) -> list[tuple[tuple, list[_MoeLayer]]]:
+    groups: dict[tuple, list[_MoeLayer]] = {}
+    for entry in layers:
+        groups.setdefault(entry.key, []).append(entry)
+    return sorted(groups.items(), key=lambda kv: -len(kv[1]))
+
+
+def _group_text(key: tuple, layers: list[_MoeLayer], ranks: int) -> str:
+    method, fmt, runner, schema = key
+    return (f"{_layer_names(layers, ranks)}: {method}, {fmt} experts, runner {runner}"
+            + (f" (humming weight schema {schema})" if schema else ""))
+
+
+def _layer_evidence(layers: list[_MoeLayer], ranks: int) -> list[str]:
+    return [f"activation report: {_group_text(key, group, ranks)}" for key, group in _groups(layers)]
+
+
+def _why_this_runner(want: str, key: tuple, args: dict[str, Any]) -> tuple[str, str]:
+    """(why layers of this (method, format, runner) do not run `want`, the fix)."""
+    method, fmt, runner, _ = key
+    resolved = args.get("moe_runner_backend")
+    if want.lower() == "humming":
+        if method.startswith("Unquantized"):
+            return ("their experts are unquantised (UnquantizedFusedMoEMethod): SGLang 0.5.23 runs humming only through "
+                    "a humming quant method, for MXFP4 experts of a pre-quantised checkpoint (Mxfp4HummingMoEMethod: "
+                    "quantization_config routed_experts_quant_method mxfp4) or online (--quantization humming: "
+                    f"HummingMoEMethod); unquantised experts run {runner} whatever --moe-runner-backend says",
+                    "serve the MXFP4 export (model.path: sparkit:tiny-ling@mxfp4 with stack.weights: mxfp4), or quantise "
+                    "online with stack.quantization: humming")
+        if fmt == "fp8":
+            return ("their experts are block FP8 (" + method + "): SGLang 0.5.23's Fp8Config hands humming only MXFP4 "
+                    "experts (a checkpoint whose quantization_config says routed_experts_quant_method: mxfp4); FP8 "
+                    f"experts keep the {runner} runner",
+                    "serve an MXFP4 checkpoint (sparkit:tiny-ling@mxfp4) for humming, or ask for stack.moe_backend: "
+                    "triton with FP8 experts")
+        if fmt == "mxfp4":
+            return (f"their MXFP4 experts got {method}, which runs {runner}: the resolved moe_runner_backend is "
+                    f"{resolved!r}, and only 'humming' makes SGLang wrap them in Mxfp4HummingMoEMethod",
+                    "set stack.moe_backend: humming (--moe-runner-backend humming) and check the resolved args")
+    return (f"{method} picked the {runner} runner for {fmt} experts (a quant method chooses its runner from the "
+            f"checkpoint's format and --moe-runner-backend, resolved {resolved!r})",
+            f"check that the installed sglang runs {fmt} experts on {want} (its quant method for them), or set "
+            f"stack.moe_backend: {runner}")
+
+
+def check_weights(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """Every MoE layer's experts hold the weights the recipe says (stack.weights)."""
+    name, title = "weights", "expert weights"
+    want = normalise_dtype(plan.expectations.weights)
+    if not want:
+        return _result(name, title, Status.SKIP, "the recipe does not say what the experts hold")
+    layers = moe_layers(ev)
+    ranks = len(ev.reports)
+    args = ev.args or {}
+    evidence = _layer_evidence(layers, ranks)
+    data: dict[str, Any] = {"requested": want, "layers": len(layers),
+                            "formats": sorted({normalise_dtype(f.layer.expert_weight_format) or "" for f in layers})}
+    if not layers:
+        # No report (SGLang without sparkit's plugin): the quantization SGLang resolved, and its own
+        # line for a checkpoint whose routed experts are MXFP4.
+        quant = args.get("quantization")
+        mxfp4 = bool(ev.log and ev.log.mixed_mxfp4_experts)
+        if ev.log is not None and "mixed_mxfp4" in ev.log.lines:
+            evidence.append(f"log: {ev.log.lines['mixed_mxfp4']}")
+        if not args:
+            return _result(name, title, Status.WARN, "no evidence of what the experts hold",
+                           evidence=evidence or ["no activation report, no resolved args"], data=data,
+                           fix="install the sparkit SGLang plugin (it writes the activation report, one entry per MoE layer)")
+        evidence.append(f"resolved quantization={quant!r}")
+        got = "mxfp4" if mxfp4 else ("bf16" if quant is None else "fp8" if str(quant).startswith("fp8") else None)
+        data["in_use"] = got
+        if got == want:
+            return _result(name, title, Status.PASS, f"{want} experts (from the resolved args and the log; no "
+                           "activation report, so not judged layer by layer)", evidence=evidence, data=data)
+        return _result(name, title, Status.WARN, f"the recipe says {want} experts; without an activation report the "
+                       f"resolved quantization {quant!r} does not prove it", evidence=evidence, data=data,
+                       fix="install the sparkit SGLang plugin (it writes the activation report, one entry per MoE layer)")
+    wrong = [f for f in layers if normalise_dtype(f.layer.expert_weight_format) != want]
+    if not wrong:
+        return _result(name, title, Status.PASS, f"all {len(layers)} MoE layer(s) hold {want} experts"
+                       + _ranks_note(ev), evidence=evidence, data=data)
+    groups = _groups(wrong)
+    detail = "; ".join(_group_text(key, group, ranks) for key, group in groups)
+    quant = args.get("quantization")
+    cause = (f"these layers' experts are not {want}: the checkpoint at {plan.model} stores them so "
+             f"(config.json quantization_config; SGLang resolved quantization={quant!r})")
+    if plan.expectations.weights and want != "bf16" and all(normalise_dtype(f.layer.expert_weight_format) == "bf16" for f in wrong):
+        cause += ", and nothing quantises them online"
+    return _result(
+        name, title, Status.FAIL,
+        f"{len(wrong)} of {len(layers)} MoE layer(s) do not hold {want} experts: {detail}",
+        evidence=evidence, data=data, cause=cause,
+        fix=f"point model.path at a checkpoint whose experts are {want} (the built-in exports: "
+            f"sparkit:tiny-ling@{want}), quantise online (stack.quantization), or set stack.weights to what the "
+            "checkpoint holds",
+    )
 
 
 def check_moe_runner(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
@@ -277,9 +408,9 @@ def check_moe_runner(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     want = plan.expectations.moe_backend
     if not want:
         return _result(name, title, Status.SKIP, "the recipe does not ask for a MoE backend")
-    evidence: list[str] = []
-    runner, rep_ev = _report_runner(ev)
-    evidence += rep_ev
+    layers = moe_layers(ev)
+    ranks = len(ev.reports)
+    evidence = _layer_evidence(layers, ranks)
     args = ev.args or {}
     resolved = args.get("moe_runner_backend")
     if resolved is not None:
@@ -291,29 +422,36 @@ def check_moe_runner(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
                 evidence.append(f"log: {log.lines[key]}")
         if log.target_load and log.target_load.quant:
             evidence.append(f"log: weights quant={log.target_load.quant} ({log.target_load.model_class})")
-    # What runs: the report from inside the engine beats log lines, which beat resolved args.
-    actual = runner
-    if actual is None and log is not None:
+    runners = sorted({f.layer.runner for f in layers})
+    data: dict[str, Any] = {"requested": want, "resolved": resolved, "layers": len(layers), "runners": runners}
+    if layers:
+        # What every layer's quant method runs (the report from inside the engine) decides.
+        data["in_use"] = runners[0] if len(runners) == 1 else runners
+        if want.lower() == "auto":
+            return _result(name, title, Status.PASS, f"auto resolved to {', '.join(runners)} on all {len(layers)} MoE "
+                           "layer(s)", evidence=evidence, data=data)
+        wrong = [f for f in layers if f.layer.runner.lower() != want.lower()]
+        if not wrong:
+            return _result(name, title, Status.PASS, f"{want} is in use on all {len(layers)} MoE layer(s)"
+                           + _ranks_note(ev), evidence=evidence, data=data)
+        groups = _groups(wrong)
+        causes, fixes = zip(*(_why_this_runner(want, key, args) for key, _ in groups))
+        detail = "; ".join(_group_text(key, group, ranks) for key, group in groups)
+        return _result(
+            name, title, Status.FAIL,
+            f"requested {want}, but {len(wrong)} of {len(layers)} MoE layer(s) run another runner: {detail}",
+            evidence=evidence, data=data, cause="; ".join(dict.fromkeys(causes)), fix="; ".join(dict.fromkeys(fixes)),
+        )
+    # No report: log lines, then the resolved args.
+    actual = None
+    if log is not None:
         if log.humming_gemm:
             actual = "humming"
         elif log.moe_backend_override:
             actual = log.moe_backend_override
     if actual is None and resolved not in (None, "auto"):
         actual = str(resolved)
-    data = {"requested": want, "in_use": actual, "resolved": resolved}
-    # The expert weight format must also match the requested weights.
-    rep = ev.report
-    want_weights = plan.expectations.weights
-    if rep and rep.target and rep.target.moe and want_weights:
-        fmt = normalise_dtype(rep.target.moe.expert_weight_format)
-        if fmt != normalise_dtype(want_weights):
-            return _result(
-                name, title, Status.FAIL,
-                f"experts run in {fmt}, the recipe asks for {want_weights}",
-                evidence=evidence, data=data,
-                fix="check weights / quantization in the recipe and the checkpoint's quant_method",
-                cause="the MoE layers are not quantised as requested, so the speed-up is not there",
-            )
+    data["in_use"] = actual
     if actual is None:
         if want.lower() == "humming":  # only SGLang has it (the embedded engine's rules refuse it)
             return _result(
@@ -340,7 +478,9 @@ def check_moe_runner(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
             fix=f"set the MoE backend explicitly (--moe-runner-backend {want}) and check the engine supports it for this checkpoint",
             cause="a model-specific default or an unsupported combination replaced the requested MoE backend",
         )
-    return _result(name, title, Status.PASS, f"{actual} is in use", evidence=evidence, data=data)
+    return _result(name, title, Status.PASS, f"{actual} is in use (no activation report: from the "
+                   f"{'log' if log is not None and (log.humming_gemm or log.moe_backend_override) else 'resolved args'})",
+                   evidence=evidence, data=data)
 
 
 def check_lm_head_dtype(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
@@ -692,6 +832,7 @@ def _mentions_a_planned_flag(plan: LaunchPlan, line: str) -> bool:
 
 ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [
     check_resolved_args,
+    check_weights,
     check_moe_runner,
     check_lm_head_dtype,
     check_shared_lm_head,

@@ -59,27 +59,40 @@ def make_tiny(
 
 @model_app.command("export-hf")
 def export_hf_cmd(
-    directory: Optional[Path] = typer.Argument(None, help="Where to write it (default: sparkit's cache, models/tiny-ling-s{SEED}-hf-{DTYPE})."),
+    directory: Optional[Path] = typer.Argument(None, help="Where to write it (default: sparkit's cache, models/tiny-ling-s{SEED}-hf-{DTYPE}, "
+                                                "or -hf-{WEIGHTS} for a quantised layout)."),
     source: Optional[Path] = typer.Option(None, "--from", help="A tiny-ling checkpoint directory (default: the built-in build of --seed)."),
     seed: int = typer.Option(0, "--seed", help="Which built-in build to export (without --from)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="Weight dtype of the export: bfloat16 or float32."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Dtype of the unquantised tensors: bfloat16 or float32."),
+    weights: str = typer.Option("bf16", "--weights", help="Linear weights layout: bf16; fp8 (block-128 FP8, Ling's -fp8); "
+                                "mxfp4 (MXFP4 routed experts, FP8 elsewhere, Ling's -fp4)."),
+    damage_scale: bool = typer.Option(False, "--debug-damage-scale", help="DEBUG: write one expert's scale wrong "
+                                      "(x64), so that the known-answer check has something to catch."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Write tiny-ling as a Hugging Face BailingMoeV2 checkpoint that stock SGLang serves with its own
-    model code (`--trust-remote-code`), NextN layer and tokenizer included. The embedded engine
-    loads the export too."""
-    from sparkit.cli.common import console, print_json
+    model code (`--trust-remote-code`), NextN layer and tokenizer included; with --weights fp8 or
+    mxfp4 in the layout of the published Ling -fp8 / -fp4 checkpoints, with the
+    quantization_config SGLang reads. The embedded engine loads every export too. An export that
+    is already complete (same build, dtype and layout) is reused."""
+    from sparkit.cli.common import console, err_console, print_json
     from sparkit.engines.embedded import checkpoint, hf_checkpoint
     from sparkit.engines.embedded.builder import ensure_model
 
     if source is None:
         source = ensure_model("tiny-ling", seed=seed)
-    destination = directory or checkpoint.hf_export_dir(source, dtype)
-    marker = checkpoint.export_hf(source, destination, dtype)
+    destination = directory or checkpoint.hf_export_dir(source, dtype, weights, damage_scale)
+    err_console().print(f"exporting {source} ({weights}) ...", highlight=False)
+    checkpoint.ensure_hf_export(source, destination, dtype, weights, damage_scale)
+    marker = json.loads((destination / hf_checkpoint.EXPORT_MARKER).read_text())
     result = {"path": str(destination), **marker}
     if as_json:
         print_json(result)
         return
-    console().print(f"exported {source} -> [bold]{destination}[/] ({hf_checkpoint.HF_ARCHITECTURE}, {dtype}, "
+    layout = "" if weights == "bf16" else f", {marker['layout']}"
+    console().print(f"exported {source} -> [bold]{destination}[/] ({hf_checkpoint.HF_ARCHITECTURE}, {dtype}{layout}, "
                     f"{marker['tensors']} tensors)", highlight=False)
+    if marker.get("damaged_scale"):
+        console().print(f"[yellow]deliberately damaged:[/] {marker['damaged_scale']['tensor']} "
+                        f"x{marker['damaged_scale']['factor']}", highlight=False)
     console().print(f"serve it: python -m sglang.launch_server --model-path {destination} --trust-remote-code", highlight=False)

@@ -110,6 +110,10 @@ def render_plan(plan) -> None:
         out.print("\n[bold]built before launch[/]")
         for b in plan.model_builds:
             out.print(f"  {b['name']} seed {b['seed']} -> {b['dir']}", markup=False)
+            export = b.get("export_hf")
+            if export:
+                layout = export.get("weights", "bf16") + (", one scale damaged on purpose" if export.get("damaged_scale") else "")
+                out.print(f"    exported ({layout}) -> {export['dir']}", markup=False)
     for w in plan.warnings:
         err_console().print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     if plan.validated_by:

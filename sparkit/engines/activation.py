@@ -5,10 +5,10 @@ Both the embedded engine and sparkit's SGLang plugin write it; the startup check
 `activation-tp{rank}.json`, in the directory given by the environment variable
 `SPARKIT_REPORT_DIR` (sparkit's launcher sets it to the run directory).
 
-Schema "sparkit.activation/1":
+Schema "sparkit.activation/2" (reports of schema /1, without `moe.layers`, are still read):
 
     {
-      "schema": "sparkit.activation/1",
+      "schema": "sparkit.activation/2",
       "engine": "embedded" | "sglang",
       "engine_version": "0.1.0",
       "pid": 1234, "tp_rank": 0, "tp_size": 1,
@@ -35,9 +35,18 @@ Schema "sparkit.activation/1":
         "exact_top_k": 4              # FP8 heads: candidates re-scored exactly from the bf16
                                       # weight per row (0: none); null where not applicable
       },
-      "moe": {"expert_weight_format": "bf16" | "fp8" | "mxfp4",
+      "moe": {"expert_weight_format": "bf16" | "fp8" | "mxfp4",     # the most common over the layers
               "quant_method": "Mxfp4HummingMoEMethod" | "EmbeddedFp8Experts" | ...,
-              "runner": "humming" | "flashinfer_mxfp4" | "embedded-torch" | ...}
+              "runner": "humming" | "flashinfer_mxfp4" | "embedded-torch" | ...,
+              "layers": [MoeLayerReport, ...]}                    # every MoE layer (schema /2)
+    }
+
+    MoeLayerReport = {
+      "name": "model.layers.0.mlp.experts",   # the module's path in the model
+      "quant_method": "Fp8MoEMethod",         # the class of the quant method its forward calls
+      "expert_weight_format": "fp8",          # what its expert weights hold
+      "runner": "triton",                     # the MoE runner backend that method runs
+      "weight_schema": "b_dtype=float4e2m1 bs_dtype=float8e8m0 group=32" | null   # humming only
     }
 """
 
@@ -50,7 +59,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "sparkit.activation/1"
+SCHEMA = "sparkit.activation/2"
+READABLE_SCHEMAS = ("sparkit.activation/1", SCHEMA)  # /1: no per-layer MoE list
 REPORT_DIR_ENV = "SPARKIT_REPORT_DIR"
 
 
@@ -65,10 +75,45 @@ class LmHeadReport:
 
 
 @dataclass
+class MoeLayerReport:
+    """One MoE layer: the quant method, expert weight format and runner it really runs."""
+
+    name: str
+    quant_method: str
+    expert_weight_format: str
+    runner: str
+    weight_schema: str | None = None  # humming: the weight schema of its kernels
+
+
+@dataclass
 class MoeReport:
+    """A model's MoE layers: the most common method, format and runner, and every layer."""
+
     expert_weight_format: str
     quant_method: str
     runner: str
+    layers: list[MoeLayerReport] = field(default_factory=list)  # empty in a schema /1 report
+
+    @classmethod
+    def of_layers(cls, layers: list[MoeLayerReport]) -> "MoeReport | None":
+        """The summary of `layers` (the most common value of each field), None without layers."""
+        from collections import Counter
+
+        if not layers:
+            return None
+
+        def common(attr: str) -> str:
+            return Counter(getattr(layer, attr) for layer in layers).most_common(1)[0][0]
+
+        return cls(expert_weight_format=common("expert_weight_format"), quant_method=common("quant_method"),
+                   runner=common("runner"), layers=list(layers))
+
+    def per_layer(self) -> list[MoeLayerReport]:
+        """Every layer; a schema /1 report (no list) reads as one entry standing for all of them."""
+        if self.layers:
+            return self.layers
+        return [MoeLayerReport("(every MoE layer: a report without the per-layer list)", self.quant_method,
+                               self.expert_weight_format, self.runner)]
 
 
 @dataclass
@@ -125,15 +170,16 @@ class ActivationReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ActivationReport":
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(f"unknown activation report schema {data.get('schema')!r}")
         models = {}
         for role, m in data.get("models", {}).items():
-            moe = m.get("moe")
+            moe = dict(m.get("moe") or {})
+            layers = [MoeLayerReport(**layer) for layer in moe.pop("layers", None) or []]
             models[role] = ModelReport(
                 model_class=m["model_class"],
                 lm_head=LmHeadReport(**m["lm_head"]),
-                moe=MoeReport(**moe) if moe else None,
+                moe=MoeReport(**moe, layers=layers) if moe else None,
             )
         return cls(
             engine=data["engine"],

@@ -29,8 +29,7 @@ copy (memory, not bandwidth: 2 * k * K * 2 bytes more read per row, 40 KB for k 
 from __future__ import annotations
 
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K, TOKENS_PER_STRETCH  # noqa: F401 (re-exported)
-
-FP8_E4M3_MAX = 448.0
+from sparkit.weight_formats import FP8_E4M3_MAX  # noqa: F401 (declared there)
 
 
 def quantize_fp8_per_row(weight):

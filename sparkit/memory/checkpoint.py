@@ -79,18 +79,25 @@ def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
 
 
 def _build_dir_for(plan: Any, ref: str) -> str | None:
-    """The directory the plan builds a `sparkit:` reference into (its HF export for SGLang)."""
+    """The directory the plan builds a `sparkit:` reference into (its HF export, for SGLang or a
+    path that names a weights layout)."""
     if not ref.startswith("sparkit:"):
         return None
-    from sparkit.engines.builtin_models import parse_builtin
+    from sparkit.engines.builtin_models import parse_builtin_ref
 
-    parsed = parse_builtin(ref)
+    parsed = parse_builtin_ref(ref)
+    if parsed is None:
+        return None
     for build in plan.model_builds:
-        if parsed and (build.get("name"), build.get("seed"), build.get("steps")) == (parsed[0], parsed[1], parsed[2]):
-            export = build.get("export_hf")
-            if export and (Path(export["dir"]) / "config.json").is_file():
-                return export["dir"]
-            return build["dir"]  # the export holds the same tensors; it is written at launch
+        if (build.get("name"), build.get("seed"), build.get("steps")) != (parsed.name, parsed.seed, parsed.steps):
+            continue
+        export = build.get("export_hf")
+        if parsed.weights is not None and (export is None or (export.get("weights", "bf16"), bool(export.get("damaged_scale")))
+                                           != (parsed.weights, parsed.damaged_scale)):
+            continue
+        if export and (Path(export["dir"]) / "config.json").is_file():
+            return export["dir"]
+        return build["dir"]  # the export is written at launch; until then the build's own headers
     return None
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
+from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 from sparkit.memory.units import GIB, MIB, gib
 
 # Estimates of what an engine holds before it measures free memory (so P is that much lower than
@@ -613,11 +614,20 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
     cname = "bf16" if compute == 2 else "float32"
     fmt = stack.get("weights", "bf16")
 
+    def values(tensors: list) -> int:
+        """Weight values (a quantised export's U8 tensors pack two per byte; its scales are not values)."""
+        return sum(t.numel * (2 if t.dtype == "U8" else 1) for t in tensors if not t.name.endswith(SCALE_NAME))
+
     def expert_terms(tensors: list, label: str) -> None:
-        numel = sum(t.numel for t in tensors)
+        numel = values(tensors)
+        stored_as = {"F8_E4M3": "fp8", "U8": "mxfp4"}.get(next((t.dtype for t in tensors if not t.name.endswith(SCALE_NAME)), ""))
+        if stored_as:  # a quantised export: the engine decodes the checkpoint's values once and keeps only those
+            fit.terms.append(FitTerm("weights", f"{label}: decoded from the checkpoint's {stored_as}", numel * compute,
+                                     f"{numel} values x {compute} B ({cname}), decoded once at load"))
+            return
         rows = sum(math.prod(t.shape[:-1]) for t in tensors)
-        stored = {"bf16": numel * 2, "fp8": numel + rows * 4 * 2, "mxfp4": numel // 2 + numel // 32}[fmt]
-        how = {"bf16": "bf16", "fp8": "e4m3 + two float32 scales per row", "mxfp4": "e2m1 + an e8m0 scale per 32"}[fmt]
+        stored = {"bf16": numel * 2, "fp8": numel + rows * 4 * 2, "mxfp4": numel // 2 + numel // MX_BLOCK}[fmt]
+        how = {"bf16": "bf16", "fp8": "e4m3 + two float32 scales per row", "mxfp4": f"e2m1 + an e8m0 scale per {MX_BLOCK}"}[fmt]
         fit.terms.append(FitTerm("weights", f"{label}: {fmt} form", stored, f"{numel} values as {how}"))
         fit.terms.append(FitTerm("weights", f"{label}: decoded copy", numel * compute,
                                  f"{numel} values x {compute} B ({cname}), decoded once at load"))
@@ -626,8 +636,8 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
     head = [t for t in ckpt.tensors if _is_lm_head(t.name)]
     experts = [t for t in ckpt.tensors if _EXPERT.search(t.name)]
     rest = [t for t in ckpt.tensors if not _is_lm_head(t.name) and not _EXPERT.search(t.name)]
-    fit.terms.append(FitTerm("weights", "dense weights, embeddings, norms", sum(t.numel for t in rest) * compute,
-                             f"{sum(t.numel for t in rest)} values x {compute} B ({cname})"))
+    fit.terms.append(FitTerm("weights", "dense weights, embeddings, norms", values(rest) * compute,
+                             f"{values(rest)} values x {compute} B ({cname})"))
     expert_terms(experts, "experts")
     if head:
         n, cols = head[0].shape[0], head[0].shape[1]
@@ -650,8 +660,8 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
         d = [t for t in draft.tensors if _is_draft_layer(t.name, d_layers)]
         d_experts = [t for t in d if _EXPERT.search(t.name)]
         d_rest = [t for t in d if not _EXPERT.search(t.name)]
-        fit.terms.append(FitTerm("weights", "draft NextN layer (draft checkpoint)", sum(t.numel for t in d_rest) * compute,
-                                 f"{sum(t.numel for t in d_rest)} values x {compute} B ({draft.directory})"))
+        fit.terms.append(FitTerm("weights", "draft NextN layer (draft checkpoint)", values(d_rest) * compute,
+                                 f"{values(d_rest)} values x {compute} B ({draft.directory})"))
         expert_terms(d_experts, "draft experts")
     shape = ckpt.shape
     if shape is None:

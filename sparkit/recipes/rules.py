@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Literal
 
 from sparkit.recipes.load import LoadedRecipe
+from sparkit.weight_formats import FP8_BLOCK
 
 Severity = Literal["error", "warning"]
-
-FP8_BLOCK = 128
 
 # moe_intermediate_size of models we know by hub id, for when no local config.json exists.
 KNOWN_EXPERT_WIDTHS = {
@@ -188,6 +187,23 @@ def _fp8_block_split(loaded: LoadedRecipe):
                  f"expert width {width} split {moe_tp} ways is {width // moe_tp}, not a multiple of {FP8_BLOCK}; "
                  f"use stack.ep: {r.stack.tp}")]
     return []
+
+
+@rule(
+    "builtin-layout-is-the-weights",
+    "`sparkit:tiny-ling@fp8` / `@mxfp4` is the export in that layout: its experts hold exactly those weights, and "
+    "the startup checks judge every MoE layer against stack.weights",
+    "set stack.weights to the layout the model path names (or name the layout the recipe's stack.weights says)",
+)
+def _builtin_layout_is_the_weights(loaded: LoadedRecipe):
+    from sparkit.engines.builtin_models import parse_builtin_ref
+
+    r = loaded.recipe
+    ref = parse_builtin_ref(r.model.path)
+    if ref is None or ref.weights is None or ref.weights == r.stack.weights:
+        return []
+    return [("error", "stack.weights", f"model.path {r.model.path!r} is the {ref.weights} export, but stack.weights is "
+                                       f"{r.stack.weights}")]
 
 
 def key_env_names(loaded: LoadedRecipe) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+from sparkit.weight_formats import WEIGHT_FORMATS
 
 # The MoE runner backends of sglang 0.5.23 plus the embedded engine's own. The
 # sglang adapter also checks the value against the *installed* sglang's choices.
@@ -94,7 +95,12 @@ class ModelSpec(_Strict):
     path: str
     """Local checkpoint directory, hub id (`inclusionAI/Ling-3.0-flash`), or sparkit's built-in
     model: `sparkit:tiny-ling` (shipped; SGLang gets its Hugging Face BailingMoeV2 export), or
-    another build of it, `sparkit:tiny-ling:seed=N:steps=S`, trained before the launch."""
+    another build of it, `sparkit:tiny-ling:seed=N:steps=S`, trained before the launch. A suffix
+    names the export in a weights layout, for either engine: `@fp8` (block-128 FP8, the published
+    -fp8 layout), `@mxfp4` (MXFP4 routed experts, FP8 elsewhere: the -fp4 layout), `@bf16`;
+    `stack.weights` must then say the same. `@fp8+damaged-scale` / `@mxfp4+damaged-scale`: one
+    expert's scale written wrong on purpose (the known-answer check must fail). Written before the
+    launch (`sparkit model export-hf --weights`) and reused."""
 
     served_name: str | None = None
     """Name the server answers to in /v1/models and requests (default: engine's choice)."""
@@ -150,9 +156,10 @@ class Speculative(_Strict):
 class Stack(_Strict):
     """The optimisation stack."""
 
-    weights: Literal["bf16", "fp8", "mxfp4"] = "bf16"
-    """What the checkpoint's expert weights hold (for the embedded engine: what the experts
-    are quantised to at load). Describes the checkpoint; it sets no `--quantization`."""
+    weights: Literal[WEIGHT_FORMATS] = "bf16"
+    """What the checkpoint's expert weights hold (for the embedded engine with a bf16 checkpoint:
+    what the experts are quantised to at load). Describes the checkpoint; it sets no
+    `--quantization`. The `weights` startup check judges every MoE layer against it."""
 
     quantization: str | None = None
     """Explicit sglang `--quantization` (online quantisation). Leave unset for pre-quantised

@@ -326,16 +326,18 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
     from sparkit.roofline.profiles import find_profile
 
     if model_path.startswith("sparkit:"):
-        from sparkit.engines.builtin_models import parse_builtin
+        from sparkit.engines.builtin_models import parse_builtin_ref
         from sparkit.engines.embedded.builder import builtin_model_dir
 
-        parsed = parse_builtin(model_path)
+        parsed = parse_builtin_ref(model_path)
         if parsed is None:
             raise NoLayout(f"{model_path!r} is not a built-in model")
-        shipped = builtin_model_dir(parsed[0], 0)
-        layout = layout_from_checkpoint(shipped, name=parsed[0])
-        if model_path != f"sparkit:{parsed[0]}":
-            layout.notes.append(f"{model_path}: the shipped {parsed[0]} build's headers (another build has the same shapes)")
+        shipped = builtin_model_dir(parsed.name, 0)
+        if parsed.weights not in (None, "bf16"):
+            return _export_layout(shipped, parsed, model_path)
+        layout = layout_from_checkpoint(shipped, name=parsed.name)
+        if model_path != f"sparkit:{parsed.name}":
+            layout.notes.append(f"{model_path}: the shipped {parsed.name} build's headers (another build has the same shapes)")
         return layout
     local = Path(model_path).expanduser()
     if local.is_dir():
@@ -348,6 +350,36 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
         return _cached_declared(profile.family, weights)
     raise NoLayout(f"{model_path}: not a local checkpoint, not in the Hugging Face cache, and sparkit declares no "
                    "profile for it")
+
+
+def _export_layout(shipped: Path, parsed: Any, model_path: str) -> ModelLayout:
+    """A built-in model's quantised export: its headers once written, else the tensors the
+    exporter will write (hf_checkpoint.hf_tensor_inventory of the shipped build's config)."""
+    import json
+    import types
+
+    from sparkit.engines.embedded import hf_checkpoint
+    from sparkit.engines.embedded.checkpoint import hf_export_dir
+    from sparkit.roofline.layout import layout_from_checkpoint, layout_from_tensors
+    from sparkit.roofline.profiles import tensor_infos
+    from sparkit.weight_formats import LAYOUTS, sglang_quantization_config
+
+    name = f"{parsed.name}@{parsed.weights} ({LAYOUTS[parsed.weights].title})"
+    export = hf_export_dir(shipped, "bfloat16", parsed.weights, parsed.damaged_scale)
+    if hf_checkpoint.is_export(export, weights=parsed.weights):
+        return layout_from_checkpoint(export, name=name)
+    try:
+        cfg = types.SimpleNamespace(**json.loads((shipped / "config.json").read_text()))
+        tensors = hf_checkpoint.hf_tensor_inventory(cfg, parsed.weights)
+        config = {**hf_checkpoint.hf_config(cfg), "quantization_config": sglang_quantization_config(parsed.weights)}
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise NoLayout(f"{model_path}: cannot read the shipped build's config.json ({exc})") from None
+    layout = layout_from_tensors(tensor_infos(tensors), config, name=name, source="declared export",
+                                 source_detail=f"the tensors `sparkit model export-hf --weights {parsed.weights}` writes "
+                                               f"from {shipped} (not written yet: {export})")
+    if model_path != f"sparkit:{parsed.name}@{parsed.weights}":
+        layout.notes.append(f"{model_path}: the shipped {parsed.name} build's shapes (another build has the same)")
+    return layout
 
 
 _DECLARED: dict[tuple[str, str], ModelLayout] = {}

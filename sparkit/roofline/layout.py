@@ -212,6 +212,40 @@ def attention_cache(config: dict[str, Any], layer: LayerReads) -> None:
     layer.kv_elements_per_token = 2 * kv_heads * head_dim
 
 
+@dataclass(frozen=True)
+class TensorRole:
+    """What one tensor of a checkpoint is, by its name (classify_tensor)."""
+
+    role: str  # one of ROLES; "routed_experts"; top level: "embedding", "lm_head", "final_norm", "other";
+    #            "mtp_shared": the NextN layer's copy of the target's embedding / head (not counted)
+    layer: int | None = None  # the decoder layer (the NextN layer is num_hidden_layers)
+    mtp: bool = False
+    expert: int | None = None  # a per-expert tensor's expert index
+    stacked: bool = False  # all experts of a layer in one tensor (leading dimension E)
+
+
+def classify_tensor(name: str, n_layers: int) -> TensorRole:
+    """The role a tensor named `name` plays in a model of `n_layers` decoder layers."""
+    where = _locate(name, n_layers)
+    if where is None:
+        role = ("embedding" if _EMBEDDING.match(name) else "lm_head" if _LM_HEAD.match(name)
+                else "final_norm" if _FINAL_NORM.match(name) else "other")
+        return TensorRole(role)
+    index, mtp, rest = where
+    if mtp and _MTP_SHARED.search(rest):
+        return TensorRole("mtp_shared", index, mtp)
+    expert = _EXPERT.match(rest)
+    if expert:
+        return TensorRole("routed_experts", index, mtp, expert=int(expert.group(1)))
+    if _STACKED_EXPERTS.match(rest):
+        return TensorRole("routed_experts", index, mtp, stacked=True)
+    for pattern, role in ((_SHARED, "shared_expert"), (_ROUTER, "router"), (_DENSE, "dense_mlp"),
+                          (_ATTENTION, "attention"), (_MTP_PROJ, "mtp_proj")):
+        if pattern.match(rest):
+            return TensorRole(role, index, mtp)
+    return TensorRole("norm" if _NORM.search(rest) else "other", index, mtp)
+
+
 def layout_from_tensors(tensors: dict[str, TensorInfo], config: dict[str, Any], *, name: str, source: str,
                         source_detail: str) -> ModelLayout:
     """Group a checkpoint's tensors by role (see the module docstring)."""
@@ -222,38 +256,22 @@ def layout_from_tensors(tensors: dict[str, TensorInfo], config: dict[str, Any], 
     stacked: dict[tuple[int, bool], tuple[int, Weights]] = {}
     top = {"embedding": Weights(), "lm_head": Weights(), "norm": Weights(), "other": Weights()}
     for tensor in tensors.values():
-        where = _locate(tensor.name, n_layers)
-        if where is None:
-            role = ("embedding" if _EMBEDDING.match(tensor.name) else "lm_head" if _LM_HEAD.match(tensor.name)
-                    else "norm" if _FINAL_NORM.match(tensor.name) else "other")
-            top[role].add(tensor)
+        what = classify_tensor(tensor.name, n_layers)
+        if what.layer is None:
+            top["norm" if what.role == "final_norm" else what.role].add(tensor)
             continue
-        index, mtp, rest = where
-        key = (index, mtp)
-        layer = layers.setdefault(key, LayerReads(index=index, mtp=mtp))
-        if mtp and _MTP_SHARED.search(rest):
+        key = (what.layer, what.mtp)
+        layer = layers.setdefault(key, LayerReads(index=what.layer, mtp=what.mtp))
+        if what.role == "mtp_shared":
             continue  # the target's own embedding / head, counted there
-        expert = _EXPERT.match(rest)
-        if expert:
-            experts.setdefault(key, {}).setdefault(int(expert.group(1)), Weights()).add(tensor)
-        elif _STACKED_EXPERTS.match(rest):
+        if what.expert is not None:
+            experts.setdefault(key, {}).setdefault(what.expert, Weights()).add(tensor)
+        elif what.stacked:
             count, weights = stacked.get(key, (0, Weights()))
             weights.add(tensor)
             stacked[key] = (max(count, tensor.shape[0] if tensor.shape else 1), weights)
-        elif _SHARED.match(rest):
-            layer.role("shared_expert").add(tensor)
-        elif _ROUTER.match(rest):
-            layer.role("router").add(tensor)
-        elif _DENSE.match(rest):
-            layer.role("dense_mlp").add(tensor)
-        elif _ATTENTION.match(rest):
-            layer.role("attention").add(tensor)
-        elif _MTP_PROJ.match(rest):
-            layer.role("mtp_proj").add(tensor)
-        elif _NORM.search(rest):
-            layer.role("norm").add(tensor)
         else:
-            layer.role("other").add(tensor)
+            layer.role(what.role).add(tensor)
     notes: list[str] = []
     for key, by_expert in experts.items():
         total = Weights()
@@ -348,5 +366,5 @@ def layout_from_dict(data: dict[str, Any]) -> ModelLayout:
                                                         for name in ("embedding", "lm_head", "final_norm", "other")}})
 
 
-__all__ = ["ModelLayout", "LayerReads", "ExpertSet", "Weights", "layout_from_tensors", "layout_from_checkpoint",
-           "layout_to_dict", "layout_from_dict", "ROLES", "FLOAT_DTYPES"]
+__all__ = ["ModelLayout", "LayerReads", "ExpertSet", "Weights", "TensorRole", "classify_tensor", "layout_from_tensors",
+           "layout_from_checkpoint", "layout_to_dict", "layout_from_dict", "ROLES", "FLOAT_DTYPES"]

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkit.checkpoint import DTYPE_BITS, TensorInfo
+from sparkit.weight_formats import LAYOUTS, linear_tensors
 
 # The documented configuration of Ling-3.0-flash (see the module docstring for the sources).
 LING3_FLASH_CONFIG: dict[str, Any] = {
@@ -69,14 +70,9 @@ LING3_FLASH_CONFIG: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
-# Checkpoint variants, by what `stack.weights` says the checkpoint's experts hold: (hub id suffix, layout).
-VARIANTS = {
-    "bf16": ("", "bf16"),
-    "fp8": ("-fp8", "block-128 FP8 linear weights"),
-    "mxfp4": ("-fp4", "MXFP4 routed experts, FP8 elsewhere"),
-}
-FP8_BLOCK = 128
-MX_BLOCK = 32
+# Checkpoint variants, by what `stack.weights` says the checkpoint's experts hold: the hub id's
+# suffix (the layouts themselves are sparkit.weight_formats.LAYOUTS).
+VARIANTS = {weights: (suffix, LAYOUTS[weights].title) for weights, suffix in (("bf16", ""), ("fp8", "-fp8"), ("mxfp4", "-fp4"))}
 
 
 @dataclass(frozen=True)
@@ -103,17 +99,8 @@ def find_profile(model_path: str) -> DeclaredProfile | None:
 
 
 def _linear(out: dict, name: str, rows: int, cols: int, fmt: str) -> None:
-    """A linear weight [rows, cols] stored as `fmt` ("bf16", "fp8" block-128, "mxfp4")."""
-    if fmt == "bf16":
-        out[f"{name}.weight"] = ("BF16", (rows, cols))
-    elif fmt == "fp8":
-        out[f"{name}.weight"] = ("F8_E4M3", (rows, cols))
-        out[f"{name}.weight_scale_inv"] = ("F32", (math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK)))
-    elif fmt == "mxfp4":
-        out[f"{name}.weight"] = ("U8", (rows, cols // 2))
-        out[f"{name}.weight_scale_inv"] = ("F8_E8M0", (rows, cols // MX_BLOCK))
-    else:
-        raise ValueError(f"unknown weight format {fmt!r}")
+    """A linear weight [rows, cols] stored as `fmt` (sparkit.weight_formats.linear_tensors)."""
+    out.update(linear_tensors(name, rows, cols, fmt))
 
 
 def _kda(out: dict, p: str, c: dict, fmt: str) -> None:
@@ -162,8 +149,7 @@ def ling3_flash_tensors(weights: str, config: dict[str, Any] | None = None) -> d
     if weights not in VARIANTS:
         raise ValueError(f"unknown Ling-3.0-flash variant {weights!r}")
     c = dict(config or LING3_FLASH_CONFIG)
-    dense_fmt = "bf16" if weights == "bf16" else "fp8"
-    expert_fmt = {"bf16": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}[weights]
+    dense_fmt, expert_fmt = LAYOUTS[weights].other_linear, LAYOUTS[weights].routed_experts
     hidden = c["hidden_size"]
     out: dict[str, tuple[str, tuple[int, ...]]] = {
         "model.word_embeddings.weight": ("BF16", (c["vocab_size"], hidden)),

@@ -19,6 +19,7 @@ from sparkit.checks.activation import (
     check_lm_head_dtype,
     check_moe_runner,
     check_resolved_args,
+    check_weights,
     check_shared_lm_head,
     compare_args,
     evaluate,
@@ -142,11 +143,13 @@ def test_moe_runner_warns_without_proof_on_sglang():
     assert result.status == Status.WARN
 
 
-def test_moe_runner_embedded_report():
+def test_moe_runner_and_weights_embedded_report():
     plan = make_plan(engine="embedded", moe_backend="embedded-torch", weights="fp8")
     assert check_moe_runner(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="fp8")])).status == Status.PASS
-    failed = check_moe_runner(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="bf16")]))
-    assert failed.status == Status.FAIL and "experts run in bf16" in failed.detail
+    assert check_weights(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="fp8")])).status == Status.PASS
+    failed = check_weights(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="bf16")]))
+    assert failed.status == Status.FAIL and "do not hold fp8 experts" in failed.detail
+    assert check_moe_runner(plan, ServerEvidence("embedded", reports=[report(runner="embedded-torch", experts="bf16")])).status == Status.PASS
 
 
 # -- lm_head dtype -----------------------------------------------------------------------------
@@ -281,8 +284,8 @@ def test_ignored_settings_pass_warn_fail():
 def test_evaluate_runs_every_check_once():
     results = evaluate(make_plan(engine="embedded"), ServerEvidence("embedded", server_info=resolved(), reports=[report()], probe=probe(3.0)))
     assert [r.name for r in results] == [
-        "resolved_args", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed", "known_answer",
-        "ignored_settings",
+        "resolved_args", "weights", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed",
+        "known_answer", "ignored_settings",
     ]
     assert all(r.status in (Status.PASS, Status.SKIP) for r in results), [r.to_dict() for r in results]
 

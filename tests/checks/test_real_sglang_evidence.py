@@ -173,6 +173,8 @@ def test_the_checks_give_what_they_gave_on_the_real_engine(run):
     assert then.pop("ignored_settings") == "warn" and now.pop("ignored_settings") == "pass"
     # Added since: the session's plans state no reference perplexity, so the known-answer check skips.
     assert "known_answer" not in then and now.pop("known_answer") == "skip"
+    # Added since: the expert weights of every MoE layer, from the same activation reports.
+    assert "weights" not in then and now.pop("weights") == "pass"
     assert now == then
 
 

@@ -187,6 +187,36 @@ def test_a_broken_kernel_passes_every_check_but_the_known_answer_and_up_exits_6(
     assert engine_processes(sparkit_home) == []  # failed checks stop the server
 
 
+@pytest.mark.parametrize("weights", ["fp8", "mxfp4"])
+def test_a_quantised_export_passes_and_its_damaged_scale_fails_only_the_known_answer(sparkit_home, weights):
+    """The embedded engine serving the shipped tiny-ling's quantised exports, named by the built-in
+    path (`sparkit up` writes each export first): the healthy one passes every check, its known
+    answer within the recipe's tolerance of the bf16 perplexity; the export with one expert's
+    scale x64 still serves and is still accepted, and only the known answer catches it (exit 6)."""
+    healthy = run_sparkit(sparkit_home, "up", "tiny", "--set", f"model.path=sparkit:tiny-ling@{weights}",
+                          "--set", f"stack.weights={weights}", "--port", "auto", "--json", "--detach", timeout=600)
+    assert healthy.returncode == 0, healthy.stderr
+    checks = checks_by_name(json.loads(healthy.stdout))
+    run_sparkit(sparkit_home, "down", "--all")
+    assert all(c["status"] in ("pass", "warn", "skip") for c in checks.values()), checks
+    assert checks["weights"]["status"] == "pass" and f"hold {weights} experts" in checks["weights"]["detail"]
+    known = checks["known_answer"]["data"]
+    assert known["perplexity"] != known["expected"] and abs(known["gap"]) < 0.10
+    damaged = run_sparkit(sparkit_home, "up", "tiny", "--set", f"model.path=sparkit:tiny-ling@{weights}+damaged-scale",
+                          "--set", f"stack.weights={weights}", "--port", "auto", "--json", "--detach", timeout=600)
+    if damaged.returncode == 0:
+        run_sparkit(sparkit_home, "down", "--all")
+    assert damaged.returncode == 6, damaged.stderr
+    checks = checks_by_name(json.loads(damaged.stdout))
+    assert checks["known_answer"]["status"] == "fail"
+    assert checks["known_answer"]["data"]["perplexity"] > known["perplexity"] * 1.2
+    for name in ("weights", "moe_runner", "lm_head_dtype", "shared_lm_head"):
+        assert checks[name]["status"] == "pass", checks[name]
+    exports = sorted(p.name for p in (sparkit_home / "cache" / "models").iterdir() if not p.name.startswith("."))
+    assert exports == [f"tiny-ling-s0-hf-{weights}", f"tiny-ling-s0-hf-{weights}-damaged-scale"]
+    assert engine_processes(sparkit_home) == []
+
+
 def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_embedded_server):
     """Real SGLang 0.5.23 on the H200 (bf16 weights, FP8 head through the plugin, NEXTN) scored
     the reference text through `sparkit up`'s known-answer check (its checks.json:

@@ -44,7 +44,7 @@ def test_sglang_recipes_are_the_ling_ladder_and_tiny_ling_on_sglang():
     assert sorted(SGLANG_RECIPES) == sorted([f"ling-3.0-flash/{n}" for n in (
         "spark-baseline", "spark-humming", "spark-humming-fp8head", "spark-optimized",
         "tp4-baseline", "tp4-nextn", "tp4-dspark", "tp4-nextn-h200")] + [f"tiny/tiny-sglang{n}" for n in (
-        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming", "-tp2")])
+        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming", "-tp2", "-fp8", "-mxfp4", "-damaged-scale")])
 
 
 def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
@@ -55,7 +55,8 @@ def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
     args = plan.argv[plan.argv.index("sglang.launch_server") + 1:]
     assert args[:2] == ["--model-path", export] and "--trust-remote-code" in args
     assert plan.model_builds == [{"name": "tiny-ling", "seed": 0, "dir": str(SHIPPED_DIR / "tiny-ling-s0"),
-                                  "export_hf": {"dtype": "bfloat16", "dir": export}}]
+                                  "export_hf": {"dtype": "bfloat16", "weights": "bf16", "damaged_scale": False,
+                                                "dir": export}}]
     assert "--disable-prefill-cuda-graph" in args and args[args.index("--cuda-graph-max-bs-decode") + 1] == "4"
     assert plan.env["SPARKIT_SGLANG_PLUGIN"] == "1" and plan.env["SGLANG_PLUGINS"] == "sparkit"
     assert plan.expectations.draft_shares_lm_head is True and plan.expectations.min_accept_length == 1.5
@@ -84,11 +85,15 @@ def test_sglang_argv_accepted_by_prepare_server_args(name):
     spec = r.stack.speculative
     # What the recipe asked for, read back from sglang's own parse; a built-in model is served
     # as its Hugging Face export, planned as a build.
-    exports = {b["name"] + (f":seed={b['seed']}" if b["seed"] else "") + (f":steps={b['steps']}" if b.get("steps") else ""):
-               b["export_hf"]["dir"] for b in plan.model_builds if "export_hf" in b}
+    from sparkit.engines.builtin_models import parse_builtin_ref
 
     def served(path):
-        return exports.get(path.removeprefix("sparkit:"), path) if path and path.startswith("sparkit:") else path
+        ref = parse_builtin_ref(path) if path else None
+        if ref is None:
+            return path
+        return next(b["export_hf"]["dir"] for b in plan.model_builds
+                    if (b["name"], b["seed"], b.get("steps")) == (ref.name, ref.seed, ref.steps)
+                    and (b["export_hf"]["weights"], b["export_hf"]["damaged_scale"]) == (ref.weights or "bf16", ref.damaged_scale))
 
     assert parsed.model_path == served(r.model.path)
     assert parsed.port == 31234 and parsed.host == r.server.host
@@ -314,3 +319,54 @@ def test_a_reference_perplexity_set_before_the_model_says_so_when_it_fails(tmp_p
     assert restated.reference_perplexity == 9.5 and restated.reference_model_note is None
     skipped = compile_plan(load_recipe("tiny", ["model.path=x", "checks.reference_perplexity=null"])).expectations
     assert skipped.reference_perplexity is None and skipped.reference_model_note is None
+
+
+def test_the_quantised_tiny_sglang_recipes_serve_their_exports():
+    from sparkit.engines.embedded.builder import SHIPPED_DIR
+
+    models = cache_dir() / "models"
+    for name, weights, backend, export in (
+            ("tiny/tiny-sglang-fp8", "fp8", "triton", "tiny-ling-s0-hf-fp8"),
+            ("tiny/tiny-sglang-mxfp4", "mxfp4", "humming", "tiny-ling-s0-hf-mxfp4"),
+            ("tiny/tiny-sglang-damaged-scale", "fp8", "triton", "tiny-ling-s0-hf-fp8-damaged-scale")):
+        plan = compile_plan(load_recipe(name))
+        args = plan.argv[plan.argv.index("sglang.launch_server") + 1:]
+        assert args[:2] == ["--model-path", str(models / export)] and "--trust-remote-code" in args, name
+        assert "--quantization" not in args  # SGLang reads it from the checkpoint's quantization_config
+        assert args[args.index("--moe-runner-backend") + 1] == backend
+        assert plan.model_builds == [{"name": "tiny-ling", "seed": 0, "dir": str(SHIPPED_DIR / "tiny-ling-s0"),
+                                      "export_hf": {"dtype": "bfloat16", "weights": weights,
+                                                    "damaged_scale": name.endswith("damaged-scale"),
+                                                    "dir": str(models / export)}}]
+        assert plan.expectations.weights == weights and plan.expectations.moe_backend == backend
+        assert plan.env["SPARKIT_SGLANG_PLUGIN"] == "1" and plan.expectations.speculative == "nextn"
+        assert plan.expectations.reference_perplexity is not None
+
+
+def test_the_embedded_engine_serves_a_named_export_and_the_layout_must_be_the_weights():
+    plan = compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling@mxfp4", "stack.weights=mxfp4"]))
+    assert plan.argv[plan.argv.index("--model-path") + 1] == str(cache_dir() / "models" / "tiny-ling-s0-hf-mxfp4")
+    assert plan.argv[plan.argv.index("--expert-weights") + 1] == "mxfp4"
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling@mxfp4"]))  # tiny says weights: fp8
+    assert "stack.weights" in str(info.value) and "is the mxfp4 export, but stack.weights is fp8" in str(info.value)
+    with pytest.raises(RecipeError, match=r"\+damaged-scale damages a quantisation scale"):
+        compile_plan(load_recipe("tiny/tiny-sglang", ["model.path=sparkit:tiny-ling@bf16+damaged-scale"]))
+    with pytest.raises(RecipeError, match="unknown built-in model 'sparkit:tiny-ling@int4'"):
+        compile_plan(load_recipe("tiny/tiny-sglang", ["model.path=sparkit:tiny-ling@int4"]))
+
+
+def test_a_build_whose_widths_the_layout_cannot_tile_is_refused_at_plan_time(sparkit_home):
+    import json as _json
+
+    from sparkit.engines.embedded.model import TinyLingConfig
+
+    build = cache_dir() / "models" / "tiny-ling-s5-n30"  # a build of another seed, already made, 192 wide
+    build.mkdir(parents=True)
+    TinyLingConfig(moe_intermediate_size=192, shared_expert_intermediate_size=192).save(build)
+    assert _json.loads((build / "config.json").read_text())["moe_intermediate_size"] == 192
+    with pytest.raises(RecipeError) as info:
+        compile_plan(load_recipe("tiny/tiny-sglang-fp8", ["model.path=sparkit:tiny-ling:seed=5:steps=30@fp8"]))
+    message = str(info.value)
+    assert "model.path" in message and "moe_intermediate_size 192" in message
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight [192, 128]: rows 192 not a multiple of the FP8 block 128" in message

@@ -117,13 +117,20 @@ def method_source(module: str, cls: str, method: str) -> str:
     return ast.get_source_segment(module_path(module).read_text(), fn)
 
 
-def bind_method(module: str, cls: str, method: str, namespace: dict):
-    """The installed source of cls.method, exec'd as a plain function in namespace."""
+def bind_method(module: str, cls: str, method: str, namespace: dict, strip_imports: bool = False):
+    """The installed source of cls.method, exec'd as a plain function in namespace.
+    `strip_imports`: drop the method's own one-line `from sglang... import X` statements (GPU-only
+    modules on this machine); the namespace supplies those names."""
     import textwrap
 
     src = textwrap.dedent(method_source(module, cls, method))
     # Drop decorators such as @torch.no_grad() that need the real torch namespace.
     lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith("@")]
+    if strip_imports:
+        import re
+
+        single = re.compile(r"^\s*from sglang\.[\w.]+ import [\w, ]+$")
+        lines = [ln for ln in lines if not single.match(ln)]
     ns = dict(namespace)
     exec(compile("\n".join(lines), str(module_path(module)), "exec"), ns)
     return ns[method]

@@ -323,7 +323,7 @@ def test_hooks_convert_share_and_report_like_the_ling_patch(plugin_state, caplog
     assert any("online FP8 lm_head enabled" in ln and "draft shares the target lm_head module" in ln
                for ln in lines)
     on_disk = json.loads((tmp_path / "activation-tp0.json").read_text())
-    assert on_disk["schema"] == "sparkit.activation/1"
+    assert on_disk["schema"] == "sparkit.activation/2"
 
 
 def test_report_shows_the_trap_when_the_draft_only_got_tensors(plugin_state):

@@ -40,7 +40,7 @@ class EmbeddedEngine:
         self.vocab_limit = min(len(self.tokenizer), self.model_config.vocab_size)
         self.context_length = min(config.context_length or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings)
         head_weight = model.lm_head.weight.data
-        self._quantize_moe(model, config.expert_weights)
+        self._quantize_moe(model, config.expert_weights, config.model_path)
         model.to(device=self.device, dtype=self.dtype)
         model.lm_head = quant.make_lm_head(head_weight.to(self.device), config.lm_head_dtype,
                                            exact_top_k=config.lm_head_exact_top_k)
@@ -69,7 +69,7 @@ class EmbeddedEngine:
                         f"{draft_cfg.vocab_size}) does not fit the target (hidden {self.model_config.hidden_size}, "
                         f"vocab {self.model_config.vocab_size})"
                     )
-                self._quantize_moe(draft_model, config.expert_weights)
+                self._quantize_moe(draft_model, config.expert_weights, config.speculative_draft_model_path)
                 draft_model.to(device=self.device, dtype=self.dtype)
                 nextn = draft_model.mtp
                 if self.dtype == torch.float32:
@@ -130,7 +130,10 @@ class EmbeddedEngine:
         }
 
     def activation_report(self):
-        from sparkit.engines.activation import ActivationReport, LmHeadReport, ModelReport, MoeReport, SpeculativeReport
+        from sparkit.engines.activation import (
+            ActivationReport, LmHeadReport, ModelReport, MoeLayerReport, MoeReport, SpeculativeReport,
+        )
+        from sparkit.engines.embedded.model import MoE
 
         def head_report(head, shared=None) -> LmHeadReport:
             return LmHeadReport(
@@ -142,18 +145,23 @@ class EmbeddedEngine:
                 exact_top_k=getattr(head, "exact_top_k", None),
             )
 
-        def moe_report(moe) -> MoeReport:
-            return MoeReport(expert_weight_format=moe.expert_format, quant_method=moe.quant_method_name, runner="embedded-torch")
+        def moe_report(module, prefix: str) -> MoeReport | None:
+            """Every MoE layer of `module` as it really runs (its expert holder's format and class)."""
+            return MoeReport.of_layers([
+                MoeLayerReport(name=f"{prefix}{name}", quant_method=moe.quant_method_name,
+                               expert_weight_format=moe.expert_format, runner="embedded-torch")
+                for name, moe in module.named_modules() if isinstance(moe, MoE)])
 
         models = {
-            "target": ModelReport(model_class=type(self.model).__name__, lm_head=head_report(self.model.lm_head), moe=moe_report(self.model.layers[0].mlp))
+            "target": ModelReport(model_class=type(self.model).__name__, lm_head=head_report(self.model.lm_head),
+                                  moe=moe_report(self.model.layers, "layers."))
         }
         spec = SpeculativeReport()
         if self.draft is not None:
             models["draft"] = ModelReport(
                 model_class=self.draft.model_class,
                 lm_head=head_report(self.draft.lm_head, shared=self.draft.lm_head is self.model.lm_head),
-                moe=moe_report(self.draft.nextn.decoder.mlp),
+                moe=moe_report(self.draft.nextn.decoder, "mtp.decoder."),
             )
             c = self.config
             spec = SpeculativeReport(
@@ -174,12 +182,26 @@ class EmbeddedEngine:
         if problems:
             raise ValueError("; ".join(problems))
 
-    def _quantize_moe(self, model, fmt: str) -> None:
+    def _quantize_moe(self, model, fmt: str, model_path: str) -> None:
+        from sparkit.engines.embedded.checkpoint import checkpoint_weights
         from sparkit.engines.embedded.model import MoE
 
+        stored = checkpoint_weights(model_path)
+        if stored != "bf16":
+            # A quantised export: its experts already hold the checkpoint's values; quantising them
+            # again in another scheme would serve numbers the checkpoint does not have.
+            if fmt != stored:
+                raise LaunchError(f"{model_path} stores its experts as {stored} (config.json quantization_config); "
+                                  f"--expert-weights {fmt} would quantise them again",
+                                  hint=f"use --expert-weights {stored} (the recipe's stack.weights: {stored})")
+            if self.config.debug_corrupt_expert_dequant:
+                raise LaunchError(f"--debug-corrupt-expert-dequant corrupts the engine's own fp8 quantisation, and "
+                                  f"{model_path} is quantised already",
+                                  hint="serve the export with the damaged scale instead (sparkit:tiny-ling@fp8+damaged-scale)")
         for module in model.modules():
             if isinstance(module, MoE):
-                module.quantize_experts(fmt, self.dtype, corrupt_expert_index=self.config.debug_corrupt_expert_dequant)
+                module.quantize_experts(fmt, self.dtype, corrupt_expert_index=self.config.debug_corrupt_expert_dequant,
+                                        from_checkpoint=stored != "bf16")
                 for holder in (module.experts_gate_up, module.experts_down):
                     for name, tensor in holder.tensors().items():
                         setattr(holder, name, tensor.to(self.device))

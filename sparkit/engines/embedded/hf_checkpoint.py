@@ -37,7 +37,7 @@ from sparkit.engines.embedded.formats import EXPORT_MARKER, HF_ARCHITECTURE
 
 HF_MODEL_TYPE = "bailing_moe"
 CONFIG_MODULE = "configuration_bailing_moe_v2"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: the marker records the weights layout (and a deliberately damaged scale)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DTYPES = ("bfloat16", "float32")
 
@@ -253,8 +253,67 @@ def state_dict_from_hf(hf: dict, cfg) -> dict:
     return out
 
 
-def is_export(directory: str | Path, source_marker: dict | None = None, dtype: str | None = None) -> bool:
-    """A finished export (of the build whose marker is `source_marker`, in `dtype`, when given)."""
+def hf_tensor_inventory(cfg, weights: str = "bf16", dtype: str = "BF16") -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (safetensors dtype, shape)} of the export of a model of config `cfg` in the weights
+    layout `weights` (sparkit.weight_formats.LAYOUTS), its unquantised tensors in `dtype` (BF16 or
+    F32): what state_dict_to_hf writes, then sparkit.engines.embedded.hf_quantized quantises, known
+    before anything is written (the recipe rules, the roofline, and the exporter's own check)."""
+    from sparkit.weight_formats import LAYOUTS, linear_tensors
+
+    layout = LAYOUTS[weights]
+    hidden, inter, shared = cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    attn = cfg.num_attention_heads * cfg.head_dim
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+    def plain(name: str, *shape: int) -> None:
+        out[name] = (dtype, tuple(shape))
+
+    def linear(name: str, rows: int, cols: int, fmt: str) -> None:
+        if fmt == "bf16":
+            plain(f"{name}.weight", rows, cols)
+        else:
+            out.update(linear_tensors(name, rows, cols, fmt))
+
+    plain("model.word_embeddings.weight", cfg.vocab_size, hidden)
+    plain("model.norm.weight", hidden)
+    plain("lm_head.weight", cfg.vocab_size, hidden)
+    for i in range(cfg.num_hidden_layers + 1):  # the NextN layer is layer num_hidden_layers
+        p = f"model.layers.{i}"
+        plain(f"{p}.input_layernorm.weight", hidden)
+        plain(f"{p}.post_attention_layernorm.weight", hidden)
+        linear(f"{p}.attention.query_key_value", 3 * attn, hidden, layout.other_linear)
+        linear(f"{p}.attention.dense", hidden, attn, layout.other_linear)
+        plain(f"{p}.mlp.gate.weight", cfg.num_experts, hidden)
+        for e in range(cfg.num_experts):
+            linear(f"{p}.mlp.experts.{e}.gate_proj", inter, hidden, layout.routed_experts)
+            linear(f"{p}.mlp.experts.{e}.up_proj", inter, hidden, layout.routed_experts)
+            linear(f"{p}.mlp.experts.{e}.down_proj", hidden, inter, layout.routed_experts)
+        linear(f"{p}.mlp.shared_experts.gate_proj", shared, hidden, layout.other_linear)
+        linear(f"{p}.mlp.shared_experts.up_proj", shared, hidden, layout.other_linear)
+        linear(f"{p}.mlp.shared_experts.down_proj", hidden, shared, layout.other_linear)
+    nextn = f"model.layers.{cfg.num_hidden_layers}"
+    for _, theirs in NEXTN_OWN_TENSORS:
+        if theirs == "eh_proj":
+            linear(f"{nextn}.eh_proj", hidden, 2 * hidden, layout.other_linear)
+        else:
+            plain(f"{nextn}.{theirs}.weight", hidden)
+    return out
+
+
+def export_dir_name(build_name: str, dtype: str = "bfloat16", weights: str = "bf16", damaged_scale: bool = False) -> str:
+    """The cache directory name of an export: `<build>-hf-bfloat16` (the bf16 layout, as before
+    the quantised ones), `<build>-hf-fp8`, `<build>-hf-mxfp4` (+ `-float32` for float32
+    unquantised tensors, `-damaged-scale` for the deliberately broken one)."""
+    if weights == "bf16":
+        return f"{build_name}-hf-{dtype}"
+    name = f"{build_name}-hf-{weights}" + ("" if dtype == "bfloat16" else f"-{dtype}")
+    return name + ("-damaged-scale" if damaged_scale else "")
+
+
+def is_export(directory: str | Path, source_marker: dict | None = None, dtype: str | None = None,
+              weights: str | None = None, damaged_scale: bool | None = None) -> bool:
+    """A finished export (of the build whose marker is `source_marker`, in `dtype`, in the weights
+    layout `weights`, with or without the deliberately damaged scale, when given)."""
     try:
         marker = json.loads((Path(directory) / EXPORT_MARKER).read_text())
     except (OSError, ValueError):
@@ -262,6 +321,10 @@ def is_export(directory: str | Path, source_marker: dict | None = None, dtype: s
     if not isinstance(marker, dict) or marker.get("export_version") != EXPORT_VERSION:
         return False
     if source_marker is not None and marker.get("source") != _source_key(source_marker):
+        return False
+    if weights is not None and marker.get("weights") != weights:
+        return False
+    if damaged_scale is not None and bool(marker.get("damaged_scale")) != damaged_scale:
         return False
     return dtype is None or marker.get("dtype") == dtype
 

@@ -234,11 +234,13 @@ class MoE(nn.Module):
 
         return (self.experts_gate_up or ExpertWeights).method_name
 
-    def quantize_experts(self, fmt: str, compute_dtype, corrupt_expert_index: bool = False) -> None:
+    def quantize_experts(self, fmt: str, compute_dtype, corrupt_expert_index: bool = False,
+                         from_checkpoint: bool = False) -> None:
+        """from_checkpoint: the weights hold a quantised checkpoint's decoded values in `fmt`."""
         from sparkit.engines.embedded.quant import make_expert_weights
 
-        self.experts_gate_up = make_expert_weights(self.w_gate_up.data, fmt, compute_dtype)
-        self.experts_down = make_expert_weights(self.w_down.data, fmt, compute_dtype)
+        self.experts_gate_up = make_expert_weights(self.w_gate_up.data, fmt, compute_dtype, from_checkpoint)
+        self.experts_down = make_expert_weights(self.w_down.data, fmt, compute_dtype, from_checkpoint)
         if corrupt_expert_index:  # debug: see Fp8ExpertWeights.corrupt_expert_index
             self.experts_gate_up.corrupt_expert_index = self.experts_down.corrupt_expert_index = True
         del self.w_gate_up, self.w_down  # the quantised copy is the only one kept

@@ -16,13 +16,11 @@ from __future__ import annotations
 from torch import nn
 
 from sparkit.engines.embedded.settings import EXPERT_FORMATS, LM_HEAD_DTYPES  # noqa: F401 (declared there)
-MX_BLOCK = 32
+from sparkit.weight_formats import E8M0_BIAS, E8M0_NAN, FP8_BLOCK, FP8_E4M3_MAX, MX_BLOCK  # noqa: F401 (declared there)
+
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # exponent of the largest normal e2m1 value (6 = 1.5 * 2^2)
-E8M0_BIAS = 127
-E8M0_NAN = 255
-FP8_E4M3_MAX = 448.0
 
 
 class LmHead(nn.Module):
@@ -140,6 +138,37 @@ def dequantize_fp8(q, scale, dtype=None):
     import torch
 
     out = q.to(torch.float32) * scale[..., None].to(torch.float32)
+    return out if dtype is None else out.to(dtype)
+
+
+# ---------------------------------------------------------------- fp8 per 128 x 128 block (checkpoints)
+
+
+def quantize_fp8_block(weight):
+    """[N, K] (both multiples of FP8_BLOCK) -> (e4m3 [N, K], float32 scale_inv [N/B, K/B]): one
+    scale per B x B block, scale = max|block| / 448 (1.0 for an all-zero block), the layout of
+    the published -fp8 checkpoints (weight ~= value x the block's scale_inv)."""
+    import torch
+
+    n, k = weight.shape
+    if n % FP8_BLOCK or k % FP8_BLOCK:
+        raise ValueError(f"block FP8 needs both dimensions to be multiples of {FP8_BLOCK}, got [{n}, {k}]")
+    w = weight.detach().to(torch.float32)
+    blocks = w.reshape(n // FP8_BLOCK, FP8_BLOCK, k // FP8_BLOCK, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
+    q = (blocks / scale[:, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(n, k).contiguous(), scale.contiguous()
+
+
+def dequantize_fp8_block(q, scale_inv, dtype=None):
+    """The inverse of quantize_fp8_block (scale_inv [ceil(N/B), ceil(K/B)]; a ragged last block
+    is allowed, as SGLang's loader allows it)."""
+    import torch
+
+    n, k = q.shape
+    full = scale_inv.to(torch.float32).repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(FP8_BLOCK, 1)[:, :k]
+    out = q.to(torch.float32) * full
     return out if dtype is None else out.to(dtype)
 
 
@@ -291,13 +320,34 @@ class Mxfp4ExpertWeights(ExpertWeights):
         return {"packed": self.packed, "scales": self.scales}
 
 
+class CheckpointExpertWeights(ExpertWeights):
+    """Experts the checkpoint itself stores quantised (block FP8 or MXFP4: a quantised export),
+    decoded once at load with the checkpoint's own scales. The engine computes with exactly the
+    checkpoint's values and does not quantise them again (its fp8 is per channel, not per block)."""
+
+    def __init__(self, weight, fmt: str, compute_dtype):
+        import torch
+
+        super().__init__(weight.detach().to(torch.float32).contiguous(), compute_dtype)
+        self.fmt = fmt
+        self.method_name = CHECKPOINT_EXPERT_METHODS[fmt]
+
+
+# The quant method class names the report shows for experts decoded from a quantised checkpoint.
+CHECKPOINT_EXPERT_METHODS = {"fp8": "EmbeddedCheckpointFp8BlockExperts", "mxfp4": "EmbeddedCheckpointMxfp4Experts"}
+
+
 def torch_index_select(tensor, idx):
     import torch
 
     return torch.index_select(tensor, 0, idx)
 
 
-def make_expert_weights(weight, fmt: str, compute_dtype) -> ExpertWeights:
+def make_expert_weights(weight, fmt: str, compute_dtype, from_checkpoint: bool = False) -> ExpertWeights:
+    """The holder of one stacked expert weight in `fmt`; `from_checkpoint`: the values are already
+    the checkpoint's quantised ones (decoded), kept as they are."""
+    if from_checkpoint:
+        return CheckpointExpertWeights(weight, fmt, compute_dtype)
     classes = {"fp32": ExpertWeights, "bf16": Bf16ExpertWeights, "fp8": Fp8ExpertWeights, "mxfp4": Mxfp4ExpertWeights}
     if fmt not in classes:
         raise ValueError(f"unknown expert weight format {fmt!r} (choose from {', '.join(EXPERT_FORMATS)})")

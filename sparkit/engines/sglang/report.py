@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from pathlib import Path
 
 from sparkit.engines.activation import (
@@ -22,6 +21,7 @@ from sparkit.engines.activation import (
     ActivationReport,
     LmHeadReport,
     ModelReport,
+    MoeLayerReport,
     MoeReport,
     SpeculativeReport,
 )
@@ -65,48 +65,97 @@ def expert_weight_format(quant_method_name: str) -> str:
 _HUMMING_DTYPES = (("float4e2m1", "mxfp4"), ("float8e4m3", "fp8"), ("int4", "int4"), ("uint4", "int4"), ("int8", "int8"))
 
 
-def _humming_format(quant_method) -> str | None:
-    """HummingMoEMethod quantises online from a config: the class name does not say to what, its
-    weight schema does (b_dtype float4e2m1 with e8m0 scales per 32 = MXFP4)."""
-    config = getattr(quant_method, "quant_config", None)
-    schema = getattr(config, "weight_schema", None)
-    dtype = str(getattr(schema, "b_dtype", "") or "").lower()
-    for needle, fmt in _HUMMING_DTYPES:
-        if dtype.startswith(needle):
-            return fmt
+def _humming_schemas(module, quant_method) -> list:
+    """The humming weight schemas a layer runs: after loading, a pre-quantised MXFP4 layer holds one
+    per sublayer (`layer.weight_schemas`, set by prepare_humming_moe_layer); online humming
+    quantises from its config's schema (HummingMoEMethod.quant_config.weight_schema)."""
+    schemas = getattr(module, "weight_schemas", None)
+    if isinstance(schemas, dict) and schemas:
+        return [schemas[k] for k in sorted(schemas)]
+    schema = getattr(getattr(quant_method, "quant_config", None), "weight_schema", None)
+    return [schema] if schema is not None else []
+
+
+def _schema_text(schema) -> str:
+    parts = [f"{attr}={getattr(schema, attr)}" for attr in ("b_dtype", "bs_dtype") if getattr(schema, attr, None) is not None]
+    group = getattr(schema, "weight_scale_group_size", None)
+    if group is not None:
+        parts.append(f"group={group}")
+    return " ".join(parts) or type(schema).__name__
+
+
+def _humming_format(schemas: list) -> str | None:
+    """The expert format humming's weight schema names (b_dtype float4e2m1 with e8m0 scales per 32
+    = MXFP4): a humming method's class name does not say it."""
+    for schema in schemas:
+        dtype = str(getattr(schema, "b_dtype", "") or "").lower()
+        for needle, fmt in _HUMMING_DTYPES:
+            if dtype.startswith(needle):
+                return fmt
     return None
 
 
-def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
-    """The quant method most MoE expert layers use (FusedMoE-like modules: `quant_method` + experts)."""
-    methods: Counter[str] = Counter()
-    runners: Counter[str] = Counter()
-    formats: Counter[str] = Counter()
-    modules = getattr(model, "modules", None)
-    if modules is None:
-        return None
-    for module in modules():
+def _weight_format(module, quant_method, name: str, schemas: list) -> str:
+    """What the layer's expert weights hold: the humming schema, else what the stored weight says
+    (Fp8MoEMethod holds MXFP4 experts as int8 pairs when the checkpoint marks them so), else the
+    method's class name."""
+    humming = _humming_format(schemas)
+    if humming is not None:
+        return humming
+    if getattr(quant_method, "is_fp4_expert", False) or getattr(getattr(quant_method, "_fp8", None), "is_fp4_expert", False):
+        return "mxfp4"
+    return expert_weight_format(name)
+
+
+def _runner(module, quant_method, runner_backend: str | None) -> str:
+    """The runner the layer's quant method really runs: its own get_moe_runner_backend() (SGLang's
+    contract), its runner, the layer's runner config, the global backend; humming methods run
+    humming's kernels whatever the flag says."""
+    backend = None
+    try:
+        get = getattr(quant_method, "get_moe_runner_backend", None)
+        backend = get(module) if callable(get) else None
+    except Exception:
+        backend = None
+    if backend is None:
+        backend = getattr(getattr(quant_method, "runner", None), "runner_backend", None)
+    if backend is None:
+        backend = getattr(getattr(module, "moe_runner_config", None), "runner_backend", None) or getattr(quant_method, "runner_backend", None)
+    if backend is not None:
+        return str(getattr(backend, "value", backend))
+    if "humming" in type(quant_method).__name__.lower():
+        return "humming"
+    return runner_backend or "unknown"
+
+
+def moe_layers(model, runner_backend: str | None = None) -> list[MoeLayerReport]:
+    """Every MoE expert layer of `model` (FusedMoE-like modules: a `quant_method`, a MoE class name)
+    with what it really runs. A probe that fails reads "unknown", never raises."""
+    named = getattr(model, "named_modules", None)
+    if named is None:
+        return []
+    out = []
+    for path, module in named():
         cls = type(module).__name__
         qm = getattr(module, "quant_method", None)
         if qm is None or not ("MoE" in cls or "Experts" in cls or "Moe" in cls):
             continue
         name = type(qm).__name__
-        methods[name] += 1
-        if (humming := _humming_format(qm)) is not None:
-            formats[humming] += 1
-        cfg = getattr(module, "moe_runner_config", None)
-        backend = getattr(cfg, "runner_backend", None) or getattr(qm, "runner_backend", None)
-        if backend is not None:
-            runners[str(getattr(backend, "value", backend))] += 1
-    if not methods:
-        return None
-    method = methods.most_common(1)[0][0]
-    fmt = formats.most_common(1)[0][0] if formats else expert_weight_format(method)
-    runner = runners.most_common(1)[0][0] if runners else None
-    if runner is None and "humming" in method.lower():
-        runner = "humming"  # the humming methods run their own kernels whatever the backend flag says
-    runner = runner or runner_backend or "unknown"
-    return MoeReport(expert_weight_format=fmt, quant_method=method, runner=runner)
+        try:
+            schemas = _humming_schemas(module, qm)
+            fmt = _weight_format(module, qm, name, schemas)
+            runner = _runner(module, qm, runner_backend)
+            schema = "; ".join(_schema_text(x) for x in schemas) or None
+        except Exception:  # never break the engine over a report
+            fmt, runner, schema = expert_weight_format(name), runner_backend or "unknown", None
+        out.append(MoeLayerReport(name=path or cls, quant_method=name, expert_weight_format=fmt, runner=runner,
+                                  weight_schema=schema))
+    return out
+
+
+def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
+    """Every MoE layer's quant method, expert format and runner, and the most common of each."""
+    return MoeReport.of_layers(moe_layers(model, runner_backend))
 
 
 def model_report(model, role: str, target_model=None, runner_backend: str | None = None) -> ModelReport:
