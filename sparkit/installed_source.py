@@ -91,7 +91,7 @@ class Definition:
     """A name as its provider defines it: a function, a class, a module or another value."""
 
     symbol: str  # where it is defined: module.name (after re-exports), or the module itself
-    kind: str  # "function" | "class" | "module" | "value"
+    kind: str  # "function" | "class" | "module" | "value" | "lazy" (a module __getattr__ may provide it)
     file: Path
     line: int
     parameters: tuple[str, ...] | None = None  # keyword-passable parameters; None = takes **kwargs or unknown
@@ -166,9 +166,34 @@ def _top_level(tree: ast.Module, name: str):
                     visit(h.body)
                 visit(node.orelse)
                 visit(node.finalbody)
+            elif isinstance(node, ast.With):  # `with contextlib.suppress(ImportError): from .x import y`
+                visit(node.body)
 
     visit(tree.body)
     return found
+
+
+def _star_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """`from x import *` statements at module level (inside if/try/with blocks too)."""
+    out = []
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                out.append(node)
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for h in node.handlers:
+                    visit(h.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(tree.body)
+    return out
 
 
 def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
@@ -201,6 +226,15 @@ def resolve(package: Package, module: str, name: str | None = None, _depth: int 
         sub = f"{module}.{name}"
         if package.module_file(sub) is not None and package.is_package_dir(module):
             return Definition(sub, "module", package.module_file(sub), 1)
+        for star in _star_imports(tree):  # `from pkg.ops import *`
+            source = _absolute(module, star, path.name == "__init__.py")
+            if source.split(".")[0] == package.name:
+                found = resolve(package, source, name, _depth + 1)
+                if found is not None:
+                    return found
+        lazy = _top_level(tree, "__getattr__")
+        if isinstance(lazy, ast.FunctionDef):  # a module __getattr__ may make any name: cannot tell
+            return Definition(f"{module}.{name}", "lazy", path, lazy.lineno)
         return None
     symbol = f"{module}.{name}"
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -274,14 +308,44 @@ class CallUse:
         return f"{self.consumer_file}:{self.line}"
 
 
-def _guard_of_test(test: ast.AST) -> str:
+def _platform_of(node: ast.AST) -> str | None:
+    """"cuda" or "other" for a test that names a platform (`_is_cuda`, `is_hip()`), else None."""
     words = " ".join(n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
-                     for n in ast.walk(test)).lower()
-    if "cuda" in words and not any(p in words for p in _OTHER_PLATFORMS):
-        return REQUIRED
+                     for n in ast.walk(node)).lower()
+    if "cuda" in words:
+        return "cuda"
     if any(p in words for p in _OTHER_PLATFORMS):
+        return "other"
+    return None
+
+
+def _guard_of_test(test: ast.AST) -> str:
+    """What an `if` test means for the CUDA path: REQUIRED when CUDA takes the branch
+    (`_is_cuda`, `_is_cuda or _is_hip`), OTHER_PLATFORM when only another platform does,
+    CONDITIONAL when it depends on something else."""
+    if isinstance(test, ast.BoolOp):
+        parts = [_guard_of_test(v) for v in test.values]
+        if isinstance(test.op, ast.Or):
+            if REQUIRED in parts:
+                return REQUIRED
+            return OTHER_PLATFORM if all(p == OTHER_PLATFORM for p in parts) else CONDITIONAL
+        if OTHER_PLATFORM in parts:
+            return OTHER_PLATFORM
+        return REQUIRED if all(p == REQUIRED for p in parts) else CONDITIONAL
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _guard_of_test(test.operand)
+        return OTHER_PLATFORM if inner == REQUIRED else CONDITIONAL
+    platform = _platform_of(test)
+    if platform == "cuda":
+        return REQUIRED
+    if platform == "other":
         return OTHER_PLATFORM
     return CONDITIONAL
+
+
+def _platform_scope(name: str) -> bool:
+    """A function or class for another platform by its name (`grouped_topk_xpu`, `forward_npu`)."""
+    return bool(set(name.lower().split("_")) & set(_OTHER_PLATFORMS))
 
 
 def _weaker(a: str, b: str) -> str:
@@ -309,6 +373,8 @@ def imports_from(consumer_file: Path, consumer_module: str, provider: str) -> li
         return module == provider or module.startswith(provider + ".")
 
     def visit(node: ast.AST, guard: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _platform_scope(node.name):
+            guard = OTHER_PLATFORM
         if isinstance(node, ast.If):
             inner = _guard_of_test(node.test)
             for child in node.body:
@@ -364,18 +430,19 @@ def calls_of(consumer_file: Path, uses: list[ImportUse]) -> list[CallUse]:
     if tree is None:
         return []
     bound: dict[str, ImportUse] = {u.bound_as: u for u in uses if u.name is not None}
+    nodes = list(ast.walk(tree))
+    renames = [n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)]
     changed = True
     while changed:  # rebindings, flow-insensitively: `x = alias` anywhere binds x to alias's import
         changed = False
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in bound:
+        for node in renames:
+            if node.value.id in bound:
                 for target in node.targets:
                     if isinstance(target, ast.Name) and target.id not in bound:
                         bound[target.id] = bound[node.value.id]
                         changed = True
-    source = consumer_file.read_text(encoding="utf-8", errors="replace")
     out: list[CallUse] = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, ast.Call):
             continue
         func, attribute = node.func, None
@@ -384,10 +451,40 @@ def calls_of(consumer_file: Path, uses: list[ImportUse]) -> list[CallUse]:
         if not isinstance(func, ast.Name) or func.id not in bound:
             continue
         keywords = tuple(k.arg for k in node.keywords if k.arg is not None)
-        text = " ".join((ast.get_source_segment(source, node) or "").split())
+        text = ast.unparse(node)
         out.append(CallUse(consumer_file, node.lineno, bound[func.id], attribute, keywords,
                            text if len(text) <= 160 else text[:157] + "..."))
     return out
+
+
+@dataclass(frozen=True)
+class AttributeUse:
+    """`alias.name` in a consumer, where alias is a provider module it imported."""
+
+    consumer_file: Path
+    line: int
+    imported: ImportUse
+    attribute: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.consumer_file}:{self.line}"
+
+
+def attributes_of(consumer_file: Path, uses: list[ImportUse]) -> list[AttributeUse]:
+    """Attribute reads of the names `uses` bound (`tl.program_id`, `dtypes.float4e2m1`), one per
+    distinct (name, attribute), at its first line."""
+    tree = parse(consumer_file)
+    if tree is None:
+        return []
+    bound = {u.bound_as: u for u in uses}
+    seen: dict[tuple[str, str], AttributeUse] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            key = (node.value.id, node.attr)
+            if key not in seen or node.lineno < seen[key].line:
+                seen[key] = AttributeUse(consumer_file, node.lineno, bound[node.value.id], node.attr)
+    return sorted(seen.values(), key=lambda a: a.line)
 
 
 def module_files(package: Package, dotted: str) -> list[tuple[Path, str]]:
