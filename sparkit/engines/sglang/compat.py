@@ -357,13 +357,18 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
     soft_missing = [e for g, e in missing if g in (CONDITIONAL, OPTIONAL)]
     if required_missing or unfixed:
         problems = len(required_missing) + len(unfixed)
-        pinned_here = pin and pin.startswith("==") and pin[2:] == provider.version
-        fix = (f"{need.recipe_fix} ({consumer.label}'s own pin, {provider.distribution}{pin}, is what is installed)"
-               if pinned_here or not pin else install)
+        pinned_here = bool(pin and pin.startswith("==") and pin[2:] == provider.version)
+        if pin and not pinned_here:
+            fix, kind = install, "install"
+        elif need.recipe_fix:
+            fix, kind = (f"{need.recipe_fix} ({consumer.label}'s own pin, {provider.distribution}{pin}, is what is "
+                         "installed)" if pin else need.recipe_fix), "recipe"
+        else:
+            fix, kind = (f"reinstall {provider.distribution}{pin or ''}: the installed files lack what "
+                         f"{consumer.distribution} imports"), "install"
         return Finding(need.name, pair, need.feature, FAIL,
                        f"{problems} use(s) of {provider.distribution} that the installed version does not accept",
-                       evidence=required_missing + unfixed + soft_missing, fix=fix or need.recipe_fix,
-                       fix_kind="recipe" if (pinned_here or not pin) else "install")
+                       evidence=required_missing + unfixed + soft_missing, fix=fix, fix_kind=kind)
     if plugin_fixed:
         renames = sorted({f"{r.old} -> {r.new}" for _, r, _ in plugin_fixed})
         targets = sorted({d.symbol for _, _, d in plugin_fixed})
