@@ -301,19 +301,25 @@ def new_document(ladder: Ladder, settings: LadderSettings) -> dict[str, Any]:
             "started_at": _now(), "finished_at": None}
 
 
+def read_document(path: Path) -> dict[str, Any]:
+    """A ladder document `run_ladder` wrote (DataError, exit 8, for anything else)."""
+    from sparkit.errors import DataError
+
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such ladder document", hint="`sparkit ladder --out FILE` writes one") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a ladder document ({exc})", hint="a file `sparkit ladder --out` wrote") from None
+    if not isinstance(doc, dict) or doc.get("kind") != LADDER_KIND or not isinstance(doc.get("steps"), list):
+        raise DataError(f"{path}: not a ladder document (no kind={LADDER_KIND!r})",
+                        hint="a file `sparkit ladder --out` wrote")
+    return doc
+
+
 def resume_document(path: Path, fresh: dict[str, Any]) -> dict[str, Any]:
     """The document at `path`, checked to be the same ladder with the same settings."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        from sparkit.errors import DataError
-
-        raise DataError(f"{path}: not a ladder document ({exc})", hint="resume a file `sparkit ladder --out` wrote") from None
-    if not isinstance(old, dict) or old.get("kind") != LADDER_KIND:
-        from sparkit.errors import DataError
-
-        raise DataError(f"{path}: not a ladder document (no kind={LADDER_KIND!r})",
-                        hint="resume a file `sparkit ladder --out` wrote")
+    old = read_document(path)
     differs = [k for k in ("ladder", "settings") if old.get(k) != fresh[k]]
     old_steps = [{k: s.get(k) for k in ("label", "recipe", "overrides")} for s in old.get("steps", [])]
     new_steps = [{k: s[k] for k in ("label", "recipe", "overrides")} for s in fresh["steps"]]

@@ -30,7 +30,7 @@ def _is_ladder(ref: str) -> bool:
 
 
 def ladder_cmd(
-    refs: list[str] = typer.Argument(None, metavar="[LADDER | RECIPE...]", help="A ladder (shipped name or file; default `spark`), or recipes, one step each."),
+    ladder_or_recipes: list[str] = typer.Argument(None, help="A ladder (shipped name or file; default `spark`), or recipes, one step each."),
     set_: list[str] = typer.Option([], "--set", help="Override a recipe key of every step (KEY=VALUE, as for plan). Repeatable."),
     input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: the ladder's)."),
     output_len: Optional[int] = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default: the ladder's)."),
@@ -43,6 +43,7 @@ def ladder_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted ladder (--out FILE, else this ladder's newest file): finished steps are kept."),
     timeout: float = typer.Option(600, "--timeout", min=1, help="Seconds each step's server may take to start."),
     list_: bool = typer.Option(False, "--list", help="List the shipped ladders and exit."),
+    show: Optional[Path] = typer.Option(None, "--show", help="Print the table of a ladder document (finished or not) and exit; runs nothing."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Run a ladder of recipes on this machine, one server at a time: each step with its startup
@@ -51,6 +52,13 @@ def ladder_cmd(
     from sparkit.bench import ladder as core
     from sparkit.errors import CheckFailed, UsageError
 
+    if show is not None:
+        doc = core.read_document(show.expanduser())
+        if as_json:
+            print_json(doc)
+        else:
+            render_ladder(doc)
+        return
     if list_:
         shipped = [{"name": n, "file": str(p), "description": core.load_ladder(n).spec.description,
                     "steps": [s.recipe for s in core.load_ladder(n).spec.steps]} for n, p in core.shipped_ladders()]
@@ -60,7 +68,7 @@ def ladder_cmd(
             for item in shipped:
                 console().print(f"{item['name']:12} {item['description']}", highlight=False, markup=False, soft_wrap=True)
         return
-    refs = list(refs or [])
+    refs = list(ladder_or_recipes or [])
     if not refs:
         ladder = core.load_ladder(core.DEFAULT_LADDER)
     elif len(refs) == 1 and _is_ladder(refs[0]):
