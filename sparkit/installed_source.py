@@ -253,6 +253,21 @@ def resolve(package: Package, module: str, name: str | None = None, _depth: int 
     return Definition(symbol, "value", path, node.lineno)
 
 
+def accepted_values(definition: Definition, parameter: str) -> set | None:
+    """The values a function admits for a parameter by its own `assert parameter in [...]` (of
+    constants), None when it states none."""
+    if definition.kind != "function" or definition.node is None:
+        return None
+    for node in ast.walk(definition.node):
+        test = node.test if isinstance(node, ast.Assert) else None
+        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == parameter
+                and len(test.ops) == 1 and isinstance(test.ops[0], ast.In)
+                and isinstance(test.comparators[0], (ast.List, ast.Tuple, ast.Set))
+                and all(isinstance(e, ast.Constant) for e in test.comparators[0].elts)):
+            return {e.value for e in test.comparators[0].elts}
+    return None
+
+
 def method(package: Package, cls: Definition, name: str, _depth: int = 0) -> Definition | None:
     """A method of a class definition (its own body, then bases defined in the same package)."""
     if cls.kind != "class" or cls.node is None or _depth > 6:

@@ -32,7 +32,12 @@
 #           accept length, known answer and 10 GSM8K questions (McNemar against step 1); the
 #           document $W/ladder.json is rewritten after every step and its table lands in summary.txt.
 #           Budget LADDER_BUDGET (default 560 s from the start of the call; then SIGINT: the ladder
-#           saves its finished steps and stops its server); LADDER_ARGS adds flags (e.g. --set ...).
+#           saves its finished steps and stops its server); LADDER_ARGS adds flags (e.g. --set ...);
+#           LADDER_RESUME=DIR (a carried copy of an earlier call's ladder*.json files) continues it.
+#           About 70-100 s a step on the H200 (start with decode graphs, checks, bench, GSM8K; the
+#           first Humming step also JIT-compiles its kernels): ~6-7 minutes, so alone with setup
+#           (STEPS=setup,ladder) it fits one call; beside other servers it may not finish, and keeps
+#           the steps it did.
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -119,10 +124,14 @@ if has ladder; then
   ladder_gsm8k=$REPO/.sglang-h200/gsm8k/test.jsonl
   [ -f "$ladder_gsm8k" ] || ladder_gsm8k=${SPARKIT_SHARED_DIR:-$REPO/../shared}/data/gsm8k/test.jsonl
   ladder_budget=$(( ${LADDER_BUDGET:-560} - ($(date +%s) - T0) ))
-  stamp "ladder: sparkit ladder $LADDER in the background (budget ${ladder_budget}s)"
+  ladder_resume=""
+  if [ -n "${LADDER_RESUME:-}" ] && [ -f "$LADDER_RESUME/ladder.json" ]; then
+    cp "$LADDER_RESUME"/ladder*.json* "$W/" 2>/dev/null; ladder_resume=--resume
+  fi
+  stamp "ladder: sparkit ladder $LADDER in the background (budget ${ladder_budget}s${ladder_resume:+, resuming})"
   # shellcheck disable=SC2086
   (timeout -s INT -k 30 "$ladder_budget" python3 -m sparkit.cli.main ladder "$LADDER" --gsm8k 10 \
-     --gsm8k-data "$ladder_gsm8k" --out "$W/ladder.json" --json ${LADDER_ARGS:-} > "$W/ladder-out.json" 2> "$W/ladder.err"
+     --gsm8k-data "$ladder_gsm8k" --out "$W/ladder.json" $ladder_resume --json ${LADDER_ARGS:-} > "$W/ladder-out.json" 2> "$W/ladder.err"
    echo "ladder rc=$?" >> "$W/ladder.err") &
   LADDER_PID=$!
 fi

@@ -317,3 +317,57 @@ def test_doctor_json_carries_the_judgement(tmp_path):
     verdicts = {r["recipe"]: r for r in doc["recipes"]}
     assert verdicts["tiny/tiny-sglang-humming"]["plugin"] == ["sglang 0.5.23 -> humming-kernels 0.1.12"]
     assert "sglang 0.5.23 -> sglang-kernel not installed" in verdicts["tiny/tiny-sglang"]["failed"]
+
+
+@needs_humming
+def test_a_recipe_that_turns_the_fix_off_is_warned_and_fails_preflight():
+    from sparkit.engines.sglang.adapter import SGLangAdapter
+
+    plan = plan_of("tiny/tiny-sglang-humming", f"server.env.{plugin.HUMMING_KEYWORDS_ENV}=0")
+    assert plan.env[plugin.HUMMING_KEYWORDS_ENV] == "0"
+    assert any(w.startswith(f"server.env.{plugin.HUMMING_KEYWORDS_ENV}=0 turns off the plugin's fix") for w in plan.warnings)
+    online = {c.name: c for c in SGLangAdapter().preflight(plan)}["compat:humming-online"]
+    assert online.status.value == "fail"
+
+
+def test_where_humming_is_not_installed_the_plan_enables_the_adapter_in_case(monkeypatch):
+    """A plan made on a machine without humming (the import system finds none: the GPU library is
+    absent) cannot tell; the adapter renames only a keyword the wrapped function does not take."""
+    import importlib.machinery
+
+    real = importlib.machinery.PathFinder.find_spec
+
+    def find_spec(name, path=None, target=None):
+        return None if name == "humming" else real(name, path, target)
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", find_spec)
+    assert locate("humming") is None
+    plan = plan_of("tiny/tiny-sglang-humming", "stack.lm_head=bf16")
+    assert plan.env[plugin.HUMMING_KEYWORDS_ENV] == "1" and plan.env[plugin.FP8_ENV] == "0"
+    (provision,) = [p for p in plan.provisions if p.optimisation == "humming_keywords=adapted"]
+    assert "cannot be judged here (humming-kernels is not installed)" in provision.detail
+
+
+def test_a_path_whose_modules_this_sglang_lacks_is_not_judged_ok(tmp_path):
+    """The map of modules per path is sglang 0.5.23's: on a version without them the judgement
+    says it cannot tell rather than passing on nothing read."""
+    need = compat.Need("moved", "a path sglang moved", "sglang", "sgl_kernel", ("sglang.srt.layers.no_such_module",))
+    path = fake_provider(tmp_path, "sgl_kernel", sgl_kernel_names(), "0.4.10")
+    finding = compat.judge(needs=[need], stack=compat.Stack.detect(path)).findings[0]
+    assert finding.status == compat.UNKNOWN and "sglang.srt.layers.no_such_module" in finding.detail
+
+
+@needs_humming
+def test_the_plugins_translation_must_be_a_value_humming_admits(tmp_path):
+    """humming 0.1.12 asserts weight_scale_2_type in [None, "none", "tensor", "channel"]; a
+    humming that no longer admits "tensor" is not fixed by the plugin."""
+    from sparkit.installed_source import accepted_values, resolve
+
+    real = resolve(HUMMING, "humming.utils.weight", "quantize_weight")
+    assert accepted_values(real, "weight_scale_2_type") == {None, "none", "tensor", "channel"}
+    path = humming_copy(tmp_path, lambda text: text.replace('[None, "none", "tensor", "channel"]',
+                                                            '[None, "none", "channel"]', 1))
+    finding = compat.judge(needs=[ONLINE], stack=compat.Stack.detect(path)).findings[0]
+    assert finding.status == compat.FAIL
+    assert any("the plugin would pass weight_scale_2_type='tensor', which it does not admit" in e
+               for e in finding.evidence), finding.evidence

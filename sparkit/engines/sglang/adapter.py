@@ -317,6 +317,13 @@ class SGLangAdapter(SGLangLogAdapter):
         provisions, head_env = self._provisions(loaded, registry)
         fix_provisions, fix_env = self._plugin_fixes(loaded, head_env)
         provisions += fix_provisions
+        if HUMMING_KEYWORDS_ENV in fix_env and HUMMING_KEYWORDS_ENV in server.env:
+            # the recipe's own value wins (to reproduce the failure, say); the preflight then names the pair
+            fix_env.pop(HUMMING_KEYWORDS_ENV)
+            if not truthy(server.env[HUMMING_KEYWORDS_ENV]):
+                warnings.append(f"server.env.{HUMMING_KEYWORDS_ENV}={server.env[HUMMING_KEYWORDS_ENV]} turns off the "
+                                "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
+                                "preflight fails on that pair")
         env = {**server.env, **head_env, **fix_env}
 
         expectations: dict[str, Any] = {}

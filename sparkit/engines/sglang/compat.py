@@ -37,6 +37,7 @@ from sparkit.installed_source import (
     OTHER_PLATFORM,
     REQUIRED,
     Package,
+    accepted_values,
     attributes_of,
     calls_of,
     imports_from,
@@ -312,6 +313,7 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
     missing: list[tuple[str, str]] = []  # (guard, evidence)
     keyword_problems: list[tuple[Any, Any, str]] = []  # (call, definition, keyword)
     judged = 0
+    absent = [m for m in need.modules if not module_files(consumer.package, m)]
     for module in need.modules:
         for path, dotted in module_files(consumer.package, module):
             uses = [u for u in imports_from(path, dotted, need.provider) if u.guard != OTHER_PLATFORM]
@@ -341,16 +343,24 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
                 for keyword in call.keywords:
                     if keyword not in definition.parameters:
                         keyword_problems.append((call, definition, keyword))
-    if judged == 0 and not need.modules:
-        return Finding(need.name, pair, need.feature, UNKNOWN, "nothing to judge")
-    evidence = [e for _, e in missing]
+    if absent and len(absent) == len(need.modules):
+        return Finding(need.name, pair, need.feature, UNKNOWN,
+                       f"none of the modules this judgement reads is in {consumer.label} ({', '.join(absent)}): "
+                       "its map of this path is for another version", evidence=absent)
+    absent_note = [f"not in {consumer.label}, not judged: {m}" for m in absent]
     plugin_fixed, unfixed = [], []
     for call, definition, keyword in keyword_problems:
         line = (f"{_where(call.consumer_file, call.line, stack)} passes {keyword}= to {definition.symbol}, which "
                 f"takes ({', '.join(definition.parameters)}) [{_where(definition.file, definition.line, stack)}]")
         rename = next((r for r in plugin.RENAMED_KEYWORDS.get(definition.symbol, ()) if r.old == keyword), None)
-        if rename is not None and rename.new in definition.parameters:
+        allowed = accepted_values(definition, rename.new) if rename is not None else None
+        refused = sorted(repr(new) for _, new in (rename.values if rename else ()) if new is not None
+                         and allowed is not None and new not in allowed)
+        if rename is not None and rename.new in definition.parameters and not refused:
             plugin_fixed.append((line, rename, definition))
+        elif refused:
+            unfixed.append(f"{line}; the plugin would pass {rename.new}={', '.join(refused)}, which it does not "
+                           f"admit ({sorted(map(repr, allowed))})")
         else:
             unfixed.append(line)
     required_missing = [e for g, e in missing if g == REQUIRED]
@@ -384,7 +394,8 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
                        f"{len(soft_missing)} conditional or optional import(s) the installed {provider.distribution} "
                        "lacks (the path may not take them)", evidence=soft_missing, fix=install, fix_kind="install")
     return Finding(need.name, pair, need.feature, OK,
-                   f"{judged} import(s) of {provider.distribution} found in its source, every call's keywords accepted")
+                   f"{judged} import(s) of {provider.distribution} found in its source, every call's keywords accepted",
+                   evidence=absent_note)
 
 
 PROBE_TIMEOUT_S = 120.0
