@@ -93,7 +93,7 @@ FLASHINFER_MOE = {
     "flashinfer_cutlass": ("sglang.srt.layers.moe.moe_runner.flashinfer_cutlass",),
     "flashinfer_cutedsl": ("sglang.srt.layers.moe.moe_runner.flashinfer_cutedsl",),
 }
-SPARKIT_FP8_KERNEL = ("sparkit.kernels.fp8_gemv_triton",)
+SPARKIT_FP8_KERNEL = ("sparkit.kernels.fp8_gemv_triton", "sparkit.kernels.fp8_tune")
 # Every SGLang recipe on CUDA needs these two (the Triton MoE kernels are also what the other MoE
 # paths fall back to for shapes they do not cover).
 SGL_KERNEL = Need("sgl-kernel", "every SGLang model on CUDA (norms, activations, rotary, top-k routing, "
