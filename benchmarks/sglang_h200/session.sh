@@ -32,6 +32,19 @@
 #           export's (the main server's), accept length, start-up time, decode tok/s of bf16 / fp8 /
 #           mxfp4 interleaved (benchmarks/decode_interleaved.py), the export headers, the server logs;
 #           one table (benchmarks/sglang_h200/quant_table.py) in summary.txt and quant-table.json
+#   ladder  (not in the default; add it: STEPS=setup,ladder or STEPS=setup,ladder,launch,main,...)
+#           `sparkit ladder tiny-sglang` in the background from right after setup to the end of the
+#           call: bf16/triton -> + Humming online MXFP4 (the plugin's keyword fix) -> + FP8 head ->
+#           + NEXTN, one server at a time, each with its startup checks, decode tok/s on one workload,
+#           accept length, known answer and 10 GSM8K questions (McNemar against step 1); the
+#           document $W/ladder.json is rewritten after every step and its table lands in summary.txt.
+#           Budget LADDER_BUDGET (default 560 s from the start of the call; then SIGINT: the ladder
+#           saves its finished steps and stops its server); LADDER_ARGS adds flags (e.g. --set ...);
+#           LADDER_RESUME=DIR (a carried copy of an earlier call's ladder*.json files) continues it.
+#           About 70-100 s a step on the H200 (start with decode graphs, checks, bench, GSM8K; the
+#           first Humming step also JIT-compiles its kernels): ~6-7 minutes, so alone with setup
+#           (STEPS=setup,ladder) it fits one call; beside other servers it may not finish, and keeps
+#           the steps it did.
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -128,6 +141,26 @@ PY
   stamp "export rc=$? $(json_field "$W/export.json" path)"
   mkdir -p "$W/tiny-ling-hf" && cp "$(json_field "$W/export.json" path)"/*.json "$W/tiny-ling-hf/" 2>/dev/null
   save
+fi
+
+# ---- ladder (issue 24, item 4) ------------------------------------------------------------------
+# Started before the launch step so that its four servers, one after another, overlap everything
+# else; collected before the final `down --all`. Kept apart from the other steps on purpose.
+if has ladder; then
+  LADDER=${LADDER:-tiny-sglang}; [ "$REHEARSE" = 1 ] && LADDER=tiny
+  ladder_gsm8k=$REPO/.sglang-h200/gsm8k/test.jsonl
+  [ -f "$ladder_gsm8k" ] || ladder_gsm8k=${SPARKIT_SHARED_DIR:-$REPO/../shared}/data/gsm8k/test.jsonl
+  ladder_budget=$(( ${LADDER_BUDGET:-560} - ($(date +%s) - T0) ))
+  ladder_resume=""
+  if [ -n "${LADDER_RESUME:-}" ] && [ -f "$LADDER_RESUME/ladder.json" ]; then
+    cp "$LADDER_RESUME"/ladder*.json* "$W/" 2>/dev/null; ladder_resume=--resume
+  fi
+  stamp "ladder: sparkit ladder $LADDER in the background (budget ${ladder_budget}s${ladder_resume:+, resuming})"
+  # shellcheck disable=SC2086
+  (timeout -s INT -k 30 "$ladder_budget" python3 -m sparkit.cli.main ladder "$LADDER" --gsm8k 10 \
+     --gsm8k-data "$ladder_gsm8k" --out "$W/ladder.json" $ladder_resume --json ${LADDER_ARGS:-} > "$W/ladder-out.json" 2> "$W/ladder.err"
+   echo "ladder rc=$?" >> "$W/ladder.err") &
+  LADDER_PID=$!
 fi
 
 BG=""
@@ -336,6 +369,14 @@ fi
 
 if has main && [ -n "${RUN:-}" ]; then
   timeout 60 python3 -m sparkit.cli.main down "$RUN" --json > "$W/main-down.json" 2>&1; stamp "main down rc=$?"
+fi
+if has ladder; then
+  stamp "ladder: waiting for its last step"
+  wait "$LADDER_PID"
+  stamp "$(tail -n 1 "$W/ladder.err")"
+  grep -E "^\[[0-9]+/[0-9]+\]" "$W/ladder.err" | tee -a "$OUT/summary.txt"
+  COLUMNS=200 python3 -m sparkit.cli.main ladder --show "$W/ladder.json" 2>&1 | tee -a "$OUT/summary.txt"
+  save
 fi
 stamp "waiting for the background runs"
 # shellcheck disable=SC2086

@@ -112,7 +112,7 @@ class SweepPoint:
         return point_label(self.values)
 
 
-def _per_request(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
+def per_request(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
     """Per-prompt TPOT and step time, averaged over repeats (prompts are the same each repeat)."""
     repeats = [r for r in doc.get("repeats", []) if r.get("complete")]
     tpots: list[list[float]] = []
@@ -324,7 +324,7 @@ def run_tune(
 
     def record(point: SweepPoint, bench_doc: dict[str, Any], path: Path) -> None:
         point.figures = bench_doc["summary"]["figures"]
-        point.tpot_per_request_ms, point.step_time_per_request_ms = _per_request(bench_doc)
+        point.tpot_per_request_ms, point.step_time_per_request_ms = per_request(bench_doc)
         point.bench_file = str(path)
         point.status = "done"
 

@@ -39,12 +39,13 @@ def _register_all() -> None:
         bench_cmd,
         chat_cmd,
         eval_cmd,
+        ladder_cmd,
         model_cmd,
         recipes_cmd,
         serve_cmd,
     )
 
-    for module in (recipes_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, model_cmd):
+    for module in (recipes_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, ladder_cmd, model_cmd):
         module.register(app)
 
 
@@ -126,6 +127,8 @@ _METAVARS = {
     "--depths": "TOKENS,...",
     "--context": "TOKENS",
     "--bandwidth-mib": "MIB",
+    "--gsm8k": "N",
+    "--gsm8k-data": "PATH",
 }
 _TYPE_METAVARS = {"int": "N", "float": "NUMBER", "Path": "PATH", "str": "TEXT",
                   "integer": "N", "path": "PATH", "text": "TEXT"}

@@ -252,12 +252,72 @@ def doctor_cmd(
         targets.append({"target": name, "engine": engine, "ok": ok, "why": why, "recipes": recipes})
     measured_now = _measure_bandwidth(host, bandwidth_mib) if bandwidth else None
     memory = _bandwidth_report(host, measured_now)
+    compatibility = _compatibility()
     if as_json:
         print_json({"host": host.to_dict(), "memory": picture.to_dict(), "engines": [e.__dict__ for e in engines],
-                    "targets": targets, "bandwidth": memory})
+                    "targets": targets, "bandwidth": memory, "compatibility": compatibility})
         return
     render_doctor(host, engines, targets, picture)
+    render_compatibility(compatibility)
     render_bandwidth(memory)
+
+
+def _compatibility() -> dict:
+    """Each engine's judgement of its installed packages (an adapter's optional `compatibility`),
+    for the shipped recipes of that engine."""
+    from sparkit.engines.base import registry
+    from sparkit.errors import SparkitError
+    from sparkit.recipes.load import load_recipe
+
+    by_engine: dict[str, list] = {}
+    for name, path in _shipped():
+        try:
+            loaded = load_recipe(path)
+        except SparkitError:
+            continue
+        by_engine.setdefault(loaded.recipe.engine, []).append((name, loaded.recipe.model_dump(mode="json")))
+    out = {}
+    for engine, adapter in registry().items():
+        judge = getattr(adapter, "compatibility", None)
+        if judge is None or not by_engine.get(engine):
+            continue
+        err_console().print(f"judging the installed {engine} stack from its source...", highlight=False)
+        out[engine] = judge(by_engine[engine])
+    return out
+
+
+_COMPAT_STYLE = {"ok": "green", "plugin": "cyan", "warn": "yellow", "fail": "bold red", "unknown": "dim"}
+
+
+def render_compatibility(compatibility: dict) -> None:
+    """Per engine: the installed versions, every pair with its verdict, evidence and fix, then
+    which shipped recipes the installed stack can run."""
+    from rich.markup import escape
+
+    out = console()
+    for engine, doc in compatibility.items():
+        installed = ", ".join(f"{dist} {info['version'] or 'not installed'}" for dist, info in doc["installed"].items())
+        out.print(f"\n[bold]compatibility[/] ({engine}, judged from the installed code)", highlight=False)
+        out.print(f"  installed: {escape(installed)}", highlight=False, soft_wrap=True)
+        for f in doc["findings"]:
+            style = _COMPAT_STYLE.get(f["status"], "")
+            out.print(f"  [{style}]{f['status']:7}[/] {escape(f['pair'])}  [dim]{escape(f['feature'])}[/]",
+                      highlight=False, soft_wrap=True)
+            if f["status"] == "ok":
+                continue
+            out.print(f"          {escape(f['detail'])}", highlight=False, soft_wrap=True)
+            for line in f["evidence"][:3]:
+                out.print(f"          [dim]{escape(line)}[/]", highlight=False, soft_wrap=True)
+            if f["fix"]:
+                out.print(f"          fix ({f['fix_kind']}): {escape(f['fix'])}", highlight=False, soft_wrap=True)
+        out.print("  shipped recipes:", highlight=False)
+        for r in doc["recipes"]:
+            if r["runs"]:
+                note = f" (with the plugin's fix: {', '.join(r['plugin'])})" if r["plugin"] else ""
+                out.print(f"    [green]runs[/]  {escape(r['recipe'])}{escape(note)}", highlight=False, soft_wrap=True)
+            else:
+                out.print(f"    [red]fails[/] {escape(r['recipe'])}: {escape('; '.join(r['failed']))}", highlight=False,
+                          soft_wrap=True)
 
 
 def _measure_bandwidth(host, mib: int | None) -> dict:

@@ -87,6 +87,11 @@ class EngineAdapter(Protocol):
         """The engine's own recipe rules (what it cannot run), checked with the general ones."""
         ...
 
+    # Optional: `compatibility(recipes, probe) -> dict | None`, what `sparkit doctor` shows of the
+    # installed packages the engine needs, judged for each of `recipes` ([(name, resolved recipe
+    # dict)] of this engine); see SGLangAdapter.compatibility. Found with getattr: an adapter
+    # without it has nothing to report.
+
     def launch(self, loaded: "LoadedRecipe", *, port: int) -> EngineLaunch:
         """The engine's part of the launch of a recipe whose rules passed. Raises RecipeError for
         what only the installed engine can reject."""

@@ -132,19 +132,19 @@ def test_engine_packages(monkeypatch):
     assert result.status == Status.FAIL and result.fix == "pip install sglang"
 
 
-def test_speculative_sglang_without_flashinfer_warns_that_sampled_requests_crash(monkeypatch):
-    """Seen on the H200: SGLang 0.5.23's NEXTN verify imports flashinfer for temperature > 0."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
+def test_speculative_sglang_without_flashinfer_warns_that_sampled_requests_crash():
+    """Seen on the H200: SGLang 0.5.23's NEXTN verify imports flashinfer for temperature > 0
+    (flashinfer is not installed in the test environment; with it, the pair is judged on its
+    source: tests/sglang_plugin/test_compat.py)."""
+    assert importlib.util.find_spec("flashinfer") is None
     nextn = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
-    result = by_name(run_preflight(nextn, gb10_host()))["engine_packages"]
+    results = by_name(run_preflight(nextn, gb10_host()))
+    assert results["engine_packages"].status == Status.PASS
+    result = results["compat:flashinfer-sampling"]
     assert result.status == Status.WARN and "temperature > 0" in result.detail and "flashinfer" in result.fix
+    assert result.title == "sglang 0.5.23 -> flashinfer-python not installed"
     plain = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
-    assert by_name(run_preflight(plain, gb10_host()))["engine_packages"].status == Status.PASS
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flashinfer" else real(name, *a))
-    assert by_name(run_preflight(nextn, gb10_host()))["engine_packages"].status == Status.PASS
+    assert "compat:flashinfer-sampling" not in by_name(run_preflight(plain, gb10_host()))
 
 
 def test_a_port_left_in_time_wait_by_a_stopped_server_is_free():

@@ -110,3 +110,39 @@ def _src(module, node):
     import ast
 
     return ast.get_source_segment(module_path(module).read_text(), node)
+
+
+def test_why_the_plugin_shares_the_head_itself_rather_than_through_set_lm_head_from_target(registry):
+    """SGLang's EAGLE worker calls a draft's set_lm_head_from_target() when its class has one. For
+    Ling's NextN draft the plugin would have to add it, and nothing in 0.5.23 makes that clean
+    (plugin.py's docstring): if one of these facts changes, revisit the choice."""
+    import ast
+    import logging
+
+    nextn = find_class(module_ast("sglang.srt.models.bailing_moe_nextn"), "BailingMoeForCausalLMNextN")
+    assert find_function(nextn.body, "set_lm_head_from_target") is None
+    # The model registry holds the class in the module's EntryClass list: a class REPLACE hook
+    # (setattr on the module) would not reach it.
+    tree = module_ast("sglang.srt.models.bailing_moe_nextn")
+    entry = [n for n in tree.body if isinstance(n, ast.Assign) and any(
+        getattr(t, "id", None) == "EntryClass" for t in n.targets)]
+    assert [ast.unparse(n.value) for n in entry] == ["[BailingMoeForCausalLMNextN]"]
+    # The multi-layer worker never calls it: only the AFTER hook on init_lm_head covers both.
+    multi = find_class(module_ast("sglang.srt.speculative.multi_layer_eagle_worker_v2"), "MultiLayerEagleDraftWorker")
+    assert "set_lm_head_from_target" not in _src("sglang.srt.speculative.multi_layer_eagle_worker_v2",
+                                                 find_function(multi.body, "init_lm_head"))
+    eagle = find_class(module_ast("sglang.srt.speculative.eagle_worker_v2"), "EagleDraftWorker")
+    assert "set_lm_head_from_target" in _src("sglang.srt.speculative.eagle_worker_v2",
+                                             find_function(eagle.body, "init_lm_head"))
+    # And the hook registry cannot add a method a class lacks: it getattr()s the target first.
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    target = "sglang.srt.plugins.hook_registry.HookRegistry.set_lm_head_from_target"
+    HookRegistry.register(target, lambda *a, **k: None, HookType.REPLACE)
+    logging.getLogger("sglang.srt.plugins.hook_registry").disabled = True
+    try:
+        HookRegistry.apply_hooks()
+    finally:
+        logging.getLogger("sglang.srt.plugins.hook_registry").disabled = False
+    assert not hasattr(HookRegistry, "set_lm_head_from_target")
+    HookRegistry._patched.discard(target)

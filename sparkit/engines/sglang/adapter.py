@@ -20,7 +20,8 @@ from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
-    ENABLE_ENV, EXACT_TOP_K_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV, SHARE_ENV, truthy,
+    ENABLE_ENV, EXACT_TOP_K_ENV, FP8_ENV, HUMMING_KEYWORDS_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV,
+    SHARE_ENV, truthy,
 )
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule
@@ -169,22 +170,35 @@ class SGLangAdapter(SGLangLogAdapter):
                          2, max(stack.tp, 1), explained)
 
     def preflight(self, plan) -> list:
-        import importlib.util
-
+        """sglang importable, then every package pair the recipe needs, judged from the installed
+        code (sparkit.engines.sglang.compat; sgl_kernel imported in a child process)."""
         from sparkit.checks.preflight import packages_check
-        from sparkit.checks.results import CheckResult, Status
+        from sparkit.checks.results import Status
 
         result = packages_check(self)
-        if result.status is Status.PASS and plan.expectations.speculative and importlib.util.find_spec("flashinfer") is None:
-            # Seen on the H200: SGLang 0.5.23's EAGLE/NEXTN verify calls flashinfer's top_p_renorm_prob
-            # for sampled requests, and without flashinfer the scheduler dies on the first one.
-            result = CheckResult(
-                "engine_packages", "engine packages", Status.WARN,
-                "flashinfer is not installed: with speculative decoding, the first request with temperature > 0 "
-                "will crash this SGLang server (its verify step imports flashinfer's sampling kernels)",
-                evidence=["importable: " + ", ".join(self.packages), "flashinfer: not importable"],
-                fix="pip install flashinfer-python, or send only greedy requests (temperature 0; `sparkit verify --greedy-only`)")
-        return [result]
+        if result.status is not Status.PASS:
+            return [result]
+        from sparkit.engines.sglang import compat
+
+        judgement = compat.judge(plan.recipe, probe=True)
+        return [result] + [compat_check(f, plan.env) for f in judgement.findings]
+
+    def compatibility(self, recipes: list[tuple[str, dict]], probe: bool = True) -> dict:
+        """Every package pair SGLang recipes can need, judged on the installed code, and for each
+        recipe whether the installed stack can run it (the pairs it needs that fail, the fixes the
+        plugin applies)."""
+        from sparkit.engines.sglang import compat
+
+        judgement = compat.judge(None, probe=probe)
+        by_need = {f.need: f for f in judgement.findings}
+        verdicts = []
+        for name, recipe in recipes:
+            findings = [by_need[n.name] for n in compat.needs_for(recipe) if n.name in by_need]
+            failed = [f.pair for f in findings if f.status == compat.FAIL]
+            verdicts.append({"recipe": name, "runs": not failed, "failed": failed,
+                             "plugin": [f.pair for f in findings if f.status == compat.PLUGIN],
+                             "warnings": [f.pair + ": " + f.detail for f in findings if f.status == compat.WARN]})
+        return {**judgement.to_dict(), "recipes": verdicts}
 
     def prepare(self, plan, progress) -> None:
         prepare_builds(plan.model_builds, progress)
@@ -288,7 +302,16 @@ class SGLangAdapter(SGLangLogAdapter):
                             "acceptance checks are expected to fail")
         registry = env_registry() if unavailable is None else frozenset()
         provisions, head_env = self._provisions(loaded, registry)
-        env = {**server.env, **head_env}
+        fix_provisions, fix_env = self._plugin_fixes(loaded, head_env)
+        provisions += fix_provisions
+        if HUMMING_KEYWORDS_ENV in fix_env and HUMMING_KEYWORDS_ENV in server.env:
+            # the recipe's own value wins (to reproduce the failure, say); the preflight then names the pair
+            fix_env.pop(HUMMING_KEYWORDS_ENV)
+            if not truthy(server.env[HUMMING_KEYWORDS_ENV]):
+                warnings.append(f"server.env.{HUMMING_KEYWORDS_ENV}={server.env[HUMMING_KEYWORDS_ENV]} turns off the "
+                                "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
+                                "preflight fails on that pair")
+        env = {**server.env, **head_env, **fix_env}
 
         expectations: dict[str, Any] = {}
         if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
@@ -335,6 +358,36 @@ class SGLangAdapter(SGLangLogAdapter):
                                       f"against the engine version that will run them, and the FP8 lm_head is "
                                       f"planned through sparkit's plugin as for stock sglang 0.5.23")
         return launch
+
+    def _plugin_fixes(self, loaded, head_env: dict[str, str]) -> tuple[list[Provision], dict[str, str]]:
+        """What sparkit's plugin adapts for this recipe on the installed stack: the pairs on whose
+        path it renames keywords (compat.PLUGIN_ADAPTED), judged from the installed source
+        (sparkit.engines.sglang.compat). Where this machine cannot tell (the
+        provider is not installed here), the adapter is enabled too: it renames only a keyword
+        the function it wraps does not take, so it is a no-op where none was renamed."""
+        from sparkit.engines.sglang import compat
+
+        needs = [n for n in compat.needs_for(loaded.recipe.model_dump(mode="json")) if n.name in compat.PLUGIN_ADAPTED]
+        if not needs:
+            return [], {}
+        out, env = [], {}
+        for finding in compat.judge(needs=needs).findings:
+            if finding.status == compat.PLUGIN:
+                env.update(finding.plugin_env)
+                out.append(Provision("humming_keywords=adapted", "sparkit-plugin",
+                                     f"{finding.pair}: {finding.detail} ({HUMMING_KEYWORDS_ENV}=1)"))
+            elif finding.status != compat.OK:
+                env.update({ENABLE_ENV: "1", HUMMING_KEYWORDS_ENV: "1"})
+                out.append(Provision("humming_keywords=adapted", "sparkit-plugin",
+                                     f"{finding.pair}: cannot be judged here ({finding.detail}); the adapter is "
+                                     f"enabled in case ({HUMMING_KEYWORDS_ENV}=1: a no-op where humming takes "
+                                     "sglang's keywords)"))
+        if env.get(ENABLE_ENV) == "1":
+            plugins = [p for p in loaded.recipe.server.env.get(PLUGINS_ENV, "").split(",") if p]
+            env[PLUGINS_ENV] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
+            if ENABLE_ENV not in head_env:  # the plugin only for this fix: it leaves the lm_head as loaded
+                env[FP8_ENV] = "0"
+        return out, env
 
     # ------------------------------------------------------------ feature detection
 
@@ -442,6 +495,30 @@ class SGLangAdapter(SGLangLogAdapter):
         elif spec.method == "dspark":
             out.append(Provision("speculative=dspark", "sglang-flag", f"--speculative-algorithm DSPARK, draft {spec.draft_model}"))
         return out, env
+
+
+def compat_check(finding, plan_env: dict[str, str] | None = None):
+    """A compatibility finding as a preflight check: its title names the pair. A plugin fix is a
+    pass when the plan enables it, a failure when the plan does not (a plan made elsewhere)."""
+    from sparkit.checks.results import CheckResult, Status
+    from sparkit.engines.sglang import compat
+
+    status = {compat.OK: Status.PASS, compat.PLUGIN: Status.PASS, compat.WARN: Status.WARN,
+              compat.FAIL: Status.FAIL, compat.UNKNOWN: Status.SKIP}[finding.status]
+    detail, fix = finding.detail, finding.fix
+    if finding.status == compat.PLUGIN:
+        missing = {k: v for k, v in finding.plugin_env.items() if (plan_env or {}).get(k) != v}
+        if missing:
+            status = Status.FAIL
+            detail += "; but this plan does not enable the fix"
+            fix = "re-plan on this machine (`sparkit up` compiles the plan here), or set " + " ".join(
+                f"server.env.{k}={v}" for k, v in missing.items())
+        else:
+            detail += " (enabled by this plan)"
+    return CheckResult(f"compat:{finding.need}", finding.pair, status, f"{finding.feature}: {detail}",
+                       evidence=list(finding.evidence), fix=fix if status is not Status.PASS else None,
+                       cause=None if status is Status.PASS else "the installed packages disagree on this path",
+                       data=finding.to_dict())
 
 
 def _takes_value(flag: str) -> bool:

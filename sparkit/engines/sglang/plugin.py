@@ -17,12 +17,33 @@ SPARKIT_FP8_LM_HEAD_EXACT_TOP_K sets the exact re-scoring (sparkit.kernels.fp8_l
 SPARKIT_SHARE_LM_HEAD=0 converts the head but leaves the draft as stock SGLang leaves it (with the
 target's weight *tensor* only): the seed's trap, reproduced on the real engine for the checks to
 catch (recipes/tiny/tiny-sglang-unshared-head.yaml).
+
+With SPARKIT_HUMMING_KEYWORDS=1 (set by the plan when sparkit.engines.sglang.compat finds the
+installed sglang passing humming a keyword it renamed), an AROUND hook on
+humming.utils.weight.quantize_weight renames the keywords of RENAMED_KEYWORDS: sglang 0.5.23's
+online-quant loaders pass `has_global_scale`, which humming-kernels 0.1.12 (sglang's own pin)
+replaced with `weight_scale_2_type`. The hook patches humming's module attribute, not sglang's:
+sglang binds the function lazily (`_lazy_import_humming` runs `from humming.utils.weight import
+quantize_weight` at the first humming layer, long after the hooks are applied), so that import
+picks up the adapted function; the module global `sglang.srt.layers.quantization.humming.
+quantize_weight` is still None when hooks are applied and would be overwritten by that import.
+
+Why not SGLang's own `set_lm_head_from_target()` for the head: the EAGLE worker calls it only for
+drafts whose class has the method, and the hook registry can only wrap attributes that exist
+(it getattr()s the target), so the plugin would have to add the method to
+BailingMoeForCausalLMNextN by hand at import time (a class REPLACE does not reach the model
+registry, which holds the class in the module's EntryClass list); MultiLayerEagleDraftWorker's
+init_lm_head never calls it; and the activation report and the SPARKIT_SHARE_LM_HEAD=0 trap need
+the init_lm_head hook anyway. The AFTER hook does the same assignment on both workers.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
+from dataclasses import dataclass
 
 # How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
 # group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
@@ -35,12 +56,43 @@ FP8_ENV = "SPARKIT_FP8_LM_HEAD"
 # stack.lm_head_exact_top_k; unset = sparkit.kernels.rescoring.DEFAULT_EXACT_TOP_K; 0 = off).
 EXACT_TOP_K_ENV = "SPARKIT_FP8_LM_HEAD_EXACT_TOP_K"
 SHARE_ENV = "SPARKIT_SHARE_LM_HEAD"
+HUMMING_KEYWORDS_ENV = "SPARKIT_HUMMING_KEYWORDS"
 
 LOAD_MODEL_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 EAGLE_INIT_LM_HEAD_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head"
 MULTI_LAYER_INIT_LM_HEAD_TARGET = (
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker.init_lm_head"
 )
+
+HUMMING_QUANTIZE_TARGET = "humming.utils.weight.quantize_weight"
+
+
+@dataclass(frozen=True)
+class KeywordRename:
+    """A keyword a provider renamed: the old name a caller passes, the new one, and the new value
+    for each old value (None: leave the new keyword out, i.e. its default)."""
+
+    old: str
+    new: str
+    values: tuple[tuple[object, object], ...]
+    since: str  # the provider release that renamed it
+
+    def translate(self, value: object) -> object:
+        for old_value, new_value in self.values:
+            if bool(value) == bool(old_value):
+                return new_value
+        raise ValueError(f"{self.old}={value!r} has no {self.new} equivalent")
+
+
+# What the plugin renames, per provider function (dotted path of its definition). humming 0.1.11's
+# has_global_scale branches are 0.1.12's `weight_scale_2_type == "tensor"` ones, line for line
+# (humming/utils/weight.py); False is the default, weight_scale_2_type=None ("none").
+RENAMED_KEYWORDS: dict[str, tuple[KeywordRename, ...]] = {
+    HUMMING_QUANTIZE_TARGET: (
+        KeywordRename("has_global_scale", "weight_scale_2_type", ((True, "tensor"), (False, None)),
+                      since="humming-kernels 0.1.12"),
+    ),
+}
 
 logger = logging.getLogger("sparkit.sglang")
 
@@ -87,13 +139,20 @@ def exact_top_k() -> int:
     return value
 
 
+def humming_keywords_enabled() -> bool:
+    return truthy(os.environ.get(HUMMING_KEYWORDS_ENV))
+
+
 def hook_targets() -> list[tuple[str, str]]:
-    """(dotted path, hook type name) of every hook register() installs."""
-    return [
+    """(dotted path, hook type name) of every hook register() installs in this environment."""
+    targets = [
         (LOAD_MODEL_TARGET, "AFTER"),
         (EAGLE_INIT_LM_HEAD_TARGET, "AFTER"),
         (MULTI_LAYER_INIT_LM_HEAD_TARGET, "AFTER"),
     ]
+    if humming_keywords_enabled():
+        targets.append((HUMMING_QUANTIZE_TARGET, "AROUND"))
+    return targets
 
 
 def register() -> None:
@@ -106,9 +165,56 @@ def register() -> None:
         LOAD_MODEL_TARGET: after_load_model,
         EAGLE_INIT_LM_HEAD_TARGET: after_init_lm_head,
         MULTI_LAYER_INIT_LM_HEAD_TARGET: after_init_lm_head,
+        HUMMING_QUANTIZE_TARGET: around_quantize_weight,
     }
     for target, hook_type in hook_targets():
         HookRegistry.register(target, hooks[target], getattr(HookType, hook_type))
+
+
+@functools.lru_cache(maxsize=16)
+def _accepted_keywords(fn) -> frozenset[str] | None:
+    """The keywords `fn` takes (through functools.wraps layers); None when it takes **kwargs."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def adapt_keywords(fn, target: str, kwargs: dict) -> tuple[dict, list[str]]:
+    """The call's keywords with every RENAMED_KEYWORDS entry of `target` that `fn` no longer
+    takes translated to its new name; and what changed, in words. A keyword `fn` still takes,
+    or whose new name it does not take either, is left as is (the call then fails as it would)."""
+    accepted = _accepted_keywords(fn)
+    if accepted is None:
+        return kwargs, []
+    out, changes = dict(kwargs), []
+    for rename in RENAMED_KEYWORDS.get(target, ()):
+        if rename.old not in out or rename.old in accepted or rename.new not in accepted:
+            continue
+        value = out.pop(rename.old)
+        new_value = rename.translate(value)
+        if new_value is None or rename.new in out:
+            changes.append(f"{rename.old}={value!r} left out, {rename.new} keeps its default "
+                           f"({rename.since} renamed the keyword)")
+        else:
+            out[rename.new] = new_value
+            changes.append(f"{rename.old}={value!r} passed as {rename.new}={new_value!r} "
+                           f"({rename.since} renamed the keyword)")
+    return out, changes
+
+
+def around_quantize_weight(original, *args, **kwargs):
+    """AROUND hook on humming.utils.weight.quantize_weight (sglang's online humming quantization)."""
+    adapted, changes = adapt_keywords(original, HUMMING_QUANTIZE_TARGET, kwargs)
+    for change in changes:
+        note = f"humming quantize_weight: {change}; adapted by the sparkit plugin"
+        if note not in _STATE["notes"]:  # once per kind of call, not once per expert
+            _STATE["notes"].append(note)
+            logger.info("sparkit: %s", note)
+    return original(*args, **adapted)
 
 
 def _runner_device(runner) -> str:
