@@ -25,6 +25,12 @@
 #           comparison, bench, eval gsm8k, sglang.bench_serving (SGLang's own client, same shape as
 #           bench), a Pilot chat session, /metrics, down (then: no process left)
 #   ab      the five main-stack variants decoded interleaved, request by request
+#   ling    (not in the default: run as STEPS=setup,ling, alone in its call) Ling-3.0-flash at its own
+#           widths, dummy weights (issue 25): benchmarks/ling_width.py, ~7 min in LING_BUDGET_S=450 s:
+#           the memory fit against SGLang's log, decode vs the roofline at 6 and 12 layers (bf16 vs FP8
+#           head, plain vs NEXTN), /start_profile step breakdowns, the preflight refusing a server that
+#           two starting ones leave no room for. LING_PHASES=extra in a second call (~3 min + setup):
+#           bf16 head + NEXTN, FP8 block experts at 6 and 12 layers. Results under ling/ in the tarball.
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -49,6 +55,7 @@ recipe() {  # the recipe to run (under REHEARSE, the embedded engine's counterpa
     -e 's#tiny/tiny-sglang-wrong-draft#tiny/tiny-wrong-draft#' -e 's#tiny/tiny-sglang$#tiny#'; else echo "$1"; fi
 }
 [ "$REHEARSE" = 1 ] && STEPS=$(echo ",$STEPS," | sed -e 's/,setup,/,/; s/,v3,/,/; s/,humming,/,/')
+LING_BUDGET_S=${LING_BUDGET_S:-450}
 json_field() { python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2" 2>/dev/null; }
 
 if has setup; then
@@ -203,6 +210,26 @@ if has ab; then
   timeout 240 python3 benchmarks/decode_interleaved.py $urls --input-len 256 --output-len 256 --num-prompts 6 --repeats 2 \
     --json "$W/ab-decode.json" > "$W/ab-decode.txt" 2>&1
   stamp "interleaved rc=$?"; tee -a "$OUT/summary.txt" < "$W/ab-decode.txt"; save
+fi
+
+if has ling; then
+  # Ling-3.0-flash widths on the real engine (issue 25). The tokenizer comes from the kit's tiny
+  # models (make_tiny.py, make_tiny_v3.py); benchmarks/ling_width.py pads it to Ling's vocabulary.
+  stamp "ling: Ling-3.0-flash at its widths, dummy weights (budget ${LING_BUDGET_S} s)"
+  LING_ARGS="--tokenizer-from /tmp/models/tiny-bailing-v3-mtp"
+  if [ "$REHEARSE" = 1 ]; then
+    LING_ARGS="--rehearse"
+  else
+    (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/ling-make.log" 2>&1 \
+       && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/ling-make.log" 2>&1)
+  fi
+  # shellcheck disable=SC2086
+  timeout $((LING_BUDGET_S + 120)) python3 benchmarks/ling_width.py --out "$W/ling" --budget-s "$LING_BUDGET_S" \
+    --phases "${LING_PHASES:-base,l12}" $LING_ARGS \
+    > "$W/ling.txt" 2>&1
+  stamp "ling rc=$?"; grep -E "^\[\+ *[0-9]+s\] (model|[A-I] L|  [A-I] |memory|  state|  KV|line|profile|  |step|bandwidth|base|l12|extra|config)" \
+    "$W/ling/summary.txt" 2>/dev/null | cut -c1-220 | tail -n 90 >> "$OUT/summary.txt"
+  save
 fi
 
 if has tp; then
