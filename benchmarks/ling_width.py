@@ -19,9 +19,9 @@ Phases (each skipped when what is left of --budget-s cannot hold it; the summary
         Triton compiles of the three overlap. Decode interleaved request by request (A B C), then
         SGLang's /start_profile on A and B (and C's verify steps, time permitting): the step
         breakdown, FP8 head against bf16 head.
-  l12   12 layers, bf16 experts: E fp8 head, F bf16 head (plain, started together), and G (bf16 head
-        + NEXTN, 65 GiB more) launched while they start: the preflight must refuse it (exit 4).
-        Decode interleaved E F.
+  l12   12 layers, bf16 experts, mem_fraction_static 0.9: E fp8 head, then (once E's pools are
+        allocated) F bf16 head, plain, and G (bf16 head + NEXTN, 65 GiB more) launched while F starts
+        and E warms up: the preflight must refuse it (exit 4). Decode interleaved E F.
   extra (not in the default: a second call, STEPS=setup,ling LING_PHASES=extra) D bf16 head + NEXTN
         at 6 layers, and FP8 block-128 experts (the -fp8 layout, quantization_config fp8) with the
         fp8 head, plain, at 6 (H) and 12 (I) layers: does SGLang serve a dummy FP8 checkpoint; its
@@ -86,9 +86,9 @@ VARIANTS = [
     Variant("B", "base", 6, "bf16", "bf16", False, 0.85),
     Variant("C", "base", 6, "bf16", "fp8", True, 0.85),
     Variant("D", "extra", 6, "bf16", "bf16", True, 0.85),
-    Variant("E", "l12", 12, "bf16", "fp8", False, 0.85),
-    Variant("F", "l12", 12, "bf16", "bf16", False, 0.85),
-    Variant("G", "l12", 12, "bf16", "bf16", True, 0.85, expect_refusal=True),
+    Variant("E", "l12", 12, "bf16", "fp8", False, 0.9),
+    Variant("F", "l12", 12, "bf16", "bf16", False, 0.9),
+    Variant("G", "l12", 12, "bf16", "bf16", True, 0.9, expect_refusal=True),
     Variant("H", "extra", 6, "fp8", "fp8", False, 0.85),
     Variant("I", "extra", 12, "fp8", "fp8", False, 0.85),
 ]
@@ -343,8 +343,13 @@ def memory_check(session: Session, name: str) -> None:
     log = (directory / "server.log").read_text(errors="replace") if (directory / "server.log").exists() else ""
     logged = parse_memory(log)
     pools = fit.get("pools") or {}
+    # "Load weight end ... mem usage" counts what the loader allocated: not the FP8 head copy the
+    # plugin adds after it (it is in the memory the pools are sized from)
+    loaded = sum(t["bytes"] for t in fit.get("terms", []) if t["group"] == "weights"
+                 and not t["name"].startswith(("FP8 lm_head copy", "bf16 lm_head freed")))
     check: dict[str, Any] = {"predicted": pools.get("predicted"), "inputs": pools.get("inputs"),
-                             "predicted_weights_gb": round(fit.get("weights_bytes", 0) / GIB, 2) if fit else None,
+                             "predicted_weights_gb": round(loaded / GIB, 2) if fit else None,
+                             "predicted_weights_with_fp8_head_gb": round(fit.get("weights_bytes", 0) / GIB, 2) if fit else None,
                              "logged": logged.to_dict(), "verdict": fit.get("verdict"), "summary": fit.get("summary")}
     if logged.pre_model_load_gb is not None and logged.available_after_weights_gb is not None and pools.get("inputs"):
         model = {k: v for k, v in pools["inputs"].items()
@@ -521,13 +526,13 @@ def phase_base(session: Session, recipes: dict[str, Path], timeout_s: float) -> 
 
 
 def phase_l12(session: Session, recipes: dict[str, Path], timeout_s: float) -> None:
-    procs = []
-    for name in ("E", "F"):
-        v = next(x for x in VARIANTS if x.name == name)
-        procs.append((v, start(session, v, recipes[name], timeout_s)))
-        time.sleep(2)
-    g = next(x for x in VARIANTS if x.name == "G")
-    time.sleep(3)  # E and F are starting: G's preflight must count what they will take
+    # E's pools first: two 60 GiB servers profiling at the same moment would each find the other's
+    # weights in what they measured as free (the CEO's "total_rest_memory=-9.30 GB")
+    e, f, g = (next(x for x in VARIANTS if x.name == name) for name in ("E", "F", "G"))
+    first = start(session, e, recipes["E"], timeout_s)
+    wait_for_pools(session, e, first, timeout_s)
+    procs = [(e, first), (f, start(session, f, recipes["F"], timeout_s))]
+    time.sleep(3)  # E warms up and F starts: G's preflight must count what they will take
     procs.append((g, start(session, g, recipes["G"], timeout_s)))
     for v, p in procs:
         finish(session, v, p, timeout_s + 60)

@@ -44,6 +44,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("lm_head", "lm_head"),
     ("logits", "logits processing"),
     ("sampling", "sampling"),
+    ("draft", "NextN draft steps"),
     ("norm", "norms"),
     ("outside_forward", "outside the forward (other)"),
     ("other", "other kernels"),
@@ -96,6 +97,7 @@ class StepBreakdown:
     kernels: list[dict[str, Any]]  # top kernels: name, category, per_step, us_per_step, mean_us
     kernels_per_step: float
     source: str  # "gpu kernels" | "cpu ops (no device events in the trace)"
+    left_out: int = 0  # steps over 3x the median period, not summarised (the profiler starting, a stall)
     trace: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -140,40 +142,53 @@ def _is_generic(k: Kernel) -> bool:
     return k.category in ("other", "norm")
 
 
+_ATTENTION_KINDS = ("kda_attention", "mla_attention", "attention")
+
+
 def _assign_blocks(kernels: list[Kernel]) -> None:
     """Within one forward, give generic kernels the category of their block (see the module
-    docstring): blocks are delimited by the residual norms; the head's block is the last one."""
-    separators = [i for i, k in enumerate(kernels) if k.category == "norm" and not _GATED_NORM.search(k.name.lower())]
-    bounds = [0, *separators, len(kernels)]
-    blocks = [(bounds[j], bounds[j + 1]) for j in range(len(bounds) - 1) if bounds[j + 1] > bounds[j]]
-    previous = None
-    for n, (lo, hi) in enumerate(blocks):
-        members = kernels[lo:hi]
-        body = members[1:] if members[0].category == "norm" and lo in separators else members
+    docstring). Blocks are delimited by the norms that are not a gated (KDA output) norm. A block
+    of generic kernels only (a GEMM after MLA's kv_a_layernorm or KDA's output norm, the projections
+    before an attention) belongs to the attention after it when it follows an MLP, else to the block
+    before it; after the final norm come the lm_head (the largest GEMM) and logits processing."""
+    separators = {i for i, k in enumerate(kernels) if k.category == "norm" and not _GATED_NORM.search(k.name.lower())}
+    bounds = [0, *sorted(separators), len(kernels)]
+    blocks = []
+    for j in range(len(bounds) - 1):
+        lo, hi = bounds[j], bounds[j + 1]
+        if hi <= lo:
+            continue
+        body = kernels[lo + 1:hi] if lo in separators else kernels[lo:hi]
         named = [k.category for k in body if not _is_generic(k)]
-        if n == len(blocks) - 1 and len(blocks) > 1 and not named:
-            gemms = [k for k in body if _GEMM.search(k.name.lower())]
-            if gemms:  # after the final norm: the head's GEMM, then logits processing
-                max(gemms, key=lambda k: k.dur).category = "lm_head"
-                named = ["lm_head"]
-        if "lm_head" in named:
-            first = next(i for i, k in enumerate(body) if k.category == "lm_head")
+        specific = [c for c in named if c != "attention"] or named  # rope, flash kernels: the block's kind
+        kind = max(set(specific), key=specific.count) if specific else None
+        if kind is None and any(_ACTIVATION.search(k.name.lower()) for k in body):
+            kind = "dense_mlp"
+        blocks.append([body, kind])
+    if len(blocks) > 1 and blocks[-1][1] is None:  # after the final norm: the head's GEMM, then logits
+        gemms = [k for k in blocks[-1][0] if _GEMM.search(k.name.lower())]
+        if gemms:
+            max(gemms, key=lambda k: k.dur).category = "lm_head"
+            blocks[-1][1] = "lm_head"
+    for n, block in enumerate(blocks):
+        if block[1] is not None:
+            continue
+        before = next((b[1] for b in reversed(blocks[:n]) if b[1] is not None), None)
+        after = next((b[1] for b in blocks[n + 1:] if b[1] is not None), None)
+        if after in _ATTENTION_KINDS and before not in _ATTENTION_KINDS:
+            block[1] = after
+        else:
+            block[1] = before or after or "other"
+    for body, kind in blocks:
+        if kind == "lm_head" or any(k.category == "lm_head" for k in body):
+            first = next((i for i, k in enumerate(body) if k.category == "lm_head"), len(body))
             for i, k in enumerate(body):
                 if _is_generic(k):
-                    k.category = (previous or "other") if i < first else "logits"
-            previous = "lm_head"
+                    k.category = "logits" if i > first else (kind if kind != "lm_head" else "logits")
             continue
-        if named:
-            specific = [c for c in named if c != "attention"]  # rope, flash kernels: the block's attention kind
-            block = max(set(specific or named), key=(specific or named).count)
-        elif any(_ACTIVATION.search(k.name.lower()) for k in body):
-            block = "dense_mlp"
-        else:
-            block = previous or "other"
         for k in body:
-            if _is_generic(k) or (k.category == "attention" and block in ("kda_attention", "mla_attention")):
-                k.category = block
-        previous = block
+            if _is_generic(k) or (k.category == "attention" and kind in ("kda_attention", "mla_attention")):
+                k.category = kind
 
 
 def _steps(events: list[dict[str, Any]]) -> list[tuple[float, float, str, int | None]]:
@@ -272,20 +287,27 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
     if not wanted:
         have = sorted({s[2] for s in spans})
         raise DataError(f"{trace or 'the trace'}: no {stage} steps (it has {', '.join(have)})")
-    # a step's period runs from its first kernel to the next step's first kernel; the last step
-    # of the trace has no successor and is left out
+    # a step's period runs from its first kernel to the next step of the same stage's first kernel
+    # (a NEXTN cycle: a verify step and the draft steps after it); the last has no successor and is
+    # left out; the kernels of other stages' steps in between count as "draft"
     first_of: dict[int, float] = {}
     for k in kernels:
         if k.step is not None:
             first_of[k.step] = min(first_of.get(k.step, k.ts), k.ts)
+    for k in kernels:
+        if k.step is not None and spans[k.step][2] != stage:
+            k.category = "draft" if spans[k.step][2] == "DRAFT" else k.category
     periods, busy, per_cat, count, wanted_done = [], [], [], [], []
     kernel_time: dict[tuple[str, str], list[float]] = {}
-    for i in wanted:
-        if i not in first_of or i + 1 not in first_of:
+    for n_, i in enumerate(wanted):
+        following = wanted[n_ + 1] if n_ + 1 < len(wanted) else None
+        if i not in first_of or following is None or following not in first_of:
             continue
+        if any(spans[j][2] not in (stage, "DRAFT") for j in range(i + 1, following)):
+            continue  # a prefill or another request's step in between: not one cycle
         wanted_done.append(i)
-        lo, hi = first_of[i], first_of[i + 1]
-        members = [k for k in kernels if k.step == i]  # its forward's kernels and what ran after it
+        lo, hi = first_of[i], first_of[following]
+        members = [k for k in kernels if k.step is not None and i <= k.step < following]
         period = hi - lo
         intervals = sorted((max(k.ts, lo), min(k.ts + k.dur, hi)) for k in members if k.ts < hi)
         covered, cursor = 0.0, lo
@@ -308,6 +330,7 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
                         "profile more steps")
     median_period = statistics.median(periods)
     keep = [j for j, period in enumerate(periods) if period <= 3 * median_period]
+    left_out = len(periods) - len(keep)
     if len(keep) < len(periods):
         notes.append(f"{len(periods) - len(keep)} step(s) over 3x the median left out (the profiler starting, a "
                      "prefill's tail)")
@@ -315,11 +338,13 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
         busy = [busy[j] for j in keep]
         per_cat = [per_cat[j] for j in keep]
         count = [count[j] for j in keep]
-        kept_steps = {wanted_done[j] for j in keep}
+        kept = [wanted_done[j] for j in keep]
         kernel_time = {}
-        for k in kernels:
-            if k.step in kept_steps:
-                kernel_time.setdefault((k.name, k.category), []).append(k.dur)
+        for i in kept:
+            following = wanted[wanted.index(i) + 1]
+            for k in kernels:
+                if k.step is not None and i <= k.step < following:
+                    kernel_time.setdefault((k.name, k.category), []).append(k.dur)
     n = len(periods)
     categories = {}
     for key, _label in CATEGORIES:
@@ -341,7 +366,7 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
                  "min": round(min(periods), 2), "max": round(max(periods), 2)},
         busy_us=round(statistics.median(busy), 2), gaps_us=round(statistics.median(p - b for p, b in zip(periods, busy)), 2),
         categories=categories, kernels=rows[:top], kernels_per_step=round(sum(count) / n, 1), source=source,
-        trace=trace, notes=notes,
+        left_out=left_out, trace=trace, notes=notes,
     )
 
 
