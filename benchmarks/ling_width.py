@@ -94,7 +94,7 @@ VARIANTS = [
 ]
 # Seconds each phase needs on the H200 (cold Triton compiles in the first: ~2-3 min, CEO's run and
 # ../shared/gpu/sglang-h200/README.md; warm starts ~90 s), decode and profile included.
-PHASE_COST_S = {"base": 260, "l12": 140, "extra": 170}
+PHASE_COST_S = {"base": 240, "l12": 110, "extra": 150}
 
 
 class Session:

@@ -47,7 +47,11 @@ mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 stamp() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null; tar -czf "$OUT/session.tgz" -C /tmp sglang-session-w sparkit-home/runs 2>/dev/null; }
+save() {  # atomic: a call cut short mid-write keeps the previous tarball
+  cp "$OUT/summary.txt" "$W/" 2>/dev/null
+  tar -czf "$OUT/.session.tgz.$$" -C /tmp sglang-session-w sparkit-home/runs 2>/dev/null
+  mv -f "$OUT/.session.tgz.$$" "$OUT/session.tgz" 2>/dev/null
+}
 sk() { python3 -m sparkit.cli.main "$@"; }
 REHEARSE=${REHEARSE:-0}
 recipe() {  # the recipe to run (under REHEARSE, the embedded engine's counterpart)
@@ -223,11 +227,16 @@ if has ling; then
     (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/ling-make.log" 2>&1 \
        && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/ling-make.log" 2>&1)
   fi
+  # the tarball is rewritten every 40 s meanwhile: a call cut short by its limit still brings back
+  # what was measured (results.json and summary.txt are written as the script goes)
+  ( while sleep 40; do save; done ) &
+  SAVER=$!
   # shellcheck disable=SC2086
-  timeout $((LING_BUDGET_S + 120)) python3 benchmarks/ling_width.py --out "$W/ling" --budget-s "$LING_BUDGET_S" \
+  timeout $((LING_BUDGET_S + 70)) python3 benchmarks/ling_width.py --out "$W/ling" --budget-s "$LING_BUDGET_S" \
     --phases "${LING_PHASES:-base,l12}" $LING_ARGS \
     > "$W/ling.txt" 2>&1
-  stamp "ling rc=$?"; grep -E "^\[\+ *[0-9]+s\] (model|[A-I] L|  [A-I] |memory|  state|  KV|line|profile|  |step|bandwidth|base|l12|extra|config)" \
+  stamp "ling rc=$?"
+  kill "$SAVER" 2>/dev/null; wait "$SAVER" 2>/dev/null; grep -E "^\[\+ *[0-9]+s\] (model|[A-I] L|  [A-I] |memory|  state|  KV|line|profile|  |step|bandwidth|base|l12|extra|config)" \
     "$W/ling/summary.txt" 2>/dev/null | cut -c1-220 | tail -n 90 >> "$OUT/summary.txt"
   save
 fi

@@ -290,7 +290,9 @@ def _describe(tensors: list) -> str:
     for t in tensors:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
     parts = ", ".join(f"{d} {_size(b)}" for d, b in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
-    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from the safetensors headers ({parts})"
+    where = ("config.json, through the declared layout" if tensors and all(t.file == "(config.json)" for t in tensors)
+             else "the safetensors headers")
+    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from {where} ({parts})"
 
 
 # ------------------------------------------------------------------------------- flags
@@ -436,11 +438,21 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
 
     draft_shape: ModelShape | None = None
     draft_kv_layers = 0
+    transient = 0  # held while SGLang sizes its pools, freed right after
     if method == "nextn" and draft is None:
         loaded = [t for t in nextn if not _SHARED_WITH_TARGET.search(t.name)]
         fit.terms.append(FitTerm("weights", "NextN draft layer", sum(_per_gpu(t, tp) for t in loaded),
                                  _describe(loaded) + rank + "; embedding and lm_head shared with the target"))
         draft_shape, draft_kv_layers = ckpt.shape, (ckpt.shape.nextn_layers if ckpt.shape else 0) or 1
+        if ckpt.shape is not None:
+            # SGLang's NextN model builds its own embedding and lm_head and drops them for the
+            # target's only in init_lm_head, after the target's pools were sized (scheduler:
+            # tp_worker.alloc_memory_pool, then the draft's): at the profile they are still held
+            own = 2 * -(-ckpt.shape.vocab_size // tp) * ckpt.shape.hidden_size * 2
+            fit.terms.append(FitTerm("weights", "NextN draft's own embedding and lm_head (until shared)", own,
+                                     f"2 x {-(-ckpt.shape.vocab_size // tp)} x {ckpt.shape.hidden_size} x 2 B, held while "
+                                     "SGLang sizes its pools, freed when the draft takes the target's"))
+            transient = own
     elif draft is not None:
         d_layers = draft.shape.num_hidden_layers if draft.shape else 0
         if method == "nextn":  # SGLang's NextN class loads only the draft checkpoint's NextN layer
@@ -582,7 +594,7 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
     if method != "none":
         pool_model["spec_draft_tokens"] = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
     capped = cap is not None and (not shape.hybrid or _int_flag(argv, "--max-mamba-cache-size") is not None)
-    return {"capped": capped, "pool_model": pool_model}
+    return {"capped": capped, "pool_model": pool_model, "transient_bytes": transient}
 
 
 def predict_pools(fit: MemoryFit, pre_model_load_bytes: float, fraction: float, pool_model: dict[str, Any]) -> Any:
@@ -711,8 +723,8 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         fit.summary = f"does not fit: at mem_fraction_static {f} SGLang would refuse to start ({sizes.error.split('. ')[0]})"
         return
     if sizes is not None and not sizes.error and used_f is not None and used_f == sized_at:
-        held = (fit.weights_bytes + sizes.state_reserved_bytes + sizes.kv_bytes + sizes.draft_kv_bytes
-                + sizes.req_to_token_bytes + SGLANG_PRE_POOL_BYTES)
+        held = (fit.weights_bytes - extras.get("transient_bytes", 0) + sizes.state_reserved_bytes + sizes.kv_bytes
+                + sizes.draft_kv_bytes + sizes.req_to_token_bytes + SGLANG_PRE_POOL_BYTES)
         fit.engine_bytes = int(overhead + held + runtime)
         a.append(f"at steady state the engine holds {gib(fit.engine_bytes)} ({gib(overhead)} + weights and pools "
                  f"{gib(held)} + {gib(runtime)} runtime)" + (f", leaving {gib(basis.available_bytes - fit.engine_bytes)} "

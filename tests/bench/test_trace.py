@@ -163,3 +163,18 @@ def test_a_nextn_cycle_is_a_verify_step_and_the_draft_steps_after_it(tmp_path):
     assert b.stage == "VERIFY" and b.steps + b.left_out == 5
     assert b.categories["draft"]["us_per_step"] > 0
     assert sum(r["per_step"] for r in b.kernels if r["category"] == "draft" and r["name"] == "aten::linear") == 2
+
+
+def test_every_triton_kernel_of_the_fp8_head_is_named_lm_head():
+    """The FP8 head's kernels (sparkit/kernels/fp8_gemv_triton.py) land in lm_head by their names,
+    whichever the tuner picked: a kernel added there without a pattern fails this."""
+    import re
+    from pathlib import Path
+
+    from sparkit.bench.trace import _named_category
+
+    source = (Path(__file__).resolve().parents[2] / "sparkit" / "kernels" / "fp8_gemv_triton.py").read_text()
+    kernels = re.findall(r"@triton\.jit[^\n]*\ndef (\w+_kernel)\(", source)
+    assert len(kernels) >= 6
+    for name in kernels:
+        assert _named_category(name) == "lm_head", name
