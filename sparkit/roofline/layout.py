@@ -306,21 +306,8 @@ def layout_from_checkpoint(directory: str | Path, *, name: str | None = None) ->
     """The layout of a local checkpoint, from its config.json and safetensors headers."""
     from sparkit.checkpoint import read_config, read_safetensors_index
 
-    from sparkit.checkpoint import safetensors_files
-
     directory = Path(directory)
     config = read_config(directory)
-    if not safetensors_files(directory):  # a config-only checkpoint (what --load-format dummy serves)
-        from sparkit.errors import DataError
-        from sparkit.roofline.profiles import UnsupportedLayout, config_only_tensors
-
-        try:
-            tensors, why = config_only_tensors(config)
-        except UnsupportedLayout as exc:
-            raise DataError(f"{directory}: no .safetensors files, and its config.json cannot be sized without them "
-                            f"({exc})") from None
-        return layout_from_tensors(tensors, config, name=name or directory.name, source="config-only checkpoint",
-                                   source_detail=f"{directory}: {why}")
     index = read_safetensors_index(directory)
     return layout_from_tensors(index.tensors, config, name=name or directory.name, source="checkpoint",
                                source_detail=f"{directory} ({len(index.files)} safetensors file(s), headers only)")

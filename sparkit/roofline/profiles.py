@@ -308,6 +308,26 @@ def ling3_flash_config(weights: str = "bf16", layers: int | None = None, *, next
     return config
 
 
+def config_only_layout(directory: Any, *, name: str | None = None):
+    """The layout of a directory with a config.json and no weight files, from its config through
+    the declared generator (DataError when sparkit declares nothing for it)."""
+    from pathlib import Path
+
+    from sparkit.checkpoint import read_config
+    from sparkit.errors import DataError
+    from sparkit.roofline.layout import layout_from_tensors
+
+    directory = Path(directory)
+    config = read_config(directory)
+    try:
+        tensors, why = config_only_tensors(config)
+    except UnsupportedLayout as exc:
+        raise DataError(f"{directory}: no .safetensors files, and its config.json cannot be sized without them "
+                        f"({exc})") from None
+    return layout_from_tensors(tensors, config, name=name or directory.name, source="config-only checkpoint",
+                               source_detail=f"{directory}: {why}")
+
+
 class UnsupportedLayout(ValueError):
     """A config.json sparkit cannot size without its weight files (the message says why)."""
 
@@ -342,5 +362,6 @@ def config_only_tensors(config: dict[str, Any], file: str = "(config.json)") -> 
 
 
 __all__ = ["LING3_FLASH_CONFIG", "LING3_FLASH_SHAPES", "LING3_FLASH_SERVING_KEYS", "DeclaredProfile", "PROFILES",
-           "find_profile", "ling3_flash_tensors", "ling3_flash_config", "config_only_tensors", "quantization_config",
+           "find_profile", "ling3_flash_tensors", "ling3_flash_config", "config_only_tensors", "config_only_layout",
+           "quantization_config",
            "weights_of_config", "UnsupportedLayout", "declared_layout", "tensor_infos", "VARIANTS"]
