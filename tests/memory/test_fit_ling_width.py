@@ -200,6 +200,41 @@ def test_servers_still_starting_keep_their_share_from_the_next_launch(models, tm
     assert memory_basis(plan, host).available_bytes == H200_FREE and not memory_basis(plan, host).reservations
 
 
+def test_what_a_starting_engine_holds_is_read_from_its_own_log_too(models, tmp_path, starting_runs):
+    """In a container NVML often lists no process of ours: E's progress in its real log (SGLang's
+    lines from the H200, tests/fixtures) says what it holds, priced by its fit: the target's weights
+    after the first `Load weight end`, the pools after `Memory pool end`."""
+    from sparkit.memory.fit import compute_fit as fit_of_plan
+    from sparkit.memory.reservations import held_by_progress
+    from sparkit.runs.store import RunFiles
+
+    (e, _), (f, f_engine) = starting_runs
+    from sparkit.memory.fit import MemoryBasis
+
+    idle = MemoryBasis("gpu", H200_TOTAL, H200_FREE, "an idle H200, as E's preflight saw it", measured=True)
+    record = {**fit_of_plan(variant_plan(tmp_path, "E", models["L12"]), idle).to_dict(), "gpus": [0]}
+    e.write_json(RunFiles.MEMORY, record)
+    lines = (REPO_DIR / "tests" / "fixtures" / "sglang-0.5.23-h200" / "v3-plain.log").read_text().splitlines()
+    upto = lambda marker: "\n".join(lines[: next(i for i, line in enumerate(lines) if marker in line) + 1])  # noqa: E731
+    weights = record["weights_bytes"]
+    context = CUDA_CONTEXT_BYTES
+    assert held_by_progress(record, "") == 0
+    assert held_by_progress(record, upto("Load weight begin")) == context
+    assert held_by_progress(record, upto("Load weight end")) == context + weights  # E has no draft
+    sizes = record["pools"]["sizes"]
+    pools = sizes["state_reserved_bytes"] + sizes["kv_bytes"] + sizes["req_to_token_bytes"]
+    assert held_by_progress(record, upto("Memory pool end")) == context + weights + PRE_POOL_BYTES + pools
+    e.log_path.write_text(upto("Load weight end"))
+    plan = variant_plan(tmp_path, "G", models["L12"])
+    basis = memory_basis(plan, h200(processes=[]))  # NVML lists nobody
+    e_reservation = next(r for r in basis.reservations if r["run_id"] == e.id)
+    assert e_reservation["held_bytes"] == context + weights
+    assert e_reservation["reserved_bytes"] == record["engine_bytes"] - context - weights
+    # an embedded engine's run holds host memory, not the GPU's: nothing reserved for it
+    f.write_json(RunFiles.MEMORY, {"engine_bytes": 66 * GIB, "gpus": [0], "basis": {"kind": "host"}})
+    assert [r["run_id"] for r in memory_basis(plan, h200(processes=[])).reservations] == [e.id]
+
+
 def test_launches_check_memory_one_at_a_time(sparkit_home):
     """The launch lock: a second `up` waits while the first checks memory and records its run."""
     from sparkit.runs.store import launch_lock
