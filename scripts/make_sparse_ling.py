@@ -1,194 +1,139 @@
 #!/usr/bin/env python3
-"""Write a sparse Ling-3.0-flash checkpoint: config.json, the safetensors index and shard files
-whose headers hold every tensor's name, dtype and shape, and whose data is a hole (no disk used,
-no weights). sparkit's memory fit reads only headers, so a recipe pointed at this directory
-(`--set model.path=DIR`) shows the real arithmetic on a machine without the 65-250 GB download.
+"""Write a Ling-3.0-flash checkpoint without weights: config.json and safetensors shards whose
+headers hold every tensor's name, dtype and shape over data regions that are holes (no disk used).
+sparkit's memory fit and roofline read only headers, so a recipe pointed at this directory
+(`--set model.path=DIR`) shows the real arithmetic on a machine without the 65-250 GB download,
+and SGLang serves the same directory with `--load-format dummy` (random weights).
 
-    scripts/make_sparse_ling.py DIR [--variant fp4|bf16]
+    scripts/make_sparse_ling.py DIR [--weights bf16|fp8|mxfp4] [--layers N] [--no-nextn]
+        [--config-only] [--tokenizer-from DIR] [--json]
 
-Shapes: what sglang-facts.md section 6 and the two source studies publish (42 layers, 35 KDA
-+ 7 MLA, hidden 2560, vocab 157184, 512 routed experts top-8 + 1 shared, moe_intermediate_size
-768, 2 dense layers, one NextN layer, 256K context). Not published, assumed here: 32 attention
-heads of 128, q_lora_rank 1536, kv_lora_rank 512 (qk_rope 64, qk_nope 128, v 128), dense
-intermediate 9216, KDA gate rank 128. Tensor names follow sglang 0.5.23's BailingMoeV3 loader
-(models/bailing_moe_v3.py, bailing_moe_nextn.py). The fp4 variant is the -fp4 layout: routed
-experts MXFP4 (U8 e2m1 pairs + U8 e8m0 scales per 32), other matrices FP8 e4m3 with float32
-128x128 block scales, embeddings, lm_head, norms and the router bf16. These give 124B
-parameters (127B with the NextN layer), a -fp4 checkpoint of 69.6 GB and bf16 of 254 GB (63.5
-GB per TP4 rank, as the TP4 study reports).
+Everything derives from sparkit's one declaration of Ling-3.0-flash
+(sparkit/roofline/profiles.py, LING3_FLASH_SHAPES: each value with the published figure that
+settles it). `--weights` names what the experts hold, as a recipe's `stack.weights` does: bf16,
+fp8 (the -fp8 layout: block-128 e4m3 linear weights with float32 scales) or mxfp4 (the -fp4
+layout: MXFP4 routed experts, FP8 elsewhere); `fp4` is accepted for mxfp4. `--layers N` keeps
+Ling's widths with N layers (the first two dense, every 6th MLA: 6 and 12 layers have 1 and 2 MLA
+layers), the model served on an H200 in benchmarks/ling_width.py. `--config-only` writes no
+shards (the fit then sizes the weights from config.json, and says so). `--tokenizer-from DIR`
+copies a tokenizer (and a remote-code config class) from DIR, keeps DIR's token ids, and pads its
+vocabulary to 157184 entries so every id the model samples decodes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import struct
+import shutil
+import sys
 from pathlib import Path
 
-LING = dict(vocab=157184, hidden=2560, layers=42, layer_group_size=6, heads=32, head_dim=128, experts=512,
-            top_k=8, moe_inter=768, dense_inter=9216, first_dense=2, nextn=1, q_lora=1536, kv_lora=512,
-            rope=64, nope=128, v_head=128, gate_rank=128, conv=4, context=262144)
-SHARD_BYTES = 5 * 10**9
-BLOCK = 128
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sparkit.checkpoint import DTYPE_BITS, write_sparse_checkpoint  # noqa: E402
+from sparkit.roofline.profiles import VARIANTS, ling3_flash_config, ling3_flash_tensors  # noqa: E402
+
+ALIASES = {"fp4": "mxfp4", "mxfp4": "mxfp4", "fp8": "fp8", "bf16": "bf16"}
+# Keys of the tokenizer source's config.json that belong to its tokenizer and loader, not to the model.
+TOKENIZER_KEYS = ("auto_map", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
-def config(variant: str) -> dict:
-    c = LING
-    cfg = {
-        "architectures": ["BailingMoeV3ForCausalLM"], "model_type": "bailing_hybrid", "torch_dtype": "bfloat16",
-        "vocab_size": c["vocab"], "hidden_size": c["hidden"], "intermediate_size": c["dense_inter"],
-        "num_hidden_layers": c["layers"], "layer_group_size": c["layer_group_size"],
-        "num_attention_heads": c["heads"], "num_key_value_heads": c["heads"], "head_dim": c["head_dim"],
-        "max_position_embeddings": c["context"], "rope_theta": 6000000, "rms_norm_eps": 1e-6,
-        "short_conv_kernel_size": c["conv"], "no_kda_lora": False, "kda_safe_gate": True, "kda_lower_bound": -5,
-        "q_lora_rank": c["q_lora"], "kv_lora_rank": c["kv_lora"], "qk_nope_head_dim": c["nope"],
-        "qk_rope_head_dim": c["rope"], "v_head_dim": c["v_head"], "gated_attention_proj_granularity_type": "head_wise",
-        "first_k_dense_replace": c["first_dense"], "num_experts": c["experts"], "num_experts_per_tok": c["top_k"],
-        "num_shared_experts": 1, "moe_intermediate_size": c["moe_inter"],
-        "moe_shared_expert_intermediate_size": c["moe_inter"], "n_group": 8, "topk_group": 4,
-        "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5,
-        "num_nextn_predict_layers": c["nextn"], "tie_word_embeddings": False,
-    }
-    if variant == "fp4":
-        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                      "weight_block_size": [BLOCK, BLOCK], "routed_experts_quant_method": "mxfp4"}
-    return cfg
+def weights_name(name: str) -> str:
+    try:
+        return ALIASES[name]
+    except KeyError:
+        raise SystemExit(f"--weights {name!r}: one of {', '.join(ALIASES)}") from None
 
 
-def tensors(variant: str) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(name, safetensors dtype, shape) of every tensor, in checkpoint order."""
-    c = LING
-    h, heads, hd = c["hidden"], c["heads"], c["head_dim"]
-    out: list[tuple[str, str, tuple[int, ...]]] = []
-
-    def matrix(name: str, rows: int, cols: int) -> None:  # a dense matrix: FP8 + block scales, or bf16
-        if variant == "fp4":
-            out.append((name + ".weight", "F8_E4M3", (rows, cols)))
-            out.append((name + ".weight_scale_inv", "F32", (math.ceil(rows / BLOCK), math.ceil(cols / BLOCK))))
-        else:
-            out.append((name + ".weight", "BF16", (rows, cols)))
-
-    def expert(name: str, rows: int, cols: int) -> None:  # a routed expert's matrix: MXFP4, or bf16
-        if variant == "fp4":
-            out.append((name + ".weight", "U8", (rows, cols // 2)))
-            out.append((name + ".weight_scale", "U8", (rows, cols // 32)))
-        else:
-            out.append((name + ".weight", "BF16", (rows, cols)))
-
-    def vector(name: str, n: int, dtype: str = "BF16") -> None:
-        out.append((name, dtype, (n,)))
-
-    def mla(p: str) -> None:
-        matrix(p + "attention.q_a_proj", c["q_lora"], h)
-        vector(p + "attention.q_a_layernorm.weight", c["q_lora"])
-        matrix(p + "attention.q_b_proj", heads * (c["nope"] + c["rope"]), c["q_lora"])
-        matrix(p + "attention.kv_a_proj_with_mqa", c["kv_lora"] + c["rope"], h)
-        vector(p + "attention.kv_a_layernorm.weight", c["kv_lora"])
-        matrix(p + "attention.kv_b_proj", heads * (c["nope"] + c["v_head"]), c["kv_lora"])
-        matrix(p + "attention.dense", h, heads * c["v_head"])
-        out.append((p + "attention.g_proj.weight", "BF16", (heads, h)))
-
-    def kda(p: str) -> None:
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            matrix(p + f"attention.{proj}", heads * hd, h)
-        matrix(p + "attention.o_proj", h, heads * hd)
-        out.append((p + "attention.b_proj.weight", "BF16", (heads, h)))
-        for gate in ("f", "g"):
-            out.append((p + f"attention.{gate}_a_proj.weight", "BF16", (c["gate_rank"], h)))
-            out.append((p + f"attention.{gate}_b_proj.weight", "BF16", (heads * hd, c["gate_rank"])))
-        for conv in ("q_conv1d", "k_conv1d", "v_conv1d"):
-            out.append((p + f"attention.{conv}.weight", "BF16", (heads * hd, 1, c["conv"])))
-        vector(p + "attention.A_log", heads, "F32")
-        vector(p + "attention.dt_bias", heads * hd, "F32")
-        vector(p + "attention.o_norm.weight", hd)
-
-    def moe(p: str) -> None:
-        out.append((p + "mlp.gate.weight", "BF16", (c["experts"], h)))
-        vector(p + "mlp.gate.expert_bias", c["experts"], "F32")
-        matrix(p + "mlp.shared_experts.gate_proj", c["moe_inter"], h)
-        matrix(p + "mlp.shared_experts.up_proj", c["moe_inter"], h)
-        matrix(p + "mlp.shared_experts.down_proj", h, c["moe_inter"])
-        for e in range(c["experts"]):
-            expert(p + f"mlp.experts.{e}.gate_proj", c["moe_inter"], h)
-            expert(p + f"mlp.experts.{e}.up_proj", c["moe_inter"], h)
-            expert(p + f"mlp.experts.{e}.down_proj", h, c["moe_inter"])
-
-    out.append(("model.word_embeddings.weight", "BF16", (c["vocab"], h)))
-    for i in range(c["layers"]):
-        p = f"model.layers.{i}."
-        vector(p + "input_layernorm.weight", h)
-        vector(p + "post_attention_layernorm.weight", h)
-        (mla if (i + 1) % c["layer_group_size"] == 0 else kda)(p)
-        if i < c["first_dense"]:
-            matrix(p + "mlp.gate_proj", c["dense_inter"], h)
-            matrix(p + "mlp.up_proj", c["dense_inter"], h)
-            matrix(p + "mlp.down_proj", h, c["dense_inter"])
-        else:
-            moe(p)
-    for j in range(c["nextn"]):  # the NextN layer: numbered after the body (bailing_moe_nextn.py)
-        p = f"model.layers.{c['layers'] + j}."
-        for norm in ("enorm", "hnorm", "final_layernorm", "input_layernorm", "post_attention_layernorm"):
-            vector(p + norm + ".weight", h)
-        matrix(p + "eh_proj", h, 2 * h)
-        mla(p)
-        moe(p)
-    vector("model.norm.weight", h)
-    out.append(("lm_head.weight", "BF16", (c["vocab"], h)))
-    return out
+def config(weights: str = "mxfp4", layers: int | None = None, nextn: bool = True) -> dict:
+    """config.json of the checkpoint (sparkit.roofline.profiles.ling3_flash_config)."""
+    return ling3_flash_config(weights_name(weights), layers, nextn=nextn)
 
 
-_BITS = {"BF16": 16, "F32": 32, "F8_E4M3": 8, "U8": 8}
+def tensors(weights: str = "mxfp4", layers: int | None = None, nextn: bool = True) -> dict:
+    """{name: (safetensors dtype, shape)} of every tensor, in checkpoint order."""
+    return ling3_flash_tensors(weights_name(weights), config(weights, layers, nextn))
 
 
-def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    return math.prod(shape) * _BITS[dtype] // 8
+def pad_tokenizer(tokenizer_json: Path, vocab_size: int) -> int:
+    """Give every id below vocab_size a token (`<xN>`) in a tokenizers JSON file; returns how many
+    were added."""
+    tok = json.loads(tokenizer_json.read_text())
+    vocab = tok["model"]["vocab"]
+    used = set(vocab.values()) | {t["id"] for t in tok.get("added_tokens", [])}
+    added = 0
+    for i in range(vocab_size):
+        if i not in used:
+            vocab[f"<x{i}>"] = i
+            added += 1
+    tokenizer_json.write_text(json.dumps(tok))
+    return added
 
 
-def write_checkpoint(directory: Path, variant: str = "fp4") -> Path:
-    """Write the sparse checkpoint into `directory`; returns it."""
+def write_checkpoint(directory: Path, weights: str = "mxfp4", *, layers: int | None = None, nextn: bool = True,
+                     headers: bool = True, tokenizer_from: Path | None = None) -> Path:
+    """Write the checkpoint into `directory`; returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    shards: list[list[tuple[str, str, tuple[int, ...]]]] = [[]]
-    size = 0
-    for entry in tensors(variant):
-        n = nbytes(entry[1], entry[2])
-        if shards[-1] and size + n > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(entry)
-        size += n
-    weight_map, total = {}, 0
-    for k, shard in enumerate(shards, 1):
-        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
-        for tname, dtype, shape in shard:
-            n = nbytes(dtype, shape)
-            header[tname] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-            offset += n
-            weight_map[tname] = name
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
-        with open(directory / name, "wb") as handle:
-            handle.write(struct.pack("<Q", len(raw)))
-            handle.write(raw)
-            handle.truncate(8 + len(raw) + offset)  # the data: a hole
-        total += offset
-    (directory / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    (directory / "config.json").write_text(json.dumps(config(variant), indent=1))
+    cfg = config(weights, layers, nextn)
+    if tokenizer_from is not None:
+        source = Path(tokenizer_from)
+        for item in sorted(source.iterdir()):
+            if item.is_file() and item.name != "config.json" and not item.name.endswith((".safetensors", ".bin")) \
+                    and item.name != "model.safetensors.index.json":
+                shutil.copy(item, directory / item.name)
+        source_cfg = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+        cfg.update({k: source_cfg[k] for k in TOKENIZER_KEYS if k in source_cfg})
+        if (directory / "tokenizer.json").is_file():
+            pad_tokenizer(directory / "tokenizer.json", cfg["vocab_size"])
+    if headers:
+        write_sparse_checkpoint(directory, tensors(weights, layers, nextn), cfg)
+    else:
+        (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     return directory
 
 
-def main() -> None:
+def summary(weights: str, layers: int | None, nextn: bool) -> dict:
+    by_dtype: dict[str, int] = {}
+    items = tensors(weights, layers, nextn)
+    for dtype, shape in items.values():
+        n = 1
+        for d in shape:
+            n *= d
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + -(-n * DTYPE_BITS[dtype] // 8)
+    cfg = config(weights, layers, nextn)
+    return {"weights": weights_name(weights), "layout": VARIANTS[weights_name(weights)][1],
+            "layers": cfg["num_hidden_layers"], "nextn_layers": cfg["num_nextn_predict_layers"],
+            "tensors": len(items), "bytes": sum(by_dtype.values()), "bytes_by_dtype": by_dtype}
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--variant", choices=("fp4", "bf16"), default="fp4")
+    parser.add_argument("--weights", "--variant", dest="weights", default="mxfp4",
+                        help="what the experts hold: bf16, fp8 or mxfp4 (fp4); default mxfp4 (the -fp4 checkpoint)")
+    parser.add_argument("--layers", type=int, default=None, help="layers at Ling's widths (default 42)")
+    parser.add_argument("--no-nextn", action="store_true", help="without the NextN (MTP) layer")
+    parser.add_argument("--config-only", action="store_true", help="config.json only, no safetensors shards")
+    parser.add_argument("--tokenizer-from", type=Path, default=None, help="copy (and pad) this directory's tokenizer")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args()
-    write_checkpoint(args.directory, args.variant)
-    print(f"wrote {args.directory} ({args.variant}: {sum(nbytes(d, s) for _, d, s in tensors(args.variant)) / 1e9:.1f} GB "
-          "of headers over holes)")
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers {args.layers}: at least 1")
+    if args.tokenizer_from is not None and not (args.tokenizer_from / "tokenizer.json").is_file():
+        parser.error(f"--tokenizer-from {args.tokenizer_from}: no tokenizer.json there")
+    write_checkpoint(args.directory, args.weights, layers=args.layers, nextn=not args.no_nextn,
+                     headers=not args.config_only, tokenizer_from=args.tokenizer_from)
+    info = {"directory": str(args.directory), "headers": not args.config_only,
+            **summary(args.weights, args.layers, not args.no_nextn)}
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        what = "headers over holes" if info["headers"] else "config.json only"
+        print(f"wrote {args.directory}: {info['layout']}, {info['layers']} layers + {info['nextn_layers']} NextN, "
+              f"{info['tensors']} tensors, {info['bytes'] / 1e9:.2f} GB ({what})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

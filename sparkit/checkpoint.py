@@ -8,7 +8,8 @@ returns each tensor's dtype, shape and stored size, checked against the file: a 
 lies about its sizes is an error naming the file, never a silently wrong byte count.
 
 Reading a 24-shard checkpoint costs 24 small reads; a sparse file (a valid header over a data
-region that was never written) reads like a real one.
+region that was never written) reads like a real one. `write_sparse_checkpoint` writes such files:
+real headers over holes, so a 250 GB checkpoint's layout costs a few megabytes of disk.
 """
 
 from __future__ import annotations
@@ -194,5 +195,52 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     return config
 
 
-__all__ = ["TensorInfo", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index", "read_config",
+def write_sparse_checkpoint(directory: str | Path, tensors: dict[str, tuple[str, tuple[int, ...]]],
+                            config: dict[str, Any] | None = None, *, shard_bytes: int = 5 * 10**9) -> list[Path]:
+    """Write `tensors` ({name: (dtype, shape)}, in order) as safetensors shards of at most
+    `shard_bytes` of data each, named and indexed as Hugging Face does, whose data regions are
+    holes (the files are as long as real ones; no disk is used for the weights), and `config` as
+    config.json. Returns the shard paths. Readers of headers (read_safetensors_index) see a
+    complete checkpoint."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    shards: list[list[tuple[str, str, tuple[int, ...], int]]] = [[]]
+    size = 0
+    for name, (dtype, shape) in tensors.items():
+        if dtype not in DTYPE_BITS:
+            raise ValueError(f"tensor {name!r}: unknown safetensors dtype {dtype!r}")
+        n = math.ceil(math.prod(shape) * DTYPE_BITS[dtype] / 8)
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, dtype, tuple(shape), n))
+        size += n
+    weight_map: dict[str, str] = {}
+    paths, total = [], 0
+    for k, shard in enumerate(shards, 1):
+        file = SINGLE_FILE if len(shards) == 1 else f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, shape, n in shard:
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[name] = file
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # safetensors aligns the data region to 8 bytes
+        path = directory / file
+        with open(path, "wb") as handle:
+            handle.write(struct.pack("<Q", len(raw)))
+            handle.write(raw)
+            handle.truncate(8 + len(raw) + offset)  # the data: a hole
+        paths.append(path)
+        total += offset
+    if len(shards) > 1:
+        (directory / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                       indent=1))
+    if config is not None:
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1))
+    return paths
+
+
+__all__ = ["TensorInfo", "write_sparse_checkpoint", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index", "read_config",
            "DTYPE_BITS"]

@@ -201,6 +201,26 @@ class EngineClient:
         _raise_for(response, "GET /metrics")
         return parse_prometheus(response.text)
 
+    # -- the profiler (SGLang's /start_profile, /stop_profile) ---------------------------
+    async def start_profile(self, request: dict[str, Any]) -> None:
+        """POST /start_profile with SGLang's ProfileReq fields (output_dir, num_steps, activities,
+        with_stack, record_shapes, profile_id). EngineError when the server has no profiler."""
+        try:
+            response = await self._http.post("/start_profile", json=request)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc, self.base_url, f"POST /start_profile to {self.base_url} failed") from exc
+        if response.status_code == 404:
+            raise EngineError(f"{self.base_url} has no /start_profile: this server cannot profile its forward passes",
+                              hint="SGLang and sparkit's embedded engine have it")
+        _raise_for(response, "POST /start_profile")
+
+    async def stop_profile(self) -> None:
+        try:
+            response = await self._http.post("/stop_profile", timeout=180.0)
+        except httpx.HTTPError as exc:
+            raise _unreachable(exc, self.base_url, f"POST /stop_profile to {self.base_url} failed") from exc
+        _raise_for(response, "POST /stop_profile")
+
     # -- native /generate -------------------------------------------------------------
     def _generate_body(
         self,

@@ -24,6 +24,9 @@ class Gpu:
     memory_note: str = ""  # e.g. "unified, NVML cannot report"
     uuid: str | None = None
     memory_free_bytes: int | None = None  # NVML's free memory now (None when it cannot report)
+    # The compute processes on it and the memory each holds (NVML; None when it cannot say, e.g.
+    # in a container without the host's process table): {"pid": int, "used_bytes": int | None}
+    processes: list[dict[str, int | None]] | None = None
 
     @property
     def sm(self) -> str | None:
@@ -160,8 +163,25 @@ def _read_nvml(nvml: Any, host: Host) -> None:
             gpu.memory_note = "unified, NVML cannot report"
         except Exception as exc:
             gpu.memory_note = f"unknown ({_nvml_reason(exc)})"
+        gpu.processes = _processes(nvml, handle)
         host.gpus.append(gpu)
     host.gpu_links = _links(nvml, handles)
+
+
+def _processes(nvml: Any, handle: Any) -> list[dict[str, int | None]] | None:
+    """The compute processes NVML sees on a GPU with their memory (None when it cannot list them)."""
+    query = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None)
+    if query is None:
+        return None
+    try:
+        found = query(handle)
+    except Exception:  # NotSupported (GB10), NoPermission, or an old driver
+        return None
+    out = []
+    for proc in found or []:
+        used = getattr(proc, "usedGpuMemory", None)
+        out.append({"pid": int(proc.pid), "used_bytes": int(used) if isinstance(used, int) and used >= 0 else None})
+    return out
 
 
 def _links(nvml: Any, handles: list[Any]) -> list[str]:

@@ -45,6 +45,12 @@
 #           first Humming step also JIT-compiles its kernels): ~6-7 minutes, so alone with setup
 #           (STEPS=setup,ladder) it fits one call; beside other servers it may not finish, and keeps
 #           the steps it did.
+#   ling    (not in the default: run as STEPS=setup,ling, alone in its call) Ling-3.0-flash at its own
+#           widths, dummy weights (issue 25): benchmarks/ling_width.py, ~7 min in LING_BUDGET_S=450 s:
+#           the memory fit against SGLang's log, decode vs the roofline at 6 and 12 layers (bf16 vs FP8
+#           head, plain vs NEXTN), /start_profile step breakdowns, the preflight refusing a server that
+#           two starting ones leave no room for. LING_PHASES=extra in a second call (~3 min + setup):
+#           bf16 head + NEXTN, FP8 block experts at 6 and 12 layers. Results under ling/ in the tarball.
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -64,8 +70,11 @@ mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 stamp() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-save() { cp "$OUT/summary.txt" "$W/" 2>/dev/null
-  tar -czf "$OUT/session.tgz" -C "$(dirname "$W")" "$(basename "$W")" -C "$(dirname "$SK_HOME")" "$(basename "$SK_HOME")/runs" 2>/dev/null; }
+save() {  # atomic: a call cut short mid-write keeps the previous tarball
+  cp "$OUT/summary.txt" "$W/" 2>/dev/null
+  tar -czf "$OUT/.session.tgz.$$" -C "$(dirname "$W")" "$(basename "$W")" -C "$(dirname "$SK_HOME")" "$(basename "$SK_HOME")/runs" 2>/dev/null
+  mv -f "$OUT/.session.tgz.$$" "$OUT/session.tgz" 2>/dev/null
+}
 sk() { python3 -m sparkit.cli.main "$@"; }
 REHEARSE=${REHEARSE:-0}
 recipe() {  # the recipe to run (under REHEARSE, the embedded engine's counterpart)
@@ -85,6 +94,7 @@ quant_sets() {  # RECIPE: the --set arguments that make `tiny` serve that recipe
   esac
 }
 [ "$REHEARSE" = 1 ] && STEPS=$(echo ",$STEPS," | sed -e 's/,setup,/,/; s/,v3,/,/; s/,humming,/,/')
+LING_BUDGET_S=${LING_BUDGET_S:-450}
 json_field() { python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2" 2>/dev/null; }
 
 if has setup; then
@@ -308,6 +318,31 @@ print('\n'.join(f'{t.name} {t.dtype} {list(t.shape)}' for t in sorted(r(sys.argv
     r=$(json_field "$W/quant-${q%%:*}-up.json" run)
     [ -n "$r" ] && timeout 60 python3 -m sparkit.cli.main down "$r" > /dev/null 2>&1
   done
+  save
+fi
+
+if has ling; then
+  # Ling-3.0-flash widths on the real engine (issue 25). The tokenizer comes from the kit's tiny
+  # models (make_tiny.py, make_tiny_v3.py); benchmarks/ling_width.py pads it to Ling's vocabulary.
+  stamp "ling: Ling-3.0-flash at its widths, dummy weights (budget ${LING_BUDGET_S} s)"
+  LING_ARGS="--tokenizer-from /tmp/models/tiny-bailing-v3-mtp"
+  if [ "$REHEARSE" = 1 ]; then
+    LING_ARGS="--rehearse"
+  else
+    (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/ling-make.log" 2>&1 \
+       && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/ling-make.log" 2>&1)
+  fi
+  # the tarball is rewritten every 40 s meanwhile: a call cut short by its limit still brings back
+  # what was measured (results.json and summary.txt are written as the script goes)
+  ( while sleep 40; do save; done ) &
+  SAVER=$!
+  # shellcheck disable=SC2086
+  timeout $((LING_BUDGET_S + 70)) python3 benchmarks/ling_width.py --out "$W/ling" --budget-s "$LING_BUDGET_S" \
+    --phases "${LING_PHASES:-base,l12}" $LING_ARGS \
+    > "$W/ling.txt" 2>&1
+  stamp "ling rc=$?"
+  kill "$SAVER" 2>/dev/null; wait "$SAVER" 2>/dev/null; grep -E "^\[\+ *[0-9]+s\] (model|[A-I] L|  [A-I] |memory|  state|  KV|line|profile|  |step|bandwidth|base|l12|extra|config)" \
+    "$W/ling/summary.txt" 2>/dev/null | cut -c1-220 | tail -n 90 >> "$OUT/summary.txt"
   save
 fi
 

@@ -66,6 +66,12 @@ def check_memory(plan: LaunchPlan, host: Host) -> CheckResult:
     if fit.verdict == "unknown":
         return CheckResult("memory", title, Status.WARN, fit.summary, evidence, data=data,
                            fix=fit.need or "run the preflight where the checkpoint is readable")
+    if fit.verdict == "does-not-fit" and fit.pools and fit.pools.get("error"):
+        return CheckResult("memory", title, Status.FAIL, fit.summary + nominal, evidence, data=data,
+                           cause="SGLang's own pool sizing would find no room after the weights: " + fit.pools["error"],
+                           fix="raise server.mem_fraction_static (it keeps P x (1 - f) free), size the pools explicitly "
+                               "(--max-mamba-cache-size, --max-total-tokens in server.extra_args), or free the GPU: "
+                               "stop servers that hold or are about to take its memory (`sparkit status`)")
     if fit.verdict == "does-not-fit":
         return CheckResult("memory", title, Status.FAIL, fit.summary + nominal, evidence, data=data,
                            cause="the weights, the KV cache and the runtime headroom need more memory than is free",

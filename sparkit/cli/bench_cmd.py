@@ -308,6 +308,57 @@ def profile(
         render_profile(doc)
 
 
+@bench_app.command("steps")
+def steps(
+    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Profile this server instead of a run (it must run on this machine)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    num_steps: int = typer.Option(32, "--steps", min=2, help="Forward passes to trace (the prefill is one)."),
+    input_len: int = typer.Option(64, "--input-len", min=1, help="Prompt tokens of the traced request."),
+    stage: str = typer.Option("DECODE", "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Summarise this trace file (a .trace.json[.gz] from /start_profile) instead of profiling a server."),
+    keep_trace: Optional[Path] = typer.Option(None, "--keep-trace", help="Also copy the raw trace into this directory."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the breakdown JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
+) -> None:
+    """Where a decode step's time goes, from the server's own profiler (SGLang's /start_profile):
+    KDA and MLA attention, MoE, dense MLP, lm_head, logits processing, sampling, gaps between kernels."""
+    from sparkit.bench.steps import StepsConfig, profile_steps
+    from sparkit.bench.trace import summarise_file, table
+    from sparkit.errors import UsageError
+    from sparkit.paths import write_atomic
+    from sparkit.runs import resolve_server
+
+    stage = stage.upper()
+    if stage not in ("DECODE", "VERIFY", "EXTEND", "DRAFT"):
+        raise UsageError(f"--stage {stage!r}: one of DECODE, VERIFY, EXTEND, DRAFT")
+    out_path = writable_file(out, "--out")
+    keep = writable_dir(keep_trace, "--keep-trace")
+    if trace is not None:
+        if run or url:
+            raise UsageError("--trace summarises a file: it takes no RUN or --url")
+        breakdown, done = summarise_file(trace, stage=stage), {"trace": str(trace)}
+    else:
+        target = resolve_server(run, url, api_key)
+        from sparkit.cli.common import require_server
+
+        require_server(target.url, target.api_key)
+        config = StepsConfig(num_steps=num_steps, input_len=input_len, stage=stage, keep_trace=keep)
+        breakdown, done = run_async(profile_steps(target.url, config, api_key=target.api_key,
+                                                  on_progress=lambda m: err_console().print(m, highlight=False)))
+    doc = {"breakdown": breakdown.to_dict(), "profiled": done}
+    if out_path is not None:
+        import json as _json
+
+        write_atomic(out_path, _json.dumps(doc, indent=1))
+        err_console().print(f"saved {out_path}", highlight=False)
+    if as_json:
+        print_json(doc)
+        return
+    for line in table(breakdown):
+        console().print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 def render_profile(doc: dict[str, Any]) -> None:
     from rich.table import Table
 

@@ -23,6 +23,17 @@ Runtime headroom uses SGLang's own estimate (arg_groups/memory_hook.py): 512 MiB
 chunked-prefill token + 2 MiB per decode CUDA-graph batch size + the prefill graphs. The
 embedded engine has no memory fraction: everything it holds must fit in MemAvailable minus the
 floor.
+
+Where the free memory is known, the fit also predicts what SGLang will allocate, formula by formula
+(sparkit.memory.sglang_pool): the state pool's slots and its conv / ssm / intermediate sizes, the
+KV pool's tokens and size, what is left after the pools, and the error SGLang raises when nothing
+is left ("Not enough GPU memory for hybrid ... state cache", "Loaded weights leave no GPU memory
+for the KV cache"): such a launch does not fit. P is what SGLang will measure: on a discrete GPU
+NVML's free memory less the engine's own CUDA context and less what the servers sparkit is still
+starting on that GPU will take (sparkit.memory.reservations); on an integrated GPU MemAvailable.
+A checkpoint directory with a config.json and no weight files (what `--load-format dummy` serves)
+is sized from its config through sparkit's declared layout (sparkit.roofline.profiles), and the
+fit says so.
 """
 
 from __future__ import annotations
@@ -37,13 +48,17 @@ from typing import Any
 
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
+from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
 from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 from sparkit.memory.units import GIB, MIB, gib
 
 # Estimates of what an engine holds before it measures free memory (so P is that much lower than
 # what the OS reports before the launch): a CUDA context, and on unified memory also SGLang's
 # Python processes (scheduler, tokenizer manager, detokenizer), which live in the same memory.
-CUDA_CONTEXT_BYTES = 1 * GIB
+# Measured on the H200: NVML reports 139.80 GiB free on the idle GPU (`sparkit doctor`, session 3)
+# and SGLang's first "Load weight begin. avail mem=139.13 GB" (torch.cuda.mem_get_info in its own
+# process, CUDA context and kernels loaded) is 0.67 GiB less; P is NVML's free minus this.
+CUDA_CONTEXT_BYTES = int(0.67 * GIB)
 SGLANG_PROCESSES_BYTES = 2 * GIB
 # The embedded engine's process: Python, torch and the HTTP server. Measured: 244 MiB of unique
 # memory (psutil USS) serving tiny-ling after its startup checks, CPU torch 2.13 on x86-64.
@@ -59,6 +74,7 @@ NOMINAL_IDLE_USE_BYTES = 6 * GIB
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9  # share of the pool for linear-attention state : KV cache
 SGLANG_MAMBA_SLOTS_PER_REQUEST = 3  # state slots per running request with the radix cache on
 SGLANG_BAILING_DRAFT_TOKENS = 4  # NEXTN defaults for Bailing when no speculative numbers are set
+SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # "Max running requests is reset to 48 for speculative decoding"
 SGLANG_MLA_PREFILL_GRAPHS_MIB = 1536
 SGLANG_MLA_PREFILL_GRAPH_MAX_TOKENS = 8192
 
@@ -82,6 +98,9 @@ class MemoryBasis:
     available_bytes: int | None  # free when the engine starts (before its own overhead)
     source: str  # where the figures come from
     measured: bool  # False: a nominal figure for a machine that is not this one
+    # servers sparkit is still starting on these GPUs: what they will take beyond what they hold
+    # now is not free (sparkit.memory.reservations); available_bytes has it taken off already
+    reservations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def shared_with_os(self) -> bool:
@@ -109,6 +128,9 @@ class MemoryFit:
     engine_bytes: int | None = None  # what the engine holds at steady state (per GPU)
     arithmetic: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # SGLang's own sizing at start (sparkit.memory.sglang_pool), where the free memory is known:
+    # {"inputs": {...}, "predicted": the figures as SGLang logs them, "error": its refusal or None}
+    pools: dict[str, Any] | None = None
 
     def total(self, group: str) -> int:
         return sum(t.bytes for t in self.terms if t.group == group)
@@ -157,22 +179,40 @@ def memory_basis(plan: Any, host: Any) -> MemoryBasis | None:
     runs_here, _ = target_fit(host, target, plan.engine)
     tp = int(((plan.recipe or {}).get("stack") or {}).get("tp", 1) or 1)
     if runs_here and host.gpus:
+        from sparkit.memory.reservations import reserved_on, starting_reservations
+
         gpus = host.gpus[:tp]
+        pending = starting_reservations(host, [g.index for g in gpus])
         if all(g.unified_memory for g in gpus):
-            return MemoryBasis("unified", host.ram_total_bytes, host.ram_available_bytes,
-                               "this host: MemAvailable (what SGLang 0.5.23 sizes from on an integrated GPU)",
-                               measured=True)
+            reserved = reserved_on(pending, gpus[0].index)
+            return MemoryBasis("unified", host.ram_total_bytes, host.ram_available_bytes - reserved,
+                               "this host: MemAvailable (what SGLang 0.5.23 sizes from on an integrated GPU)"
+                               + _reserved_note(pending, reserved), measured=True,
+                               reservations=[r.to_dict() for r in pending])
         totals = [g.memory_total_bytes for g in gpus]
         if all(totals):
-            frees = [g.memory_free_bytes if g.memory_free_bytes is not None else g.memory_total_bytes for g in gpus]
-            return MemoryBasis("gpu", min(totals), min(frees), f"this host: NVML free memory of GPU0-{len(gpus) - 1}"
-                               if len(gpus) > 1 else "this host: NVML free memory of GPU0", measured=True)
+            frees = [(g.memory_free_bytes if g.memory_free_bytes is not None else g.memory_total_bytes)
+                     - reserved_on(pending, g.index) for g in gpus]
+            reserved = max(reserved_on(pending, g.index) for g in gpus)
+            which = f"GPU0-{len(gpus) - 1}" if len(gpus) > 1 else "GPU0"
+            return MemoryBasis("gpu", min(totals), min(frees),
+                               f"this host: NVML free memory of {which} (what torch.cuda.mem_get_info reports before "
+                               "the engine's own CUDA context)" + _reserved_note(pending, reserved),
+                               measured=True, reservations=[r.to_dict() for r in pending])
     if target in NOMINAL_MEMORY_BYTES:
         capacity = NOMINAL_MEMORY_BYTES[target]
         return MemoryBasis("unified", capacity, capacity - NOMINAL_IDLE_USE_BYTES,
                            f"nominal {target} ({capacity / 10**9:.0f} GB; {gib(NOMINAL_IDLE_USE_BYTES)} assumed in use "
                            "at start): this host is not one", measured=False)
     return None
+
+
+def _reserved_note(pending: list, reserved: int) -> str:
+    if not pending:
+        return ""
+    runs = sorted({r.run_id for r in pending})
+    return (f", less {gib(reserved)} that {len(runs)} server(s) still starting will take ({', '.join(runs)}: "
+            "their fit's steady state less what they hold now)")
 
 
 # ------------------------------------------------------------------------------- the checkpoint
@@ -200,24 +240,36 @@ class _Checkpoint:
     config: dict
     shape: ModelShape | None
     shape_problem: str | None
+    config_only: str | None = None  # why the tensors come from config.json (no weight files), else None
 
 
 def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
     from sparkit.checkpoint import safetensors_files
+    from sparkit.errors import DataError
 
-    files = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in safetensors_files(directory))
-    tensors = _cached_index(str(directory), files)
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        from sparkit.errors import DataError
-
         raise DataError(f"{directory / 'config.json'}: unreadable ({exc})") from None
+    found = safetensors_files(directory)
+    config_only = None
+    if found:
+        files = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in found)
+        tensors = _cached_index(str(directory), files)
+    else:
+        from sparkit.roofline.profiles import UnsupportedLayout, config_only_tensors
+
+        try:
+            declared, config_only = config_only_tensors(config if isinstance(config, dict) else {})
+        except UnsupportedLayout as exc:
+            raise DataError(f"{directory}: no .safetensors files, and its config.json cannot be sized without them "
+                            f"({exc})") from None
+        tensors = list(declared.values())
     try:
         shape, problem = model_shape(config, tp), None
     except UnsupportedConfig as exc:
         shape, problem = None, str(exc)
-    return _Checkpoint(directory, tensors, config, shape, problem)
+    return _Checkpoint(directory, tensors, config, shape, problem, config_only)
 
 
 @functools.lru_cache(maxsize=4)
@@ -239,7 +291,9 @@ def _describe(tensors: list) -> str:
     for t in tensors:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
     parts = ", ".join(f"{d} {_size(b)}" for d, b in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
-    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from the safetensors headers ({parts})"
+    where = ("config.json, through the declared layout" if tensors and all(t.file == "(config.json)" for t in tensors)
+             else "the safetensors headers")
+    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from {where} ({parts})"
 
 
 # ------------------------------------------------------------------------------- flags
@@ -315,7 +369,10 @@ def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
         fit.summary = f"cannot read the checkpoint: {exc}"
         fit.need = "a complete checkpoint (config.json and every .safetensors file its index names)"
         return fit
-    extras: dict[str, Any] = {"checkpoint_file_bytes": sum(t.nbytes for t in ckpt.tensors)}
+    extras: dict[str, Any] = {"checkpoint_file_bytes": 0 if ckpt.config_only else sum(t.nbytes for t in ckpt.tensors)}
+    if ckpt.config_only:
+        fit.checkpoint_note = f"{target.how}; {ckpt.config_only}"
+        fit.notes.append(ckpt.config_only)
     if _memory_model(plan) == "host_process":
         _embedded_terms(fit, plan, ckpt, draft)
     else:
@@ -382,11 +439,21 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
 
     draft_shape: ModelShape | None = None
     draft_kv_layers = 0
+    transient = 0  # held while SGLang sizes its pools, freed right after
     if method == "nextn" and draft is None:
         loaded = [t for t in nextn if not _SHARED_WITH_TARGET.search(t.name)]
         fit.terms.append(FitTerm("weights", "NextN draft layer", sum(_per_gpu(t, tp) for t in loaded),
                                  _describe(loaded) + rank + "; embedding and lm_head shared with the target"))
         draft_shape, draft_kv_layers = ckpt.shape, (ckpt.shape.nextn_layers if ckpt.shape else 0) or 1
+        if ckpt.shape is not None:
+            # SGLang's NextN model builds its own embedding and lm_head and drops them for the
+            # target's only in init_lm_head, after the target's pools were sized (scheduler:
+            # tp_worker.alloc_memory_pool, then the draft's): at the profile they are still held
+            own = 2 * -(-ckpt.shape.vocab_size // tp) * ckpt.shape.hidden_size * 2
+            fit.terms.append(FitTerm("weights", "NextN draft's own embedding and lm_head (until shared)", own,
+                                     f"2 x {-(-ckpt.shape.vocab_size // tp)} x {ckpt.shape.hidden_size} x 2 B, held while "
+                                     "SGLang sizes its pools, freed when the draft takes the target's"))
+            transient = own
     elif draft is not None:
         d_layers = draft.shape.num_hidden_layers if draft.shape else 0
         if method == "nextn":  # SGLang's NextN class loads only the draft checkpoint's NextN layer
@@ -502,7 +569,69 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
         fit.terms.append(FitTerm("engine", "SGLang processes (unified memory)", SGLANG_PROCESSES_BYTES,
                                  "estimate: scheduler, tokenizer manager and detokenizer share the GPU's memory"))
         fit.terms.append(FitTerm("reserve", "OS floor", fit.floor_bytes or 0, floor_source(recipe)))
-    return {"capped": cap is not None}
+    # What SGLang's own pool sizing reads (sparkit.memory.sglang_pool), for the prediction.
+    resolved_requests = server.get("max_running_requests") or (SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS
+                                                               if method != "none" else None)
+    pool_model: dict[str, Any] = {
+        "kv_cell_bytes": per_token, "kv_layers": shape.full_attention_layers,
+        "draft_kv_layers": draft_kv_layers if draft_shape is not None else 0,
+        "context_len": int(context or shape.max_position_embeddings or 4096), "max_total_tokens": cap,
+        "max_running_requests": int(resolved_requests) if resolved_requests else None,
+    }
+    if shape.hybrid:
+        strategy = (_flag(argv, "--mamba-radix-cache-strategy") or "extra_buffer").lower()
+        pool_model.update(
+            mamba_conv_bytes_per_req=shape.linear_attention_layers * shape.linear_state_conv_values * 2,
+            mamba_ssm_bytes_per_req=(shape.linear_attention_layers * shape.linear_state_temporal_values
+                                     * shape.linear_state_temporal_bytes),
+            mamba_full_memory_ratio=float(_flag(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO),
+            max_mamba_cache_size=_int_flag(argv, "--max-mamba-cache-size"),
+            radix_cache="--disable-radix-cache" not in argv, extra_buffer=strategy == "extra_buffer",
+            overlap_schedule="--disable-overlap-schedule" not in argv,
+            conv_kernel=int(ckpt.config.get("short_conv_kernel_size") or 4),
+            conv_channels_per_layer=shape.linear_state_conv_values // max(1, int(ckpt.config.get("short_conv_kernel_size") or 4) - 1),
+            linear_layers=shape.linear_attention_layers,
+        )
+    if method != "none":
+        pool_model["spec_draft_tokens"] = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
+    capped = cap is not None and (not shape.hybrid or _int_flag(argv, "--max-mamba-cache-size") is not None)
+    return {"capped": capped, "pool_model": pool_model, "transient_bytes": transient}
+
+
+def predict_pools(fit: MemoryFit, pre_model_load_bytes: float, fraction: float, pool_model: dict[str, Any]) -> Any:
+    """SGLang's pool sizes at start for this fit's weights, P and mem_fraction_static
+    (sparkit.memory.sglang_pool.size_pools): records them on the fit and returns them."""
+    from sparkit.memory.sglang_pool import PoolInputs, size_pools
+
+    available = pre_model_load_bytes - fit.weights_bytes
+    inputs = PoolInputs(pre_model_load_bytes=pre_model_load_bytes, available_bytes=available,
+                        mem_fraction_static=fraction, **pool_model)
+    sizes = size_pools(inputs)
+    fit.pools = {"inputs": {"pre_model_load_gb": round(pre_model_load_bytes / GIB, 2),
+                            "available_after_weights_gb": round(available / GIB, 2),
+                            "mem_fraction_static": fraction, **pool_model},
+                 "predicted": sizes.log_figures(), "error": sizes.error, "notes": sizes.notes,
+                 "sizes": sizes.to_dict()}
+    a = fit.arithmetic
+    a.append(f"SGLang at start: P = {gib(pre_model_load_bytes)}, after the weights {gib(available)} free; rest = "
+             f"{gib(available)} - {gib(inputs.pre_pool_bytes)} of buffers - P x (1 - {fraction}) = {gib(sizes.rest_bytes)}")
+    if sizes.max_mamba_cache_size is not None and sizes.max_mamba_cache_size > 0:
+        extra = (f", intermediate {gib(sizes.intermediate_ssm_bytes + sizes.intermediate_conv_bytes)}"
+                 if sizes.intermediate_ssm_bytes else "")
+        how = ("--max-mamba-cache-size" if pool_model.get("max_mamba_cache_size") is not None
+               else f"{pool_model.get('mamba_full_memory_ratio', SGLANG_MAMBA_FULL_MEMORY_RATIO)} / "
+                    f"{1 + pool_model.get('mamba_full_memory_ratio', SGLANG_MAMBA_FULL_MEMORY_RATIO):g} of rest")
+        a.append(f"state pool ({how}): max_mamba_cache_size {sizes.max_mamba_cache_size} (conv {gib(sizes.conv_state_bytes)}, "
+                 f"ssm {gib(sizes.ssm_state_bytes)}{extra})")
+    if sizes.error:
+        a.append(f"SGLang refuses to start: {sizes.error}")
+        return sizes
+    draft = f" + draft {gib(sizes.draft_kv_bytes)}" if sizes.draft_kv_bytes else ""
+    a.append(f"KV pool: {sizes.kv_tokens} tokens ({gib(sizes.kv_bytes)}{draft})"
+             + (" (--max-total-tokens)" if pool_model.get("max_total_tokens") is not None
+                and sizes.kv_tokens == pool_model["max_total_tokens"] else "")
+             + f"; left after the pools: {gib(sizes.pool_end_available_bytes)}")
+    return sizes
 
 
 def _floor3(x: float) -> float:
@@ -550,7 +679,10 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
     a.insert(0, f"P = {gib(basis.available_bytes)} free at start ({basis.source}) - {gib(overhead)} the engine "
                 f"holds before measuring = {gib(p)}")
     if p <= 0:
-        fit.verdict, fit.summary = "does-not-fit", f"only {gib(basis.available_bytes)} is free: less than the engine's own start"
+        fit.verdict = "does-not-fit"
+        fit.summary = (f"does not fit: the server(s) still starting here will take what is free ({basis.source})"
+                       if basis.reservations else
+                       f"only {gib(basis.available_bytes)} is free: less than the engine's own start")
         return
     f_min, f_max = static / p, 1 - slack_need / p
     fit.min_fraction, fit.max_fraction = _ceil3(f_min), _floor3(f_max)
@@ -584,7 +716,21 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         fit.verdict = "fits"
         fit.summary = f"fits: mem_fraction_static {f} is within [{fit.min_fraction}, {fit.max_fraction}]"
     used_f = f if f is not None and f_min <= f <= f_max else fit.suggested_fraction
-    if used_f is not None:
+    sized_at = f if f is not None else used_f  # SGLang sizes at the recipe's fraction, whatever fits
+    sizes = predict_pools(fit, p, sized_at, extras["pool_model"]) if sized_at and extras.get("pool_model") else None
+    if sizes is not None and sizes.error and f is not None and f >= f_min:
+        # sparkit's own requirement passed, SGLang's formula does not (its state pool takes its share first)
+        fit.verdict, fit.suggested_fraction = "does-not-fit", None
+        fit.summary = f"does not fit: at mem_fraction_static {f} SGLang would refuse to start ({sizes.error.split('. ')[0]})"
+        return
+    if sizes is not None and not sizes.error and used_f is not None and used_f == sized_at:
+        held = (fit.weights_bytes - extras.get("transient_bytes", 0) + sizes.state_reserved_bytes + sizes.kv_bytes
+                + sizes.draft_kv_bytes + sizes.req_to_token_bytes + SGLANG_PRE_POOL_BYTES)
+        fit.engine_bytes = int(overhead + held + runtime)
+        a.append(f"at steady state the engine holds {gib(fit.engine_bytes)} ({gib(overhead)} + weights and pools "
+                 f"{gib(held)} + {gib(runtime)} runtime)" + (f", leaving {gib(basis.available_bytes - fit.engine_bytes)} "
+                 f"of the {gib(basis.available_bytes)} free" if basis.available_bytes else ""))
+    elif used_f is not None:
         if extras.get("capped"):
             static_held = static
             held_note = "weights + the capped pool"

@@ -341,6 +341,12 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
         return layout
     local = Path(model_path).expanduser()
     if local.is_dir():
+        from sparkit.checkpoint import safetensors_files
+
+        if (local / "config.json").is_file() and not safetensors_files(local):  # what --load-format dummy serves
+            from sparkit.roofline.profiles import config_only_layout
+
+            return config_only_layout(local)
         return layout_from_checkpoint(local)
     cached = hub_cache_dir(model_path)
     if cached is not None:

@@ -112,7 +112,8 @@ def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
 
 
 def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: float = 600,
-           detach: bool = True, tie_to_parent: bool | None = None) -> Run:
+           detach: bool = True, tie_to_parent: bool | None = None, memory_fit: dict | None = None,
+           on_recorded: Callable[[Run], None] | None = None) -> Run:
     """Start the engine of `plan` in its own process group and wait until /health answers.
 
     Preflight is the caller's job (sparkit.runs.pipeline.up does it). The engine's stdout+stderr
@@ -123,7 +124,11 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     `detach` False records a foreground run (it lives as long as this process: `sparkit status`
     stops one whose process died). `tie_to_parent` (default: not `detach`) has the kernel end the
     engine when the thread calling `launch` dies, SIGKILL included; off for a server that may have
-    to outlive the command (`up --keep-on-fail`)."""
+    to outlive the command (`up --keep-on-fail`).
+
+    `memory_fit` (preflight's, sparkit.memory.fit) is recorded in the run directory, so that a
+    launch while this one starts reserves what it will hold; `on_recorded` is called once the run
+    and its memory fit are on disk (sparkit.runs.pipeline.up releases the launch lock there)."""
     from sparkit.engines.activation import REPORT_DIR_ENV
 
     t0 = time.monotonic()
@@ -144,11 +149,15 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         raise write_error(run.path, exc) from None
     try:
         run.write_json(RunFiles.PLAN, plan.to_dict())
+        if memory_fit is not None:
+            run.write_json(RunFiles.MEMORY, memory_fit)
         run.save()
     except BaseException:
         # Nothing started and no record to keep (a full disk, Ctrl-C): no empty run directory either.
         shutil.rmtree(run.path, ignore_errors=True)
         raise
+    if on_recorded is not None:
+        on_recorded(run)
 
     try:
         adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))

@@ -82,8 +82,14 @@ def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: b
     (nothing left running). Failed startup checks are data (`Started.ok`): the caller decides
     whether the server stays. Ctrl-C during the checks stops the server. `detach` and
     `tie_to_parent`: see launch()."""
-    found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
-    run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach, tie_to_parent=tie_to_parent)
+    from sparkit.runs.store import launch_lock
+
+    # Preflight and the run record under one lock: a second `up` started at the same moment waits
+    # here, then sees this run starting and reserves the memory it will take.
+    with launch_lock() as release:
+        found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
+        run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach, tie_to_parent=tie_to_parent,
+                     memory_fit=_memory_record(plan, found), on_recorded=lambda _run: release())
     started = Started(run, plan, found)
     if not checks:
         return started
@@ -116,6 +122,15 @@ def _set_phase(run: Run, phase: str | None) -> Run:
     run.phase = phase
     run.save()
     return run
+
+
+def _memory_record(plan: LaunchPlan, found: list[CheckResult]) -> dict | None:
+    """What the run will hold, from preflight's memory fit, with the GPUs it runs on."""
+    fit = next((r.data for r in found if r.name == "memory" and r.data), None)
+    if not fit:
+        return None
+    tp = int((plan.recipe.get("stack") or {}).get("tp", 1) or 1)
+    return {**fit, "gpus": list(range(tp))}
 
 
 def _preflight_shown(plan: LaunchPlan, shown: PreflightFn) -> list[CheckResult]:

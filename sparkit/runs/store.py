@@ -8,12 +8,15 @@
         checks.json            the last startup-check results
         probe.json             the last measured decode tok/s and accept length
         memory-guard.jsonl     the load guard's decisions while the engine started
+        memory-fit.json        the memory fit preflight computed for it (what it will hold, per GPU):
+                               a later launch reserves what a starting run does not hold yet
 
 The file names are declared here (RunFiles) and nowhere else. Never prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -36,6 +39,8 @@ class RunFiles:
     LOG = "server.log"
     CHECKS = "checks.json"
     PROBE = "probe.json"
+    MEMORY = "memory-fit.json"
+    LAUNCH_LOCK = ".launch.lock"  # in the runs directory: one preflight + run record at a time
 
 
 CHECKING = "startup checks"
@@ -310,6 +315,47 @@ def _start_order(path: Path) -> tuple[str, float]:
     except (OSError, ValueError, AttributeError):
         started = ""
     return (started, (path / RunFiles.META).stat().st_mtime)
+
+
+@contextlib.contextmanager
+def launch_lock(root: Path | None = None, *, wait_s: float = 120.0) -> Iterator[Callable[[], None]]:
+    """Hold the runs directory's launch lock: one `up` at a time checks memory and records its run
+    (so two servers started at once are judged one after the other, the second against what the
+    first will take). Yields a release function (the launch calls it once its run and memory fit
+    are on disk, long before the engine is up). An flock: a process that dies releases it. After
+    `wait_s` without it, the launch goes ahead unserialised rather than hang."""
+    import fcntl
+    import time
+
+    from sparkit.paths import ensure_dir
+
+    root = root or runs_dir()
+    ensure_dir(root)
+    handle = os.fdopen(os.open(root / RunFiles.LAUNCH_LOCK, os.O_RDWR | os.O_CREAT, 0o600), "r+")  # private, as all state
+    deadline = time.monotonic() + wait_s
+    held = False
+    try:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if held and not released:
+                released = True
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+        yield release
+        release()
+    finally:
+        handle.close()
 
 
 def live_runs() -> list[Run]:

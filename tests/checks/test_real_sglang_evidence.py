@@ -229,3 +229,55 @@ def test_humming_online_quantization_fails_in_the_pinned_versions_and_the_cause_
     log = (FIXTURES / "sparkit-humming" / "server.log").read_text(errors="replace")
     diagnosis = diagnose_failure(log, returncode=1)
     assert diagnosis.cause == "engine error" and "has_global_scale" in diagnosis.detail
+
+
+def test_the_memory_lines_of_real_starts():
+    """SGLang's own memory figures, as the pool prediction is compared with them
+    (sparkit.engines.sglang.log.parse_memory): the V3 + NEXTN start and a capped BailingMoeV2 one."""
+    from sparkit.engines.sglang.log import parse_memory
+
+    v3 = parse_memory(_text("v3-nextn-nograph.log"))
+    assert v3.pre_model_load_gb == 139.13 and v3.available_after_weights_gb == 139.09 and v3.weights_gb == 0.03
+    assert [load["model_class"] for load in v3.loads] == ["BailingMoeV3ForCausalLM", "BailingMoeForCausalLMNextN"]
+    assert v3.mamba == {"max_mamba_cache_size": 16263, "conv_state_gb": 0.42, "ssm_state_gb": 11.91,
+                        "intermediate_ssm_state_cache_gb": 0.11, "intermediate_conv_window_cache_gb": 0.0}
+    assert v3.kv == [{"dtype": "torch.bfloat16", "tokens": 13614799, "kv_gb": 14.61}] * 2
+    assert v3.pool_end_avail_gb == [111.94, 97.33]
+    assert v3.summary == {"max_total_num_tokens": 13614799, "max_running_requests": 48, "context_len": 4096,
+                          "available_gpu_mem_gb": 96.22}
+    main = parse_memory(_text("sparkit-main/server.log"))
+    assert [k["tokens"] for k in main.kv] == [65536, 65536] and main.kv[0]["kv_gb"] == 0.12  # K + V
+    assert main.state_error is None and main.no_kv_error is None
+
+
+def test_no_room_for_the_pools_is_diagnosed_as_such():
+    """The line SGLang logs when a second server started beside another finds its memory gone (its
+    own format string, from the installed source, with the CEO's figure): not a generic OOM."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from sparkit.engines.sglang.log import parse_memory
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("sglang is not installed")
+    source = (Path(list(spec.submodule_search_locations)[0]) / "srt" / "mem_cache" / "kv_cache_configurator.py").read_text()
+    parts = re.search(r'f"(Not enough GPU memory for hybrid[^"]*)"\s*f"(Computed[^"]*)"\s*f"(\(total_rest[^"]*)"\s*'
+                      r'f"(mamba_cache_per_req[^"]*)"', source)
+    template = "".join(parts.groups())
+    values = {"max_mamba_cache_size": -1160, "total_rest_memory": -9.30, "stage_per_req": 10.85 * (1 << 20)}
+
+    def fill(match):  # each {expression:spec} of the f-string, by the variable it names
+        expression, _, spec = match.group(1).partition(":")
+        name = next(n for n in values if n in expression)
+        value = values[name] / (1 << 20) if "/ (1 << 20)" in expression else values[name]
+        return format(value, spec)
+
+    line = "RuntimeError: " + re.sub(r"\{([^{}]*)\}", fill, template)
+    assert "total_rest_memory=-9.30 GB" in line
+    d = diagnose_failure(f"[2026-12-01 12:00:00] Load weight end. type=BailingMoeV3ForCausalLM\n{line}\n", 1)
+    assert d.cause == "no memory left for the pools" and "--max-mamba-cache-size" in d.hint and d.line == line.strip()
+    assert parse_memory(line).state_error == {"max_mamba_cache_size": -1160, "total_rest_memory_gb": -9.3,
+                                              "mamba_cache_per_req_mb": 10.85}
+

@@ -85,3 +85,52 @@ def test_the_runtime_reserve_estimate_is_sglang_s():
     assert brackets == [("20", "2048"), ("35", "4096"), ("60", "4096"), ("90", "8192"), ("160", "8192")]
     for gib, chunked in ((16, 2048), (30, 4096), (48, 4096), (80, 8192), (120, 8192), (180, 16384)):
         assert fit._sglang_capacity_defaults(gib * 1024**3, 1)[0] == chunked
+
+
+def test_the_pool_sizing_sparkit_replays_is_sglang_s():
+    """sparkit.memory.sglang_pool follows these lines of SGLang 0.5.23, one by one; an upgrade that
+    changes one fails here, naming it."""
+    from sparkit.memory import sglang_pool
+
+    configurator = source("mem_cache/kv_cache_configurator.py")
+    for piece in (
+        "rest_memory = available_gpu_memory - slack_gb - mm_reservation_gb",
+        "mamba_budget = (\n                total_rest_memory\n                * get_schedule().mamba_full_memory_ratio\n"
+        "                / (1 + get_schedule().mamba_full_memory_ratio)",
+        "(mamba_budget_bytes - per_req * (1 + D) - extra_per_slot)\n"
+        "                        // (per_req * (1 + D / ratio) + extra_per_slot)",
+        "(mamba_budget_bytes - replayssm_fixed_bytes - per_slot)\n                        // per_slot",
+        "intermediate_size = per_req * (capped_reqs + 1) * D",
+        "(get_schedule().max_mamba_cache_size + 1) * (stage_per_req + extra_per_slot)",
+        "f\"Not enough GPU memory for hybrid (mamba/linear-attention) state cache. \"",
+        "f\"(total_rest_memory={total_rest_memory:.2f} GB, \"",
+        "f\"Loaded weights leave no GPU memory for the KV cache under \"",
+        "estimated = max(min(estimated, 4096), 2048)",
+        "max_num_reqs = min(requested_per_worker, token_capacity // 2)",
+        "mamba_cap = get_schedule().max_mamba_cache_size // ratio",
+        "extra_mamba_cache_bytes_per_req: int = 0",
+    ):
+        assert piece in configurator, piece
+    assert f"MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = {sglang_pool.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO}" \
+        in configurator
+    sizing = source("mem_cache/allocation_sizing.py")
+    assert "return 2 if overlap else 1" in sizing and "if not extra_buffer:\n        return 0" in sizing
+    pools = source("model_executor/pool_configurator.py")
+    for piece in ("available_bytes // self._cell_size",
+                  "draft_kv_size = int(\n                        self._cell_size * draft_num_layers / int(num_layers)"):
+        assert piece in pools, piece
+    # the pre-capture path: MLA models are never post-capture sized (Ling's KV is MLA)
+    assert "if mla_enabled:\n        return False" in source("arg_groups/overrides.py")
+    # SGLang's "GB" is 2**30 bytes in the lines sparkit compares with
+    assert re.search(r"^GB = 1024 \* 1024 \* 1024$", source("mem_cache/memory_pool.py"), re.M)
+
+
+def test_sglang_measures_free_memory_with_cuda_s_own_figure_at_its_start():
+    """P (pre_model_load_memory) is get_available_gpu_memory: torch.cuda.mem_get_info on a discrete
+    GPU, in the engine's process after its CUDA context; sparkit takes NVML's free memory less the
+    context it measured (fit.CUDA_CONTEXT_BYTES)."""
+    common = source("utils/common.py")
+    assert "free_gpu_memory, _ = torch.cuda.mem_get_info(gpu_id)" in common
+    boot = source("distributed/bootstrap.py")
+    assert "pre_model_load_memory = get_available_gpu_memory(" in boot
+    assert 0.5 * 2**30 < fit.CUDA_CONTEXT_BYTES < 1 * 2**30

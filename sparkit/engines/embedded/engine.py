@@ -232,11 +232,13 @@ class _Request:
         return len(self.seq) - self.prompt_len
 
     def pick(self, logits) -> int:
+        from sparkit.engines.embedded.profiling import span
         from sparkit.engines.embedded.speculative import logits_to_probs, sample
 
-        if self.greedy:
-            return int(logits.argmax())
-        return int(sample(logits_to_probs(logits[None], self.params), self.generator)[0])
+        with span("sampling"):
+            if self.greedy:
+                return int(logits.argmax())
+            return int(sample(logits_to_probs(logits[None], self.params), self.generator)[0])
 
     def commit(self, tokens: list[int]) -> tuple[list[int], dict | None]:
         """Append tokens up to the first finish condition; returns (committed, finish_reason)."""
@@ -253,8 +255,11 @@ class _Request:
         return out, None
 
     def _target_logits(self, hidden):
+        from sparkit.engines.embedded.profiling import span
+
         # ids past the tokenizer's vocabulary (padding rows of the head) are never produced
-        return self.engine.model.logits(hidden)[0, :, : self.engine.vocab_limit].float()
+        with span("lm_head"):
+            return self.engine.model.logits(hidden)[0, :, : self.engine.vocab_limit].float()
 
     def _prefill(self):
         model, cache = self.engine.model, self.engine._target_cache

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sparkit.engines.embedded.formats import MODEL_CLASS  # declared where the preflight reads it
+from sparkit.engines.embedded.profiling import span
 
 DRAFT_CLASS = "TinyLingForCausalLMNextN"
 
@@ -455,63 +456,66 @@ class FastDecoderLayer:
 
     def __call__(self, x, rope: RotaryEmbedding, cache: KVCache, layer: int, start: int, last_only: bool = False):
         """x [T, H] -> [T, H] (or [1, H] with last_only: K/V for all T, the rest for the last)."""
-        T, H = x.shape
-        end = start + T
-        if end > cache.max_len:
-            raise ValueError(f"sequence length {end} exceeds the KV cache ({cache.max_len})")
-        table, causal = rope.fast_tables()
-        h = F.rms_norm(x, (H,), self.in_norm, self.eps)
-        qkv = torch.view_as_complex(torch.mm(h, self.qkv_t).view(T, 3, self.heads, self.head_dim // 2, 2))
-        qkv = torch.view_as_real(qkv * table[start:end]).view(T, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)
-        cache.kv[layer, :, :, start:end] = qkv[1:]
-        # 4-D [1, heads, T, D]: SDPA's fused CPU kernel (3-D inputs take the slower math path)
-        keys, values = cache.kv[layer, 0:1, :, :end], cache.kv[layer, 1:2, :, :end]
-        q = qkv[0:1]
-        if last_only and T > 1:
-            q, x = q[:, :, -1:], x[-1:]
-        n = q.shape[2]
-        if n == 1:
-            attn = F.scaled_dot_product_attention(q, keys, values)
-        else:
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal[start:end, :end])
-        x = torch.addmm(x, attn[0].transpose(0, 1).reshape(n, -1), self.o_t)
-
-        h = F.rms_norm(x, (H,), self.post_norm, self.eps)
-        E, inter = self.num_experts, self.inter
-        if n <= _PER_EXPERT_MAX_TOKENS:
-            # Decode, verify, MTP extend: a loop over the experts the tokens picked (plus the shared
-            # one), each read once and applied to all n rows, its output weighted per token (0 for
-            # a token that did not pick it). At this size a step costs the bytes of weights it reads
-            # (the model does not fit in L2) as much as its op count, so only touched experts are
-            # read. Experts in ascending order for any n, so that a token's sum is formed in the
-            # same order in a decode step and in a verify step.
-            top_logits, topi = torch.mm(h, self.router_t).topk(self.top_k, dim=-1)
-            topw = top_logits.softmax(dim=-1)
+        # profiler spans (no-ops unless a profile runs: sparkit.engines.embedded.profiling)
+        with span("attention"):
+            T, H = x.shape
+            end = start + T
+            if end > cache.max_len:
+                raise ValueError(f"sequence length {end} exceeds the KV cache ({cache.max_len})")
+            table, causal = rope.fast_tables()
+            h = F.rms_norm(x, (H,), self.in_norm, self.eps)
+            qkv = torch.view_as_complex(torch.mm(h, self.qkv_t).view(T, 3, self.heads, self.head_dim // 2, 2))
+            qkv = torch.view_as_real(qkv * table[start:end]).view(T, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)
+            cache.kv[layer, :, :, start:end] = qkv[1:]
+            # 4-D [1, heads, T, D]: SDPA's fused CPU kernel (3-D inputs take the slower math path)
+            keys, values = cache.kv[layer, 0:1, :, :end], cache.kv[layer, 1:2, :, :end]
+            q = qkv[0:1]
+            if last_only and T > 1:
+                q, x = q[:, :, -1:], x[-1:]
+            n = q.shape[2]
             if n == 1:
-                picked, columns = map(list, zip(*sorted(zip(topi[0].tolist(), topw[0].tolist()))))
+                attn = F.scaled_dot_product_attention(q, keys, values)
             else:
-                route = torch.zeros(n, E, dtype=x.dtype, device=x.device).scatter_(1, topi, topw).T.contiguous()
-                picked = sorted(set(topi.view(-1).tolist()))
-                columns = [route[e, :, None] for e in picked]
-            for e, w in zip(picked + [E], columns + [None]):
-                gate_up = torch.mm(h, self.gate_up_t[e])
-                width = gate_up.shape[1] // 2
-                act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])
-                # w is None for the shared expert, 1.0 for top-1 routing of one token (softmax of one logit)
-                x = torch.addmm(x, act if w is None or (type(w) is float and w == 1.0) else act.mul_(w), self.down_t_each[e])
-            return x
-        y = torch.mm(h, self.moe_t)
-        top_logits, topi = y[:, :E].topk(self.top_k, dim=-1)
-        route = torch.zeros(n, E, 1, dtype=x.dtype, device=x.device).scatter_(1, topi.unsqueeze(-1), top_logits.softmax(dim=-1).unsqueeze(-1))
-        if self.shared_inter == inter:
-            gate_up = y[:, E:].view(n, E + 1, 2, inter)
-            act = F.hardshrink(F.silu(gate_up[:, :, 0]).mul_(gate_up[:, :, 1]), _SUBNORMAL_GUARD)  # [n, E+1, I]
-            act[:, :E] *= route  # routed experts by their weight (0 if not picked); shared expert by 1
-            return torch.addmm(x, act.view(n, -1), self.down_t)
-        routed = y[:, E : E + 2 * E * inter].view(n, E, 2, inter)
-        shared = y[:, E + 2 * E * inter :].view(n, 2, self.shared_inter)
-        act = torch.cat(((F.silu(routed[:, :, 0]) * routed[:, :, 1] * route).view(n, -1), F.silu(shared[:, 0]) * shared[:, 1]), dim=1)
-        return torch.addmm(x, F.hardshrink(act, _SUBNORMAL_GUARD), self.down_t)
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal[start:end, :end])
+            x = torch.addmm(x, attn[0].transpose(0, 1).reshape(n, -1), self.o_t)
+
+        with span("moe"):
+            h = F.rms_norm(x, (H,), self.post_norm, self.eps)
+            E, inter = self.num_experts, self.inter
+            if n <= _PER_EXPERT_MAX_TOKENS:
+                # Decode, verify, MTP extend: a loop over the experts the tokens picked (plus the shared
+                # one), each read once and applied to all n rows, its output weighted per token (0 for
+                # a token that did not pick it). At this size a step costs the bytes of weights it reads
+                # (the model does not fit in L2) as much as its op count, so only touched experts are
+                # read. Experts in ascending order for any n, so that a token's sum is formed in the
+                # same order in a decode step and in a verify step.
+                top_logits, topi = torch.mm(h, self.router_t).topk(self.top_k, dim=-1)
+                topw = top_logits.softmax(dim=-1)
+                if n == 1:
+                    picked, columns = map(list, zip(*sorted(zip(topi[0].tolist(), topw[0].tolist()))))
+                else:
+                    route = torch.zeros(n, E, dtype=x.dtype, device=x.device).scatter_(1, topi, topw).T.contiguous()
+                    picked = sorted(set(topi.view(-1).tolist()))
+                    columns = [route[e, :, None] for e in picked]
+                for e, w in zip(picked + [E], columns + [None]):
+                    gate_up = torch.mm(h, self.gate_up_t[e])
+                    width = gate_up.shape[1] // 2
+                    act = F.silu(gate_up[:, :width]).mul_(gate_up[:, width:])
+                    # w is None for the shared expert, 1.0 for top-1 routing of one token (softmax of one logit)
+                    x = torch.addmm(x, act if w is None or (type(w) is float and w == 1.0) else act.mul_(w), self.down_t_each[e])
+                return x
+            y = torch.mm(h, self.moe_t)
+            top_logits, topi = y[:, :E].topk(self.top_k, dim=-1)
+            route = torch.zeros(n, E, 1, dtype=x.dtype, device=x.device).scatter_(1, topi.unsqueeze(-1), top_logits.softmax(dim=-1).unsqueeze(-1))
+            if self.shared_inter == inter:
+                gate_up = y[:, E:].view(n, E + 1, 2, inter)
+                act = F.hardshrink(F.silu(gate_up[:, :, 0]).mul_(gate_up[:, :, 1]), _SUBNORMAL_GUARD)  # [n, E+1, I]
+                act[:, :E] *= route  # routed experts by their weight (0 if not picked); shared expert by 1
+                return torch.addmm(x, act.view(n, -1), self.down_t)
+            routed = y[:, E : E + 2 * E * inter].view(n, E, 2, inter)
+            shared = y[:, E + 2 * E * inter :].view(n, 2, self.shared_inter)
+            act = torch.cat(((F.silu(routed[:, :, 0]) * routed[:, :, 1] * route).view(n, -1), F.silu(shared[:, 0]) * shared[:, 1]), dim=1)
+            return torch.addmm(x, F.hardshrink(act, _SUBNORMAL_GUARD), self.down_t)
 
 
 class TinyLingForCausalLM(nn.Module):

@@ -634,6 +634,43 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse("Cache flushed.\n")
 
 
+async def _profile_body(request: Request, state: ServerState) -> dict[str, Any]:
+    raw = await read_body(request, state)
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise proto.ApiError(400, f"the request body is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise proto.ApiError(400, "the request body is not a JSON object")
+    return body
+
+
+async def start_profile(request: Request) -> Response:
+    """SGLang's /start_profile: a torch.profiler trace of the next forward passes
+    (sparkit.engines.embedded.profiling)."""
+    from sparkit.engines.embedded.profiling import ProfileRequest
+
+    state = _state(request)
+    worker = require_ready(state)
+    worker.profile.start(ProfileRequest.from_body(await _profile_body(request, state)))
+    worker.wake()
+    return PlainTextResponse("Start profiling.\n")
+
+
+async def stop_profile(request: Request) -> Response:
+    """SGLang's /stop_profile: stops the profile and writes its trace (returns once written)."""
+    state = _state(request)
+    worker = require_ready(state)
+    worker.profile.stop()
+    worker.wake()
+    await asyncio.to_thread(worker.profile.done.wait, 120)
+    if worker.profile.error:
+        raise proto.ApiError(500, f"the profile could not be written: {worker.profile.error}", type="InternalServerError")
+    return PlainTextResponse("Stop profiling. This will take some time.\n")
+
+
 ROUTES = [
     Route("/health", health, methods=["GET", "HEAD"]),
     Route("/health_generate", health_generate, methods=["GET"]),
@@ -655,6 +692,8 @@ ROUTES = [
     Route("/get_model_info", model_info, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
+    Route("/start_profile", start_profile, methods=["GET", "POST"]),
+    Route("/stop_profile", stop_profile, methods=["GET", "POST"]),
 ]
 
 

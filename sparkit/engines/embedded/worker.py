@@ -16,6 +16,9 @@ from typing import Any, Callable
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams, TokenLogprobs
 from sparkit.engines.embedded.metrics import DecodeWindow, ServerMetrics
+from sparkit.engines.embedded.profiling import ProfileControl, span
+
+_WAKE = object()  # put on the job queue so that an idle worker acts on a profile request
 
 DECODE_LOG_INTERVAL = 40  # decode steps between "Decode batch." lines and gauge updates (as SGLang)
 
@@ -79,6 +82,7 @@ class EngineWorker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._current: Job | None = None
         self._window = DecodeWindow()
+        self.profile = ProfileControl()  # /start_profile, /stop_profile (sparkit.engines.embedded.profiling)
         self.thread = threading.Thread(target=self._main, name="embedded-engine-worker", daemon=True)
 
     # event-loop side
@@ -98,6 +102,10 @@ class EngineWorker:
         with self.metrics.lock:
             self.metrics.num_queue_reqs = self._jobs.qsize()
 
+    def wake(self) -> None:
+        """Have the worker look at a profile request now, even when it is idle."""
+        self._jobs.put(_WAKE)  # type: ignore[arg-type]
+
     def stop(self) -> None:
         self.state = "stopped"
         current = self._current
@@ -108,7 +116,7 @@ class EngineWorker:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if job is not None and job is not _WAKE:
                 job.cancel.set()
                 job.publish(proto.ApiError(503, "the server is shutting down", type="ServiceUnavailableError"))
         self._jobs.put(None)
@@ -130,6 +138,9 @@ class EngineWorker:
         self._on_ready()
         while True:
             job = self._jobs.get()
+            self.profile.poll()
+            if job is _WAKE:
+                continue
             with self.metrics.lock:
                 self.metrics.num_queue_reqs = self._jobs.qsize()
             if job is None:
@@ -168,7 +179,16 @@ class EngineWorker:
         try:
             extra = {"logprobs": job.logprobs} if job.logprobs is not None else {}
             steps = self.engine.generate(list(job.input_ids), job.params, job.cancel.is_set, **extra)
-            for step in steps:
+            stage = "EXTEND"  # the first step is the prefill; then a decode (or verify) step each
+            while True:
+                self.profile.poll()
+                with span(f"step[{stage} bs=1]"):  # SGLang's span names (sparkit.bench.trace)
+                    try:
+                        step = next(steps)
+                    except StopIteration:
+                        break
+                self.profile.step_done()
+                stage = "VERIFY" if self.speculative else "DECODE"
                 if self.step_delay_s and not job.internal:
                     time.sleep(self.step_delay_s)
                 now = time.perf_counter()
@@ -210,6 +230,7 @@ class EngineWorker:
         finally:
             with self.metrics.lock:
                 self.metrics.num_running_reqs = 0
+            self.profile.poll()
         progress.text = self._final_text(job, progress)
         progress.e2e_latency = time.perf_counter() - job.arrived
         if not job.internal:  # counted before the client hears of it: /metrics never lags a reply

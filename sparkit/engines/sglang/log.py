@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkit.engines.base import STARTUP_PHASES as PHASES  # the seam's vocabulary of phases
@@ -42,6 +42,21 @@ _RESET = re.compile(r"\b(?:is|are) reset to\b", re.IGNORECASE)
 #  cuda_graph={prefill=56.11, decode=0.00, ...}, tokenizer_e2e=113.78" (SGLang 0.5.23)
 _STARTUP_TIMINGS = re.compile(r"Engine startup timings \(s\):\s*(?P<rest>.*)$")
 _TIMING_ITEM = re.compile(r"(?P<key>\w+)=(?:\{(?P<group>[^}]*)\}|(?P<value>[-\d.]+))")
+# SGLang 0.5.23's memory lines (sizes in "GB" = GiB); sparkit.memory.sglang_pool predicts each figure.
+_AVAIL = re.compile(r"avail mem=(?P<avail>-?[\d.]+) GB")
+_MEM_USAGE = re.compile(r"mem usage=(?P<usage>-?[\d.]+) GB")
+_MAMBA_ALLOC = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (?P<size>\d+), conv_state size: "
+                          r"(?P<conv>[\d.]+)GB, ssm_state size: (?P<ssm>[\d.]+)GB(?: intermediate_ssm_state_cache size: "
+                          r"(?P<issm>[\d.]+)GB intermediate_conv_window_cache size: (?P<iconv>[\d.]+)GB)?")
+_KV_ALLOC = re.compile(r"KV Cache is allocated\. dtype: (?P<dtype>[\w.]+), #tokens: (?P<tokens>\d+), "
+                       r"(?:KV size: (?P<kv>[\d.]+) GB|K size: (?P<k>[\d.]+) GB, V size: (?P<v>[\d.]+) GB)")
+_POOL_END = re.compile(r"Memory pool end\. avail mem=(?P<avail>-?[\d.]+) GB")
+_POOL_SUMMARY = re.compile(r"max_total_num_tokens=(?P<tokens>\d+), chunked_prefill_size=(?P<chunk>-?\d+), .*?"
+                           r"max_running_requests=(?P<reqs>\d+), context_len=(?P<ctx>\d+), available_gpu_mem=(?P<avail>[\d.]+) GB")
+_STATE_ERROR = re.compile(r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache\. Computed "
+                          r"max_mamba_cache_size=(?P<size>-?\d+) \(total_rest_memory=(?P<rest>-?[\d.]+) GB, "
+                          r"mamba_cache_per_req=(?P<per>[\d.]+) MB\)")
+_NO_KV_ERROR = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(?P<f>[\d.]+)")
 _TIMESTAMP = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 
 
@@ -103,6 +118,82 @@ class LogEvidence:
     def last_gen_throughput(self) -> float | None:
         values = [d.gen_throughput for d in self.decode_stats if d.gen_throughput is not None]
         return values[-1] if values else None
+
+
+@dataclass
+class MemoryFigures:
+    """What SGLang logged about its memory at start (GiB, as its "GB"), in the order it happened."""
+
+    load_begin_avail_gb: list[float] = field(default_factory=list)  # one per model, "Load weight begin"
+    loads: list[dict[str, Any]] = field(default_factory=list)  # model_class, avail_gb, mem_usage_gb
+    mamba: dict[str, Any] | None = None  # max_mamba_cache_size, conv_gb, ssm_gb, intermediate_*_gb
+    kv: list[dict[str, Any]] = field(default_factory=list)  # dtype, tokens, kv_gb (K + V for MHA)
+    pool_end_avail_gb: list[float] = field(default_factory=list)
+    summary: dict[str, Any] | None = None  # max_total_num_tokens, max_running_requests, context_len, available_gpu_mem_gb
+    state_error: dict[str, Any] | None = None  # "Not enough GPU memory for hybrid ... state cache"
+    no_kv_error: dict[str, Any] | None = None  # "Loaded weights leave no GPU memory for the KV cache"
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def pre_model_load_gb(self) -> float | None:
+        """The first "Load weight begin. avail mem": what SGLang measured before any weight (its
+        pre_model_load_memory is taken just before, with nothing allocated in between)."""
+        return self.load_begin_avail_gb[0] if self.load_begin_avail_gb else None
+
+    @property
+    def weights_gb(self) -> float:
+        return round(sum(load["mem_usage_gb"] or 0.0 for load in self.loads), 2)
+
+    @property
+    def available_after_weights_gb(self) -> float | None:
+        return self.loads[-1]["avail_gb"] if self.loads else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(pre_model_load_gb=self.pre_model_load_gb, weights_gb=self.weights_gb,
+                   available_after_weights_gb=self.available_after_weights_gb)
+        return out
+
+
+def parse_memory(text: str) -> MemoryFigures:
+    """SGLang's memory lines of a server log (sparkit.memory.sglang_pool predicts each figure)."""
+    mem = MemoryFigures()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if "Load weight begin" in line and (m := _AVAIL.search(line)):
+            mem.load_begin_avail_gb.append(float(m.group("avail")))
+            mem.lines.append(line)
+        elif m := _LOAD_END.search(line):
+            load = parse_load_end(m.group("rest"), line)
+            avail, usage = _AVAIL.search(line), _MEM_USAGE.search(line)
+            mem.loads.append({"model_class": load.model_class, "avail_gb": float(avail.group("avail")) if avail else None,
+                              "mem_usage_gb": float(usage.group("usage")) if usage else None})
+            mem.lines.append(line)
+        elif m := _MAMBA_ALLOC.search(line):
+            mem.mamba = {"max_mamba_cache_size": int(m.group("size")), "conv_state_gb": float(m.group("conv")),
+                         "ssm_state_gb": float(m.group("ssm")),
+                         "intermediate_ssm_state_cache_gb": float(m.group("issm")) if m.group("issm") else None,
+                         "intermediate_conv_window_cache_gb": float(m.group("iconv")) if m.group("iconv") else None}
+            mem.lines.append(line)
+        elif m := _KV_ALLOC.search(line):
+            size = float(m.group("kv")) if m.group("kv") else float(m.group("k")) + float(m.group("v"))
+            mem.kv.append({"dtype": m.group("dtype"), "tokens": int(m.group("tokens")), "kv_gb": round(size, 2)})
+            mem.lines.append(line)
+        elif m := _POOL_END.search(line):
+            mem.pool_end_avail_gb.append(float(m.group("avail")))
+            mem.lines.append(line)
+        elif m := _POOL_SUMMARY.search(line):
+            mem.summary = {"max_total_num_tokens": int(m.group("tokens")), "max_running_requests": int(m.group("reqs")),
+                           "context_len": int(m.group("ctx")), "available_gpu_mem_gb": float(m.group("avail"))}
+            mem.lines.append(line)
+        elif m := _STATE_ERROR.search(line):
+            mem.state_error = {"max_mamba_cache_size": int(m.group("size")), "total_rest_memory_gb": float(m.group("rest")),
+                               "mamba_cache_per_req_mb": float(m.group("per"))}
+            mem.lines.append(line)
+        elif m := _NO_KV_ERROR.search(line):
+            mem.no_kv_error = {"mem_fraction_static": float(m.group("f"))}
+            mem.lines.append(line)
+    return mem
 
 
 def _number(text: str) -> float | None:
@@ -333,6 +424,16 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         "CUDA graph capture failed",
         "capturing CUDA graphs failed",
         "lower --cuda-graph-max-bs-decode or mem_fraction_static, or disable CUDA graphs to confirm",
+    ),
+    (
+        re.compile(r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache"
+                   r"|Loaded weights leave no GPU memory for the KV cache"),
+        "no memory left for the pools",
+        "SGLang's memory profile found no room for its state or KV pool after the weights: what was free when it "
+        "started (P x (1 - mem_fraction_static) is kept free) was taken since, often by another server starting "
+        "at the same time",
+        "start servers one after another, or size their pools explicitly (--max-total-tokens, --max-mamba-cache-size) "
+        "with a mem_fraction_static that leaves P x (1 - f) free; `sparkit plan` shows the arithmetic",
     ),
     (
         re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory|Not enough memory|MemoryError|Cannot allocate memory", re.IGNORECASE),
