@@ -40,11 +40,12 @@ def _register_all() -> None:
         chat_cmd,
         eval_cmd,
         model_cmd,
+        pull_cmd,
         recipes_cmd,
         serve_cmd,
     )
 
-    for module in (recipes_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, model_cmd):
+    for module in (recipes_cmd, pull_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, model_cmd):
         module.register(app)
 
 
