@@ -279,9 +279,9 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) != 2 or parts[0] != "lfs" or parts[1] not in self.state.repos.by_sha or query.get("sig") != ["signed"]:
             return self._send(403, b"<Error>AccessDenied</Error>", content_type="application/xml")
         repo, path = query["repo"][0], query["file"][0]
-        commit_files = [m for (r, _), files in self.state.repos.files.items() if r == repo
-                        for m in files.values() if m.get("sha256") == parts[1]]
-        meta = commit_files[0]
+        same = [m for (r, _), files in self.state.repos.files.items() if r == repo
+                for m in files.values() if m.get("sha256") == parts[1]]
+        meta = next((m for m in same if m["path"] == path), same[0])  # identical copies share a sha256
         unhashed = bool(self.state.repos.spec[repo].get("unhashed"))
         return self._body(f"{repo}/{path}", meta, {"ETag": f'"{meta["sha256"]}"', "Accept-Ranges": "bytes"}, unhashed)
 

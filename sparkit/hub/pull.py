@@ -213,7 +213,7 @@ def _plan_repo(role: str, ref: HubRef, check_only: bool) -> RepoPull:
     prefetched: dict[str, bytes] = {}
     for name in (CONFIG_FILE, INDEX_FILE):
         if name in listed.files:
-            local = cache.snapshot_dir(ref.repo, listed.commit) / name
+            local = cache.blob_path(ref.repo, listed.files[name].etag)  # verified by an earlier pull, if here
             raw = local.read_bytes() if local.is_file() and local.stat().st_size == listed.files[name].size else None
             if raw is None:
                 raw = remote.read_small(ref, listed.commit, listed.files[name])
@@ -641,13 +641,15 @@ class _Runner:
                             hint=f"check the Hugging Face cache {cache.hub_cache()} (HF_HUB_CACHE) is writable")
 
     def _dropped(self, exc: BaseException, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
-        from sparkit.hub.remote import hub_error
+        from sparkit.hub.remote import offline
 
         held = partial.stat().st_size if partial.is_file() else 0
-        base = hub_error(exc, repo.ref, f"downloading a file ({held} of its {f.size} bytes kept)", f.path)
-        base.hint = (f"check the network, then `{self.command}` again: it resumes {f.path} at byte {held} "
-                     f"and keeps the {self.verified} file(s) already verified")
-        return base
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = "the hub" if offline() else _endpoint()
+        return HubError(f"the connection to {where} dropped while downloading {repo.ref}: {f.path} and did not "
+                        f"recover ({reason}); {held} of its {f.size} bytes are kept",
+                        hint=f"check the network, then `{self.command}` again: it resumes {f.path} at byte {held} "
+                             f"and keeps the {self.verified} file(s) already verified")
 
     # -- the whole pull
 
