@@ -125,7 +125,8 @@ def recipe_targets(recipe: str, sets: list[str]) -> tuple[list[tuple[str, Any]],
 
     plan = compile_plan(load_recipe(recipe, sets))
     targets = plan_targets(plan)
-    entry: dict[str, Any] = {"recipe": plan.recipe_name, "models": [p["ref"] for p in plan.model_pulls]}
+    entry: dict[str, Any] = {"recipe": plan.recipe_name, "models": [p["ref"] for p in plan.model_pulls],
+                             "plan_command": "sparkit plan " + shlex.join([recipe, *(a for s in sets for a in ("--set", s))])}
     if not targets:
         entry["nothing"] = f"{plan.recipe_name} serves {plan.model}, which is not a hub id"
         return targets, entry
@@ -142,7 +143,7 @@ def _refuse_when_it_cannot_fit(fits: list[dict[str, Any]], ignore_fit: bool) -> 
         if fit.get("verdict") == "does-not-fit" and not ignore_fit:
             raise PreflightError(f"{fit['recipe']}: the memory fit says it does not fit ({fit['summary']}; {fit['basis']}): "
                                  "nothing was downloaded",
-                                 hint=f"`sparkit plan {fit['recipe']}` shows every term; --ignore-fit downloads it anyway")
+                                 hint=f"`{fit['plan_command']}` shows every term; --ignore-fit downloads it anyway")
 
 
 # ------------------------------------------------------------------------------ rendering

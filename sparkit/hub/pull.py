@@ -752,9 +752,9 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def _is_transport(exc: BaseException) -> bool:
-    import httpx2
+    from sparkit.hub.remote import transport_errors
 
-    return isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError))
+    return isinstance(exc, transport_errors())
 
 
 def _hf_http_error():

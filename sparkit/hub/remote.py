@@ -74,10 +74,21 @@ def token_present() -> bool:
 
 # ------------------------------------------------------------------------------ errors
 
+def transport_errors() -> tuple[type[BaseException], ...]:
+    """What the network under huggingface_hub raises: its HTTP library's transport errors (httpx2
+    in huggingface_hub 2.x, httpx before), and the OS's."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(__import__(name).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def hub_error(exc: BaseException, ref: HubRef, doing: str, path: str | None = None) -> SparkitError:
     """One sparkit error for what huggingface_hub (or the network under it) raised while `doing`
     something with `ref` (and its file `path`)."""
-    import httpx2
     from huggingface_hub import errors
 
     where = f"{ref}" + (f": {path}" if path else "")
@@ -116,7 +127,7 @@ def hub_error(exc: BaseException, ref: HubRef, doing: str, path: str | None = No
             return HubError(f"the hub failed ({status}{said}) while {doing} ({where})",
                             hint="try again later; what is already verified is kept and the next pull resumes")
         return HubError(f"the hub answered {status}{said} while {doing} ({where})")
-    if isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError)):
+    if isinstance(exc, transport_errors()):
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return HubError(f"cannot reach {endpoint()} ({reason}) while {doing} ({where})",
                         hint="check the network (or HF_ENDPOINT); a later `sparkit pull` resumes where this one stopped")
