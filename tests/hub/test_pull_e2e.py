@@ -151,3 +151,33 @@ def test_check_verifies_the_local_copy_without_downloading(hub, hub_env):
     assert all(f["state"] == "present" for f in json.loads(checked.stdout)["repos"][0]["files"])
     assert served_files(hub, "sparkit-test/tiny-ling") == served
     assert sum(1 for line in checked.stderr.splitlines() if line.startswith("verify ")) == 7
+
+
+def test_a_recipe_pulls_its_model_and_its_separate_draft_model_and_one_without_hub_models_nothing(hub, hub_env, tmp_path):
+    recipe = tmp_path / "draft.yaml"
+    recipe.write_text("extends: tiny\nmodel:\n  path: sparkit-test/tiny-ling\nstack:\n  speculative:\n"
+                      "    draft_model: sparkit-test/tiny-ling-sharded\n")
+    done = run_sparkit(hub_env, "pull", str(recipe), "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert [(r["ref"], r["role"]) for r in doc["repos"]] == [("sparkit-test/tiny-ling", "target"),
+                                                             ("sparkit-test/tiny-ling-sharded", "draft")]
+    assert doc["complete"] and doc["recipes"][0]["verdict"] == "fits"
+    assert "draft: memory fit: fits" in done.stderr  # the recipe's fit, before anything moved
+    plan = json.loads(run_sparkit(hub_env, "plan", str(recipe), "--json").stdout)
+    assert [p["state"] for p in plan["model_pulls"]] == ["verified", "verified"]
+    nothing = run_sparkit(hub_env, "pull", "tiny", "--json")
+    assert nothing.returncode == 0 and "nothing to pull: tiny serves sparkit:tiny-ling" in nothing.stderr
+    assert json.loads(nothing.stdout)["repos"] == []
+
+
+def test_a_recipe_that_cannot_fit_is_refused_before_a_byte_of_weights_moves(hub, hub_env):
+    sets = ["--set", "server.max_running_requests=64"]  # 64 requests at 256K tokens: no Spark holds that KV cache
+    done = run_sparkit(hub_env, "pull", "ling-3.0-flash/spark-optimized", *sets, timeout=900)
+    assert done.returncode == 4, done.stderr
+    text = " ".join(done.stderr.split())
+    assert "error: ling-3.0-flash/spark-optimized: the memory fit says it does not fit (does not fit: needs" in text
+    assert "nothing was downloaded" in text and "--ignore-fit downloads it anyway" in text
+    assert "`sparkit plan ling-3.0-flash/spark-optimized --set server.max_running_requests=64` shows every term" in text
+    assert not [r for r in hub.stats()["requests"] if r["cdn"] and not r["range"]]  # headers only
+    assert not (Path(hub_env["HF_HUB_CACHE"]) / "models--inclusionAI--Ling-3.0-flash-fp4" / "blobs").exists()
