@@ -76,32 +76,46 @@ def read_safetensors_header(path: str | Path) -> tuple[dict[str, TensorInfo], di
         with open(path, "rb") as handle:
             size = path.stat().st_size
             raw_len = handle.read(8)
-            if len(raw_len) < 8:
-                raise DataError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
-            (header_len,) = struct.unpack("<Q", raw_len)
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-                raise DataError(f"{path}: not a safetensors file (header length {header_len} does not fit "
-                                f"the file's {size} bytes)")
+            header_len = header_length(raw_len, size, str(path))
             raw = handle.read(header_len)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return parse_safetensors_header(raw, size - 8 - header_len, str(path), path.name)
+
+
+def header_length(first_bytes: bytes, size: int, where: str) -> int:
+    """The JSON header's length from a safetensors file's first 8 bytes, checked against the
+    file's `size` (DataError naming `where`)."""
+    if len(first_bytes) < 8:
+        raise DataError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
+    (header_len,) = struct.unpack("<Q", first_bytes[:8])
+    if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+        raise DataError(f"{where}: not a safetensors file (header length {header_len} does not fit "
+                        f"the file's {size} bytes)")
+    return header_len
+
+
+def parse_safetensors_header(raw: bytes, data_size: int, where: str, file: str) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
+    """(tensors by name, __metadata__) from a header's JSON bytes, each tensor checked against its
+    dtype, shape and the `data_size` bytes of the data region (read from disk, or by range
+    requests from the hub: sparkit.hub.remote). `where` names the file in messages, `file` is its
+    name within the checkpoint."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: the safetensors header is not JSON ({exc})") from None
+        raise DataError(f"{where}: the safetensors header is not JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise DataError(f"{path}: the safetensors header is not a JSON object")
+        raise DataError(f"{where}: the safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
-    data_size = size - 8 - header_len
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
-        tensors[name] = _tensor_info(path, name, entry, data_size)
+        tensors[name] = _tensor_info(where, file, name, entry, data_size)
     return tensors, metadata if isinstance(metadata, dict) else {}
 
 
-def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:
+def _tensor_info(path: str, file: str, name: str, entry: Any, data_size: int) -> TensorInfo:
     where = f"{path}: tensor {name!r}"
     if not isinstance(entry, dict):
         raise DataError(f"{where}: its header entry is not an object")
@@ -123,7 +137,7 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     expected = math.ceil(math.prod(shape) * bits / 8)
     if nbytes != expected:
         raise DataError(f"{where}: {dtype} {shape} needs {expected} bytes, its offsets span {nbytes}")
-    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=path.name)
+    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=file)
 
 
 def safetensors_files(directory: str | Path) -> list[Path]:
@@ -242,5 +256,5 @@ def write_sparse_checkpoint(directory: str | Path, tensors: dict[str, tuple[str,
     return paths
 
 
-__all__ = ["TensorInfo", "write_sparse_checkpoint", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index", "read_config",
-           "DTYPE_BITS"]
+__all__ = ["TensorInfo", "write_sparse_checkpoint", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index",
+           "read_config", "parse_safetensors_header", "header_length", "DTYPE_BITS"]

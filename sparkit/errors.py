@@ -8,12 +8,16 @@ them:
     SparkitError           1   anything else sparkit reports
     ├── UsageError         2   bad command-line usage (a flag, a --set key the schema lacks)
     ├── RecipeError        3   a recipe file is invalid (file:line:col key: message)
-    ├── PreflightError     4   the host cannot run the plan (GPUs, memory, port, model)
+    ├── PreflightError     4   the host cannot run the plan (GPUs, memory, port, model), or cannot
+    │                          hold a model `sparkit pull` fetches (disk space, before or during it)
     ├── LaunchError        5   the engine did not start or did not become healthy
     ├── CheckFailed        6   the server runs but a startup check failed
     ├── EngineError        7   no server to talk to (none running, nothing answered at the URL),
     │                          or the server answered with an error / went away
-    ├── DataError          8   an input data file (GSM8K, bench JSON) is unusable
+    ├── DataError          8   an input data file (GSM8K, bench JSON) is unusable; a model file that
+    │                          does not match the hub's hash twice
+    ├── HubError           9   the model hub: not reachable (offline, no network), refused (401/403,
+    │                          gated), or has no such repository, revision or file (404)
     └── StateError        10   sparkit's own directories (SPARKIT_HOME or the default state,
                                data and cache directories, a run directory) are unsafe to use
                                (another user owns them or can write them, a link stands where
@@ -89,6 +93,13 @@ class EngineError(SparkitError):
 
 class DataError(SparkitError):
     exit_code = 8
+
+
+class HubError(SparkitError):
+    """The Hugging Face hub (or the HF_ENDPOINT mirror) could not be reached, refused the request,
+    or has no such repository, revision or file. The message names the repository (and file)."""
+
+    exit_code = 9
 
 
 class StateError(SparkitError):

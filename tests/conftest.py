@@ -1,7 +1,7 @@
 """Test-wide setup.
 
 - SPARKIT_HOME points at a per-session temporary directory, so runs, caches and
-  histories never touch the developer's real ones.
+  histories never touch the developer's real ones; the Hugging Face cache and home too, offline.
 - GSM8K_DIR is the GSM8K copy shipped with sparkit (sparkit/evals/data/gsm8k).
 - Engine fixtures (a built tiny model, real embedded-server processes) live in
   tests/_engine_fixtures.py and are re-exported here.
@@ -22,6 +22,14 @@ from _shared import GSM8K_DIR, REPO_DIR, SHARED_DIR  # noqa: E402,F401
 
 _session_home = tempfile.mkdtemp(prefix="sparkit-test-home-")
 os.environ["SPARKIT_HOME"] = _session_home
+# The hub is never asked (the pull tests start their own, tests/hub_server.py, and say so), and
+# nothing the developer downloaded or logged into changes a result: an empty Hugging Face cache
+# and home, offline.
+os.environ["HF_HOME"] = os.path.join(_session_home, "hf")
+os.environ["HF_HUB_CACHE"] = os.path.join(_session_home, "hf", "hub")
+os.environ["HF_HUB_OFFLINE"] = "1"
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
+    os.environ.pop(_name, None)
 
 try:  # engine fixtures appear once the embedded engine lands
     from _engine_fixtures import *  # noqa: F401,F403,E402

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import re
 import socket
 from pathlib import Path
 
 from sparkit.checks.results import CheckResult, Status
 from sparkit.host import Host, target_fit
 from sparkit.recipes.plan import LaunchPlan
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _target(plan: LaunchPlan) -> str:
@@ -142,15 +139,35 @@ def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
 
 
 def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
-    """Whether the model can be found (an engine that knows what it serves says so itself:
-    its adapter's optional `model_check`)."""
+    """The checkpoints are on this machine: a built-in model (built before the launch), a local
+    directory, or a hub model pulled into the Hugging Face cache (`sparkit pull`; the engine is
+    given the snapshot and never downloads). A hub model not here refuses the launch with the
+    exact pull command."""
     from sparkit.engines.base import get_adapter
 
     engine_check = getattr(get_adapter(plan.engine), "model_check", None)
     if engine_check is not None:
         return engine_check(plan)
+
     model = plan.model
     title = "model"
+    pulls = list(plan.model_pulls or [])
+    missing = [p for p in pulls if not p.get("local")]
+    if missing:
+        refs = " ".join(p["ref"] for p in missing)
+        return CheckResult("model", title, Status.FAIL,
+                           "; ".join(f"{p['ref']} ({p['role']}) is not here: {p['detail']}" for p in missing),
+                           evidence=[f"{p['key']}: {p['ref']}" for p in pulls],
+                           cause="the engine is given a local copy and never downloads inside a launch",
+                           fix=f"`sparkit pull {refs}` (or `sparkit up --pull ...` pulls it first)")
+    if pulls:
+        unverified = [p for p in pulls if p.get("state") != "verified"]
+        detail = "; ".join(f"{p['ref']}: {p['local']} ({p['state']})" for p in pulls)
+        if unverified:
+            refs = " ".join(p["ref"] for p in unverified)
+            return CheckResult("model", title, Status.WARN, detail, evidence=[p["detail"] for p in unverified],
+                               fix=f"`sparkit pull --check {refs}` verifies it against the hub's hashes")
+        return CheckResult("model", title, Status.PASS, detail, evidence=[p["detail"] for p in pulls])
     if model.startswith("sparkit:"):
         builds = ", ".join(b["dir"] for b in plan.model_builds)
         return CheckResult("model", title, Status.PASS, f"built-in {model}, built before launch if missing",
@@ -161,10 +178,8 @@ def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
             return CheckResult("model", title, Status.FAIL, f"{model} has no config.json",
                                fix="point model.path at a checkpoint directory")
         return CheckResult("model", title, Status.PASS, f"local checkpoint {model}")
-    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
-        return CheckResult("model", title, Status.PASS, f"hub id {model} (downloaded by the engine)")
     return CheckResult("model", title, Status.FAIL, f"{model} is neither a local directory nor a hub id",
-                       fix="fix model.path (a directory, or org/name on the hub)")
+                       fix="fix model.path (a directory, or org/name[@revision] on the hub)")
 
 
 def packages_check(adapter) -> CheckResult:

@@ -41,11 +41,12 @@ def _register_all() -> None:
         eval_cmd,
         ladder_cmd,
         model_cmd,
+        pull_cmd,
         recipes_cmd,
         serve_cmd,
     )
 
-    for module in (recipes_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, ladder_cmd, model_cmd):
+    for module in (recipes_cmd, pull_cmd, serve_cmd, chat_cmd, eval_cmd, bench_cmd, ladder_cmd, model_cmd):
         module.register(app)
 
 

@@ -420,8 +420,8 @@ def render_bandwidth(memory: dict) -> None:
 
 
 def _shipped_checkpoint_dirs() -> list:
-    """The checkpoints of the shipped recipes that are on this machine (their page-cache share is
-    part of the memory picture)."""
+    """The checkpoints of the shipped recipes that are on this machine, and every model `sparkit
+    pull` fetched (their page-cache share is part of the memory picture)."""
     from sparkit.engines.builtin_models import parse_builtin
     from sparkit.errors import SparkitError
     from sparkit.memory.checkpoint import locate
@@ -444,6 +444,11 @@ def _shipped_checkpoint_dirs() -> list:
             location = locate(ref, build)
             if location.directory is not None:
                 dirs.setdefault(location.directory.resolve(), None)
+    from sparkit.hub.cache import pulled_models
+
+    for pulled in pulled_models():  # what `sparkit pull` fetched, whichever recipe serves it
+        if pulled["present"]:
+            dirs.setdefault(Path(pulled["snapshot"]).resolve(), None)
     return list(dirs)
 
 

@@ -112,9 +112,12 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Return once the checks ran, leaving the server running."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server to become healthy."),
     keep_on_fail: bool = typer.Option(False, "--keep-on-fail", help="Keep the server running when a startup check fails."),
+    pull_first: bool = typer.Option(False, "--pull", help="Pull a hub model that is not here first (as `sparkit pull` does), instead of refusing."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
-    """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach)."""
+    """Start a server from a recipe, prove each optimisation is active, then stream its log (or --detach).
+
+    A hub model is loaded from its local copy (`sparkit pull`); the engine never downloads."""
     from sparkit.errors import CheckFailed
     from sparkit.runs import stop
 
@@ -152,6 +155,11 @@ def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool
     if wanted_port == "auto":
         wanted_port = free_port()
     plan = compile_plan(loaded, port=wanted_port)
+    if pull_first and any(not p.get("local") for p in plan.model_pulls):
+        from sparkit.cli.pull_cmd import pull_for_plan
+
+        pull_for_plan(plan)
+        plan = compile_plan(loaded, port=wanted_port)  # now on the local snapshot
 
     phase_line = _PhaseLine()
     checking = err_console().status("running startup checks (probe: a few greedy requests)")

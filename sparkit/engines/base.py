@@ -62,6 +62,7 @@ class EngineLaunch:
     # reports NEXTN as EAGLE; server_args: the resolved-args names and values to verify).
     expectations: dict[str, Any] = field(default_factory=dict)
     model_builds: list[dict[str, Any]] = field(default_factory=list)  # see sparkit.engines.builtin_models
+    model_pulls: list[dict[str, Any]] = field(default_factory=list)  # see sparkit.hub.cache.plan_hub_model
     validated_by: str | None = None  # what checked argv/env against the engine that will run them
     validation_note: str | None = None  # why nothing could, and how to get it
 
@@ -175,3 +176,41 @@ def flag_value(args: list[str], flag: str) -> str | None:
         if item.startswith(flag + "="):
             return item.split("=", 1)[1]
     return None
+
+
+# Set for an engine that loads a pulled snapshot: anything in it that would still try the hub
+# fails at once instead of downloading inside a launch (a recipe's server.env may say otherwise).
+OFFLINE_ENV = "HF_HUB_OFFLINE"
+
+
+def hub_model_path(key: str, role: str, path: str, pulls: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """(what the engine is given, its revision) for a recipe's model path: the local snapshot of
+    a hub model complete here (recorded in `pulls`, the plan's model_pulls), else the hub id and
+    revision (the launch is refused until `sparkit pull`), else the path as written."""
+    from sparkit.hub.cache import plan_hub_model
+    from sparkit.hub.refs import model_hub_ref
+
+    local = plan_hub_model(key, role, path, pulls)
+    if local is not None:
+        return local, None
+    ref = model_hub_ref(path)
+    if ref is not None:
+        return ref.repo, ref.revision
+    return path, None
+
+
+def local_model_provisions(pulls: list[dict[str, Any]], env: dict[str, str]) -> list:
+    """For a plan that loads pulled snapshots: HF_HUB_OFFLINE=1 in `env` (unless the recipe sets
+    it) and one Provision per model saying which copy the engine reads."""
+    from sparkit.recipes.plan import Provision
+
+    out = []
+    for pull in pulls:
+        if pull["local"]:
+            env.setdefault(OFFLINE_ENV, "1")
+            out.append(Provision(f"{pull['role']}={pull['ref']}", "sparkit-pull",
+                                 f"{pull['local']} ({pull['state']}; {OFFLINE_ENV}={env[OFFLINE_ENV]})"))
+        else:
+            out.append(Provision(f"{pull['role']}={pull['ref']}", "sparkit-pull",
+                                 f"not here ({pull['detail']}): `sparkit pull {pull['ref']}` before the launch"))
+    return out

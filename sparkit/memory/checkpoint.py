@@ -1,20 +1,19 @@
 """Where a recipe's checkpoint is on this machine, or why it cannot be read.
 
 A model reference is a local directory, one of sparkit's built-in models (`sparkit:tiny-ling...`,
-built under SPARKIT_HOME or shipped with the package), or a hub id. A hub id is readable when the
-Hugging Face cache holds a snapshot of it (what `huggingface-cli download` or an engine's first
-start leaves); otherwise only its name is known, and `need` says what would make it readable.
+built under SPARKIT_HOME or shipped with the package), or a hub id (`org/name[@revision]`). A hub
+id is readable here when the Hugging Face cache holds a complete snapshot of it (`sparkit pull`,
+or another tool's download; sparkit.hub.cache); otherwise its `hub` reference lets the memory fit
+read its headers from the hub (sparkit.hub.remote), and `need` says what would make it local.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+from sparkit.hub.refs import HubRef, parse_hub_ref
 
 
 @dataclass(frozen=True)
@@ -23,33 +22,11 @@ class CheckpointLocation:
     directory: Path | None  # where its config.json and weights are, when readable
     how: str  # how it was found, or why not
     need: str | None = None  # what would make it readable (None when it is)
+    hub: HubRef | None = None  # the hub model it names (its headers can be read from the hub)
 
     @property
     def readable(self) -> bool:
         return self.directory is not None
-
-
-def hf_hub_cache() -> Path:
-    """The Hugging Face hub cache, as huggingface_hub resolves it (HF_HUB_CACHE, HF_HOME/hub)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "huggingface" / "hub"
-
-
-def _hf_snapshot(hub_id: str) -> Path | None:
-    repo = hf_hub_cache() / ("models--" + hub_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    main = repo / "refs" / "main"
-    if main.is_file():
-        candidate = snapshots / main.read_text().strip()
-        if (candidate / "config.json").is_file():
-            return candidate
-    complete = [p for p in snapshots.iterdir() if (p / "config.json").is_file()]
-    return max(complete, key=lambda p: p.stat().st_mtime) if complete else None
 
 
 def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
@@ -65,17 +42,19 @@ def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
         if (path / "config.json").is_file():
             return CheckpointLocation(ref, path, f"local directory {path}")
         return CheckpointLocation(ref, None, f"{path} has no config.json", need="point model.path at a checkpoint directory")
-    if _HUB_ID.match(ref) and not ref.startswith((".", "/", "~")):
-        snapshot = _hf_snapshot(ref)
-        if snapshot is not None:
-            return CheckpointLocation(ref, snapshot, f"Hugging Face cache {snapshot}")
+    hub = parse_hub_ref(ref)
+    if hub is not None:
+        from sparkit.hub.cache import local_copy
+
+        copy = local_copy(hub)
+        if copy.complete:
+            return CheckpointLocation(ref, copy.path, f"Hugging Face cache {copy.path} ({copy.state})", hub=hub)
         return CheckpointLocation(
-            ref, None, f"hub id, not downloaded (not in the Hugging Face cache {hf_hub_cache()})",
-            need=(f"a local copy: --set model.path=DIR with DIR a download of {ref} "
-                  f"(`huggingface-cli download {ref} --local-dir DIR`); only config.json and the "
-                  "safetensors headers are read"))
+            ref, None, f"hub id, not here ({copy.detail})", hub=hub,
+            need=(f"`sparkit pull {hub}` (or the hub, for its safetensors headers: unset HF_HUB_OFFLINE), "
+                  "or --set model.path=DIR with DIR a local copy; only config.json and the headers are read"))
     return CheckpointLocation(ref, None, f"{ref} is neither a local directory nor a hub id",
-                              need="fix model.path (a directory, or org/name on the hub)")
+                              need="fix model.path (a directory, or org/name[@revision] on the hub)")
 
 
 def _build_dir_for(plan: Any, ref: str) -> str | None:

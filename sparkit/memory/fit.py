@@ -235,12 +235,24 @@ def _is_lm_head(name: str) -> bool:
 
 @dataclass
 class _Checkpoint:
-    directory: Path
+    label: str  # its directory, or repo@commit for headers read from the hub
     tensors: list
     config: dict
     shape: ModelShape | None
     shape_problem: str | None
     config_only: str | None = None  # why the tensors come from config.json (no weight files), else None
+    origin: str = "the safetensors headers"  # where the tensors' shapes come from
+
+
+def _checkpoint_of(label: str, tensors: list, config: dict, tp: int, config_only: str | None = None) -> _Checkpoint:
+    try:
+        shape, problem = model_shape(config, tp), None
+    except UnsupportedConfig as exc:
+        shape, problem = None, str(exc)
+    found = _Checkpoint(label, tensors, config, shape, problem, config_only)
+    if config_only:
+        found.origin = "config.json, through the declared layout"
+    return found
 
 
 def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
@@ -265,11 +277,46 @@ def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
             raise DataError(f"{directory}: no .safetensors files, and its config.json cannot be sized without them "
                             f"({exc})") from None
         tensors = list(declared.values())
+    return _checkpoint_of(str(directory), tensors, config, tp, config_only)
+
+
+
+def _open_checkpoint(location: Any, recipe: dict, tp: int, role: str) -> tuple[_Checkpoint | None, str]:
+    """The checkpoint a location names and how it was read: a local directory's headers; for a
+    hub model not here, its headers read from the hub by range requests (or kept from an earlier
+    read of the same commit); when the hub cannot be asked either, the target's declared profile
+    (sparkit.roofline.profiles), said so. (None, why) when none of these exists. DataError for a
+    checkpoint whose files do not add up."""
+    if location.readable:
+        return _read_checkpoint(location.directory, tp), location.how
+    if location.hub is None:
+        return None, location.how
+    from sparkit.errors import HubError
+    from sparkit.hub.remote import remote_checkpoint
+
     try:
-        shape, problem = model_shape(config, tp), None
-    except UnsupportedConfig as exc:
-        shape, problem = None, str(exc)
-    return _Checkpoint(directory, tensors, config, shape, problem, config_only)
+        remote = remote_checkpoint(location.hub)
+    except HubError as exc:
+        declared = _declared_checkpoint(location, recipe, tp) if role == "target" else None
+        if declared is not None:
+            return declared, (f"sparkit's declared profile of {declared.label}: {location.ref} is not here and its "
+                              f"headers cannot be read from the hub ({exc.message})")
+        return None, f"{location.how}; its headers cannot be read from the hub either: {exc.message}"
+    return _checkpoint_of(remote.label, remote.tensors, remote.config, tp), remote.source
+
+
+def _declared_checkpoint(location: Any, recipe: dict, tp: int) -> _Checkpoint | None:
+    from sparkit.roofline.profiles import VARIANTS, find_profile, tensor_infos
+
+    profile = find_profile(location.hub.repo)
+    weights = str((recipe.get("stack") or {}).get("weights", "bf16"))
+    if profile is None or weights not in VARIANTS:
+        return None
+    tensors = list(tensor_infos(profile.tensors(weights)).values())
+    declared = _checkpoint_of(f"{profile.title}{VARIANTS[weights][0]} ({VARIANTS[weights][1]})", tensors,
+                              dict(profile.config), tp)
+    declared.origin = "sparkit's declared profile"
+    return declared
 
 
 @functools.lru_cache(maxsize=4)
@@ -286,14 +333,12 @@ def _per_gpu(t, tp: int) -> int:
     return t.nbytes if tp == 1 or len(t.shape) < 2 else -(-t.nbytes // tp)
 
 
-def _describe(tensors: list) -> str:
+def _describe(tensors: list, origin: str = "the safetensors headers") -> str:
     by_dtype: dict[str, int] = {}
     for t in tensors:
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
     parts = ", ".join(f"{d} {_size(b)}" for d, b in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
-    where = ("config.json, through the declared layout" if tensors and all(t.file == "(config.json)" for t in tensors)
-             else "the safetensors headers")
-    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from {where} ({parts})"
+    return f"{len(tensors)} tensor{'s' if len(tensors) != 1 else ''} from {origin} ({parts})"
 
 
 # ------------------------------------------------------------------------------- flags
@@ -354,21 +399,25 @@ def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
                     basis=basis)
     if basis is not None:
         fit.floor_bytes = floor_bytes(recipe, basis.capacity_bytes or basis.available_bytes or 0)
-    if not target.readable:
-        fit.summary = f"cannot read the checkpoint {target.ref}: {target.how}"
-        fit.need = target.need
-        return fit
     tp = int((recipe.get("stack") or {}).get("tp", 1) or 1)
+    draft_loc = locations.get("draft")
+    draft, draft_how = None, ""
     try:
-        ckpt = _read_checkpoint(target.directory, tp)
-        draft_loc = locations.get("draft")
-        draft = None
-        if draft_loc is not None and draft_loc.readable:
-            draft = _read_checkpoint(draft_loc.directory, tp)
+        ckpt, how = _open_checkpoint(target, recipe, tp, "target")
+        fit.checkpoint_note = how
+        if ckpt is None:
+            fit.summary = f"cannot read the checkpoint {target.ref}: {how}"
+            fit.need = target.need
+            return fit
+        fit.checkpoint = ckpt.label
+        if draft_loc is not None:
+            draft, draft_how = _open_checkpoint(draft_loc, recipe, tp, "draft")
     except DataError as exc:
         fit.summary = f"cannot read the checkpoint: {exc}"
         fit.need = "a complete checkpoint (config.json and every .safetensors file its index names)"
         return fit
+    if draft is not None and draft_how != draft_loc.how:
+        fit.notes.append(f"draft {draft_loc.ref}: {draft_how}")
     extras: dict[str, Any] = {"checkpoint_file_bytes": 0 if ckpt.config_only else sum(t.nbytes for t in ckpt.tensors)}
     if ckpt.config_only:
         fit.checkpoint_note = f"{target.how}; {ckpt.config_only}"
@@ -377,11 +426,11 @@ def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
         _embedded_terms(fit, plan, ckpt, draft)
     else:
         extras.update(_sglang_terms(fit, plan, ckpt, draft, basis, tp))
-    if draft_loc is not None and not draft_loc.readable:
-        fit.notes.append(f"the draft checkpoint {draft_loc.ref} cannot be read ({draft_loc.how}): its weights "
+    if draft_loc is not None and draft is None:
+        fit.notes.append(f"the draft checkpoint {draft_loc.ref} cannot be read ({draft_how}): its weights "
                          "and KV are not counted")
         fit.need = draft_loc.need
-        fit.verdict, fit.summary = "unknown", f"cannot read the draft checkpoint {draft_loc.ref}: {draft_loc.how}"
+        fit.verdict, fit.summary = "unknown", f"cannot read the draft checkpoint {draft_loc.ref}: {draft_how}"
         return fit
     if ckpt.shape is None:
         fit.summary = f"cannot size the KV cache from config.json: {ckpt.shape_problem}"
@@ -410,12 +459,12 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
     body = [t for t in ckpt.tensors if not _is_lm_head(t.name) and not _is_draft_layer(t.name, layers)]
     experts = [t for t in body if _EXPERT.search(t.name)]
     fit.terms.append(FitTerm("weights", "routed experts", sum(_per_gpu(t, tp) for t in experts),
-                             _describe(experts) + rank))
+                             _describe(experts, ckpt.origin) + rank))
     others = [t for t in body if not _EXPERT.search(t.name)]
     fit.terms.append(FitTerm("weights", "attention, dense layers, embeddings, norms",
-                             sum(_per_gpu(t, tp) for t in others), _describe(others) + rank))
+                             sum(_per_gpu(t, tp) for t in others), _describe(others, ckpt.origin) + rank))
     head_bytes = sum(_per_gpu(t, tp) for t in head)
-    fit.terms.append(FitTerm("weights", "lm_head (checkpoint)", head_bytes, _describe(head) + rank))
+    fit.terms.append(FitTerm("weights", "lm_head (checkpoint)", head_bytes, _describe(head, ckpt.origin) + rank))
 
     # The FP8 head: sparkit's plugin adds an e4m3 copy + a float32 scale per row and frees the
     # bf16 weight only when exact re-scoring is off; SGLang's own (patched) FP8 head replaces it.
@@ -443,7 +492,7 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
     if method == "nextn" and draft is None:
         loaded = [t for t in nextn if not _SHARED_WITH_TARGET.search(t.name)]
         fit.terms.append(FitTerm("weights", "NextN draft layer", sum(_per_gpu(t, tp) for t in loaded),
-                                 _describe(loaded) + rank + "; embedding and lm_head shared with the target"))
+                                 _describe(loaded, ckpt.origin) + rank + "; embedding and lm_head shared with the target"))
         draft_shape, draft_kv_layers = ckpt.shape, (ckpt.shape.nextn_layers if ckpt.shape else 0) or 1
         if ckpt.shape is not None:
             # SGLang's NextN model builds its own embedding and lm_head and drops them for the
@@ -465,7 +514,7 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
             draft_kv_layers = draft.shape.full_attention_layers if draft.shape else 0
             label = f"{method} draft model"
         fit.terms.append(FitTerm("weights", label, sum(_per_gpu(t, tp) for t in loaded),
-                                 _describe(loaded) + rank + f" ({draft.directory})"))
+                                 _describe(loaded, draft.origin) + rank + f" ({draft.label})"))
         draft_shape = draft.shape
     elif nextn:
         fit.notes.append(f"the checkpoint's NextN layer ({_size(sum(t.nbytes for t in nextn))}) is not loaded: "
@@ -807,7 +856,7 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
         d_experts = [t for t in d if _EXPERT.search(t.name)]
         d_rest = [t for t in d if not _EXPERT.search(t.name)]
         fit.terms.append(FitTerm("weights", "draft NextN layer (draft checkpoint)", values(d_rest) * compute,
-                                 f"{values(d_rest)} values x {compute} B ({draft.directory})"))
+                                 f"{values(d_rest)} values x {compute} B ({draft.label})"))
         expert_terms(d_experts, "draft experts")
     shape = ckpt.shape
     if shape is None:

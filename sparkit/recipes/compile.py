@@ -40,6 +40,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         provisions=launch.provisions,
         warnings=loaded.warnings + code_env_notes(loaded) + warnings + launch.warnings,
         model_builds=launch.model_builds,
+        model_pulls=launch.model_pulls,
         api_key_env=r.server.api_key_env,
         recipe=loaded.resolved(),
         validated_by=launch.validated_by,

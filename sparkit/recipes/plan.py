@@ -72,6 +72,10 @@ class LaunchPlan:
     # Built-in models to build (and export) before launch (sparkit.engines.builtin_models),
     # e.g. {"name": "tiny-ling", "seed": 0, "dir": "..."}.
     model_builds: list[dict[str, Any]] = field(default_factory=list)
+    # Hub models the engine loads (sparkit.hub.cache.plan_hub_model): {"key", "role", "ref", "repo",
+    # "revision", "commit", "local" (the snapshot the argv names, None until `sparkit pull`), "state",
+    # "detail"}. The engine never downloads: a launch with one not here is refused.
+    model_pulls: list[dict[str, Any]] = field(default_factory=list)
     # Environment variable that carries the API key, when the recipe sets one (never the secret).
     api_key_env: str | None = None
     recipe: dict[str, Any] = field(default_factory=dict)  # the fully resolved recipe, for the record

@@ -31,9 +31,9 @@ reads. With TP, each GPU reads its shard of the sharded weights and all of the r
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sparkit.roofline.bandwidth import Bandwidth
@@ -300,29 +300,12 @@ class NoLayout(Exception):
     """No checkpoint and no declared profile: the reason, for the user."""
 
 
-def hub_cache_dir(model_id: str) -> Path | None:
-    """The snapshot of a hub id in the local Hugging Face cache (what `main` points at), if any."""
-    import os
-
-    if "/" not in model_id or model_id.startswith(("/", ".", "~")):
-        return None
-    root = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-    repo = root / ("models--" + model_id.replace("/", "--"))
-    ref = repo / "refs" / "main"
-    try:
-        snapshot = repo / "snapshots" / ref.read_text().strip()
-    except OSError:
-        snapshots = sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
-        snapshot = snapshots[-1] if snapshots else None
-    if snapshot and (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors")):
-        return snapshot
-    return None
-
-
 def resolve_layout(model_path: str, weights: str) -> ModelLayout:
     """The layout for a recipe's model: a local checkpoint's headers (a directory, sparkit's
-    built-in tiny-ling, a hub id in the Hugging Face cache), else a declared profile."""
-    from sparkit.roofline.layout import layout_from_checkpoint
+    built-in tiny-ling, a hub model complete in the Hugging Face cache), else for a hub model its
+    headers read from the hub by range requests (sparkit.hub.remote), else a declared profile."""
+    from sparkit.memory.checkpoint import locate
+    from sparkit.roofline.layout import layout_from_checkpoint, layout_from_tensors
     from sparkit.roofline.profiles import find_profile
 
     if model_path.startswith("sparkit:"):
@@ -339,23 +322,33 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
         if model_path != f"sparkit:{parsed.name}":
             layout.notes.append(f"{model_path}: the shipped {parsed.name} build's headers (another build has the same shapes)")
         return layout
-    local = Path(model_path).expanduser()
-    if local.is_dir():
+    location = locate(model_path)
+    if location.readable:
         from sparkit.checkpoint import safetensors_files
 
+        local = Path(location.directory)
         if (local / "config.json").is_file() and not safetensors_files(local):  # what --load-format dummy serves
             from sparkit.roofline.profiles import config_only_layout
 
             return config_only_layout(local)
-        return layout_from_checkpoint(local)
-    cached = hub_cache_dir(model_path)
-    if cached is not None:
-        return layout_from_checkpoint(cached, name=model_path)
+        return layout_from_checkpoint(local, name=location.hub.repo if location.hub else None)
+    hub_problem = ""
+    if location.hub is not None:
+        from sparkit.errors import HubError
+        from sparkit.hub.remote import remote_checkpoint
+
+        try:
+            remote = remote_checkpoint(location.hub)
+        except HubError as exc:
+            hub_problem = f" (its headers cannot be read from the hub: {exc.message})"
+        else:
+            return layout_from_tensors({t.name: t for t in remote.tensors}, remote.config, name=location.hub.repo,
+                                       source="checkpoint", source_detail=remote.source)
     profile = find_profile(model_path)
     if profile is not None:
         return _cached_declared(profile.family, weights)
-    raise NoLayout(f"{model_path}: not a local checkpoint, not in the Hugging Face cache, and sparkit declares no "
-                   "profile for it")
+    raise NoLayout(f"{model_path}: not a local checkpoint, not in the Hugging Face cache{hub_problem}, and sparkit "
+                   "declares no profile for it")
 
 
 def _export_layout(shipped: Path, parsed: Any, model_path: str) -> ModelLayout:

@@ -145,19 +145,25 @@ def test_tp4_bf16_is_per_gpu_and_without_a_gpu_here_a_requirement(ling_bf16):
     assert compute_fit(plan, memory_basis(plan, Host(gpus=small, nvml_status="ok"))).verdict == "does-not-fit"
 
 
-def test_a_hub_id_is_read_from_the_hugging_face_cache_or_said_to_be_unreadable(ling_fp4, tmp_path, monkeypatch):
+def test_a_hub_id_is_read_from_the_hugging_face_cache_else_its_declared_profile_else_unreadable(ling_fp4, tmp_path,
+                                                                                                monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub's headers (tests/hub/test_pull_fit.py) cannot be read
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"))
     fit = compute_fit(plan, spark())
-    assert fit.verdict == "unknown" and "not downloaded" in fit.summary
-    assert "--set model.path=DIR" in fit.need and "inclusionAI/Ling-3.0-flash-fp4" in fit.need
+    assert fit.verdict == "fits" and fit.checkpoint_note.startswith("sparkit's declared profile of Ling-3.0-flash-fp4")
+    assert "offline (HF_HUB_OFFLINE=1)" in fit.checkpoint_note
+    unknown = compute_fit(compile_plan(load_recipe("ling-3.0-flash/spark-optimized", ["model.path=someorg/other-model"])),
+                          spark())
+    assert unknown.verdict == "unknown" and "cannot read the checkpoint someorg/other-model" in unknown.summary
+    assert "`sparkit pull someorg/other-model`" in unknown.need and "--set model.path=DIR" in unknown.need
     repo = tmp_path / "hub" / "models--inclusionAI--Ling-3.0-flash-fp4"
-    snapshot = repo / "snapshots" / "abc123"
+    snapshot = repo / "snapshots" / ("abc123" * 7)[:40]  # a commit hash, as huggingface_hub names it
     snapshot.mkdir(parents=True)
     for f in ling_fp4.iterdir():  # as huggingface_hub lays it out: snapshot files link to blobs
         (snapshot / f.name).symlink_to(f)
     (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
+    (repo / "refs" / "main").write_text(snapshot.name)
     fit = compute_fit(plan, spark())
     assert fit.verdict == "fits" and fit.checkpoint == str(snapshot)
 

@@ -78,12 +78,15 @@ def test_gb10_recipe_on_gb10_fits_unified_memory(ling_fp4):
     assert f"--set server.mem_fraction_static={too_much.data['max_fraction']}" in too_much.fix
 
 
-def test_a_hub_checkpoint_that_is_not_here_warns_with_what_the_fit_needs(tmp_path, monkeypatch):
+def test_a_hub_checkpoint_that_is_not_here_is_fitted_from_its_declared_profile_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"), port=free_port())
+    mem = by_name(run_preflight(plan, gb10_host(ram=120 * GIB)))["memory"]
+    assert mem.status == Status.PASS and mem.data["checkpoint_note"].startswith("sparkit's declared profile of")
+    plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", ["model.path=someorg/unprofiled"]), port=free_port())
     mem = by_name(run_preflight(plan, gb10_host()))["memory"]
-    assert mem.status == Status.WARN and "cannot read the checkpoint inclusionAI/Ling-3.0-flash-fp4" in mem.detail
-    assert "--set model.path=DIR" in mem.fix
+    assert mem.status == Status.WARN and "cannot read the checkpoint someorg/unprofiled" in mem.detail
+    assert "`sparkit pull someorg/unprofiled`" in mem.fix
 
 
 def test_memory_now_fails_under_the_guard_floor_and_passes_with_the_guard_off():
@@ -108,13 +111,18 @@ def test_port_in_use_fails():
     assert by_name(run_preflight(plan, detect_host()))["port"].status == Status.PASS
 
 
-def test_model_path_missing_fails_and_hub_id_passes(tmp_path):
+def test_model_path_missing_fails_and_a_hub_id_not_here_fails_with_the_pull_command(tmp_path, monkeypatch):
     missing = tmp_path / "no-such-checkpoint"
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline", [f"model.path={missing}"]), port=free_port())
     model = by_name(run_preflight(plan, gb10_host()))["model"]
     assert model.status == Status.FAIL and "neither a local directory nor a hub id" in model.detail
-    plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
-    assert by_name(run_preflight(plan, gb10_host()))["model"].status == Status.PASS
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-dspark"), port=free_port())
+    model = by_name(run_preflight(plan, gb10_host()))["model"]
+    assert model.status == Status.FAIL and "inclusionAI/Ling-3.0-flash (target) is not here" in model.detail
+    assert "inclusionAI/Ling-3.0-flash-dspark (draft) is not here" in model.detail
+    assert model.fix.startswith("`sparkit pull inclusionAI/Ling-3.0-flash inclusionAI/Ling-3.0-flash-dspark`")
+    assert "never downloads inside a launch" in model.cause
     (tmp_path / "empty").mkdir()
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline", [f"model.path={tmp_path / 'empty'}"]))
     assert by_name(run_preflight(plan, gb10_host()))["model"].status == Status.FAIL

@@ -50,8 +50,11 @@ def test_plan_shows_the_memory_fit_computed_from_the_checkpoint_headers(tmp_path
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     unread = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized"])
     assert unread.exit_code == 0, unread.output
-    assert "memory fit: cannot read the checkpoint inclusionAI/Ling-3.0-flash-fp4" in unread.output
-    assert "needs: a local copy: --set model.path=DIR" in unread.output
+    # Offline and not here: the declared profile's fit, said so (the hub's headers: tests/hub/test_pull_fit.py).
+    assert "checkpoint: sparkit's declared profile of Ling-3.0-flash-fp4" in " ".join(unread.output.split())
+    unknown = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--set", "model.path=someorg/unprofiled"])
+    assert "memory fit: cannot read the checkpoint someorg/unprofiled" in unknown.output
+    assert "needs: `sparkit pull someorg/unprofiled`" in " ".join(unknown.output.split())
     spec = importlib.util.spec_from_file_location("make_sparse_ling", REPO_DIR / "scripts" / "make_sparse_ling.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -175,7 +178,7 @@ def test_help_imports_no_heavy_modules():
         "import sys\n"
         "from sparkit.cli.main import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'sglang', 'textual', 'scipy') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'sglang', 'textual', 'scipy', 'huggingface_hub') if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     proc = _run(["-c", code])

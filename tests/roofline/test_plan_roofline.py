@@ -111,10 +111,10 @@ def test_the_roofline_imports_no_torch_or_sglang():
 
 def test_a_hub_id_in_the_hugging_face_cache_is_read_from_its_headers(tmp_path, monkeypatch):
     repo = tmp_path / "hub" / "models--inclusionAI--Ling-3.0-flash-fp4"
-    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot = repo / "snapshots" / ("0123abcd" * 5)  # a commit hash, as huggingface_hub names it
     write_ling3_flash_fp4(snapshot, shards=2)
     (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("0123abcd")
+    (repo / "refs" / "main").write_text(snapshot.name)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     roofline = plan_json("ling-3.0-flash/spark-optimized")
     assert roofline["layout"]["source"] == "checkpoint" and str(snapshot) in roofline["layout"]["detail"]

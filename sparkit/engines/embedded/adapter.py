@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, hub_model_path, local_model_provisions, package_version
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
+from sparkit.hub.refs import model_hub_ref
 from sparkit.recipes.rules import Rule
 
 from sparkit.engines.embedded.settings import API_KEY_ENV, as_flags, build_arg_parser, flag_name, validate_args
@@ -142,8 +143,13 @@ class EmbeddedAdapter(SGLangLogAdapter):
     def deliver_secret(self, secret: str, run_dir: Path) -> tuple[dict[str, str], list[str]]:
         return {API_KEY_ENV: secret}, []
 
-    def _model_dir(self, loaded, key: str, path: str, builds: list[dict[str, Any]]) -> str:
-        return plan_builtin_model(loaded, key, path, builds) or str(Path(path).expanduser())
+    def _model_dir(self, loaded, key: str, role: str, path: str, builds: list[dict[str, Any]],
+                   pulls: list[dict[str, Any]]) -> str:
+        if path.startswith("sparkit:"):
+            return plan_builtin_model(loaded, key, path, builds)
+        if model_hub_ref(path) is not None:  # its local snapshot (`sparkit pull`), else the id: refused at launch
+            return hub_model_path(key, role, path, pulls)[0]
+        return str(Path(path).expanduser())
 
     def launch(self, loaded, *, port: int) -> EngineLaunch:
         from sparkit.recipes.plan import Provision
@@ -151,9 +157,10 @@ class EmbeddedAdapter(SGLangLogAdapter):
         r = loaded.recipe
         stack, server, spec = r.stack, r.server, r.stack.speculative
         builds: list[dict[str, Any]] = []
-        model_dir = self._model_dir(loaded, "model.path", r.model.path, builds)
+        pulls: list[dict[str, Any]] = []
+        model_dir = self._model_dir(loaded, "model.path", "target", r.model.path, builds, pulls)
         parsed = parse_builtin(r.model.path)
-        served = r.model.served_name or (parsed[0] if parsed else Path(model_dir).name)
+        served = r.model.served_name or (parsed[0] if parsed else pulls[0]["repo"] if pulls else Path(model_dir).name)
         device = {"cpu": "cpu", "auto": "auto"}.get(r.target, "cuda")
 
         settings: dict[str, Any] = {
@@ -169,7 +176,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
                 settings.update(speculative_num_steps=spec.num_steps, speculative_eagle_topk=spec.eagle_topk,
                                 speculative_num_draft_tokens=spec.num_draft_tokens)
             if spec.draft_model:
-                draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", spec.draft_model, builds)
+                draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", "draft", spec.draft_model, builds, pulls)
                 settings["speculative_draft_model_path"] = draft_dir
         settings["context_length"] = r.model.context_length or None
         settings["enable_metrics"] = server.enable_metrics
@@ -203,6 +210,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
             warnings.append("server.extra_args: --debug-corrupt-expert-dequant deliberately computes wrong expert "
                             "weights; the known-answer check is expected to fail")
         env = dict(server.env)
+        hub_provisions = local_model_provisions(pulls, env)
 
         # The embedded engine reports NEXTN as NEXTN; the recipe asks for a shared head and the
         # check verifies it (and catches --draft-lm-head-sharing tensor).
@@ -225,6 +233,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
         if stack.lm_head == "fp8":
             provisions.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "embedded",
                                         f"--lm-head-exact-top-k {stack.lm_head_exact_top_k}"))
+        provisions += hub_provisions
         if spec.method == "nextn":
             provisions.append(Provision("speculative=nextn", "embedded", "--speculative-algorithm NEXTN"))
             if stack.lm_head == "fp8":
@@ -237,7 +246,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
         return EngineLaunch(
             argv=[sys.executable, "-P", "-m", "sparkit.engines.embedded", *args], env=env, served_model_name=served,
             provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
-            validated_by="the embedded server's own argument parser and flag rules",
+            model_pulls=pulls, validated_by="the embedded server's own argument parser and flag rules",
         )
 
 

@@ -94,7 +94,11 @@ def load_checkpoint(directory: str | Path):
     try:
         from safetensors.torch import load_file
 
-        weights_files = sorted(directory.glob("*.safetensors")) if is_hf else [directory / WEIGHTS]
+        from sparkit.checkpoint import safetensors_files
+
+        # An HF checkpoint: the shards its index names (SGLang's rule: a stale shard beside them is
+        # not loaded), else model.safetensors, else every *.safetensors.
+        weights_files = safetensors_files(directory) if is_hf else [directory / WEIGHTS]
         if not weights_files:
             raise FileNotFoundError(f"no *.safetensors file in {directory}")
         state = {}

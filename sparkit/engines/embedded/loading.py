@@ -22,33 +22,33 @@ def check_checkpoint(model_path: Path) -> dict:
     """Fail fast, naming the file, before torch is even imported."""
     if not model_path.is_dir():
         raise CheckpointError(f"--model-path {model_path}: not a directory (build one with `sparkit model make-tiny {model_path}`)")
-    from sparkit.checkpoint import read_config, read_safetensors_header
+    from sparkit.checkpoint import read_config, read_safetensors_header, safetensors_files
     from sparkit.errors import DataError
 
     try:
         config = read_config(model_path)
-    except DataError as exc:  # names config.json and what is wrong with it
+        weights = safetensors_files(model_path)  # what the index names (each must be there), else model.safetensors
+    except DataError as exc:  # names config.json or the index and what is wrong with it
         raise CheckpointError(str(exc)) from None
-    weights = model_path / "model.safetensors"
-    if not weights.is_file():
-        raise CheckpointError(f"{weights}: missing")
+    if not weights:
+        raise CheckpointError(f"{model_path / 'model.safetensors'}: missing")
     try:
-        read_safetensors_header(weights)  # checked against the file's size, tensor by tensor
+        for path in weights:
+            read_safetensors_header(path)  # checked against the file's size, tensor by tensor
     except DataError as exc:
         raise CheckpointError(f"unreadable or corrupt safetensors file: {exc}") from None
     return config
 
 
 def checkpoint_parameters(model_path: Path) -> int:
-    """Parameter count from the safetensors header (0 when unreadable: check_checkpoint names why)."""
-    from sparkit.checkpoint import read_safetensors_header
+    """Parameter count from the safetensors headers (0 when unreadable: check_checkpoint names why)."""
+    from sparkit.checkpoint import read_safetensors_index
     from sparkit.errors import DataError
 
     try:
-        tensors, _ = read_safetensors_header(Path(model_path) / "model.safetensors")
+        return sum(t.numel for t in read_safetensors_index(Path(model_path)).tensors.values())
     except DataError:
         return 0
-    return sum(t.numel for t in tensors.values())
 
 
 # Parameters per intra-op thread under --torch-threads auto. A small model's decode step is

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, package_version
+from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, hub_model_path, local_model_provisions, package_version
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
@@ -47,6 +47,8 @@ MANAGED_DESTS = {
     "speculative_eagle_topk": "stack.speculative.eagle_topk",
     "speculative_num_draft_tokens": "stack.speculative.num_draft_tokens",
     "speculative_draft_model_path": "stack.speculative.draft_model",
+    "revision": "model.path",
+    "speculative_draft_model_revision": "stack.speculative.draft_model",
     "attention_backend": "stack.attention_backend",
     "tp_size": "stack.tp",
     "ep_size": "stack.ep",
@@ -229,14 +231,27 @@ class SGLangAdapter(SGLangLogAdapter):
         # sparkit's built-in tiny-ling reaches SGLang as its Hugging Face BailingMoeV2 export, whose
         # configuration class travels with it (hence --trust-remote-code).
         builds: list[dict[str, Any]] = []
-        model_path = plan_builtin_model(loaded, "model.path", r.model.path, builds, export_dtype="bfloat16") or r.model.path
-        draft_path = spec.draft_model
+        # A hub model is loaded from its local snapshot (`sparkit pull`): SGLang never downloads
+        # inside a launch. One that is not here keeps its id (and --revision) for the plan to show;
+        # the launch is refused until it is pulled.
+        pulls: list[dict[str, Any]] = []
+        model_path, model_revision = (
+            (plan_builtin_model(loaded, "model.path", r.model.path, builds, export_dtype="bfloat16"), None)
+            if r.model.path.startswith("sparkit:") else hub_model_path("model.path", "target", r.model.path, pulls))
+        draft_path, draft_revision = spec.draft_model, None
         if draft_path:
-            draft_path = plan_builtin_model(loaded, "stack.speculative.draft_model", draft_path, builds,
-                                            export_dtype="bfloat16") or draft_path
+            draft_path, draft_revision = (
+                (plan_builtin_model(loaded, "stack.speculative.draft_model", draft_path, builds, export_dtype="bfloat16"), None)
+                if draft_path.startswith("sparkit:") else
+                hub_model_path("stack.speculative.draft_model", "draft", draft_path, pulls))
         args: list[str] = ["--model-path", model_path]
-        if r.model.served_name:
-            args += ["--served-model-name", r.model.served_name]
+        if model_revision:
+            args += ["--revision", model_revision]
+        served_name = r.model.served_name
+        if served_name is None and any(p["role"] == "target" and p["local"] for p in pulls):
+            served_name = next(p["repo"] for p in pulls if p["role"] == "target")  # its name, had SGLang downloaded it
+        if served_name:
+            args += ["--served-model-name", served_name]
         if r.model.trust_remote_code or builds:
             args.append("--trust-remote-code")
         if r.model.context_length:
@@ -260,6 +275,8 @@ class SGLangAdapter(SGLangLogAdapter):
                 args += ["--speculative-draft-model-path", draft_path]
         elif spec.method == "dspark":
             args += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft_path]
+        if draft_path and draft_revision:
+            args += ["--speculative-draft-model-revision", draft_revision]
         if stack.attention_backend:
             args += ["--attention-backend", stack.attention_backend]
         if stack.tp != 1:
@@ -312,6 +329,7 @@ class SGLangAdapter(SGLangLogAdapter):
                                 "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
                                 "preflight fails on that pair")
         env = {**server.env, **head_env, **fix_env}
+        provisions += local_model_provisions(pulls, env)
 
         expectations: dict[str, Any] = {}
         if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
@@ -339,14 +357,14 @@ class SGLangAdapter(SGLangLogAdapter):
             sa["attention_backend"] = stack.attention_backend
         if server.mem_fraction_static is not None:
             sa["mem_fraction_static"] = server.mem_fraction_static
-        if r.model.served_name:
-            sa["served_model_name"] = r.model.served_name
+        if served_name:
+            sa["served_model_name"] = served_name
         expectations["server_args"] = sa
 
         launch = EngineLaunch(
             argv=[sys.executable, "-m", "sglang.launch_server", *args], env=env,
-            served_model_name=r.model.served_name or model_path, provisions=provisions, warnings=warnings,
-            expectations=expectations, model_builds=builds,
+            served_model_name=served_name or model_path, provisions=provisions, warnings=warnings,
+            expectations=expectations, model_builds=builds, model_pulls=pulls,
         )
         if unavailable is None:
             launch.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"

@@ -1,0 +1,841 @@
+"""`sparkit pull`: exactly the files the engine reads, into the Hugging Face cache, each verified
+against the hub's own hash before it counts, resumable after Ctrl-C, kill -9 or a dropped network.
+
+    plan_pull(targets)   the repositories' listings (sizes, LFS sha256, git oids), the files the
+                         engine reads (sparkit.hub.files), what is here already (verified, to be
+                         verified, a partial download to resume)
+    check_room(plan)     before a byte moves: what is left to fetch against the free disk
+    run_pull(plan)       verify what is here but unverified, fetch the rest, record each file as it
+                         is verified, link the snapshot (huggingface_hub's own hf_hub_download, so
+                         its cache layout is its own); `check_only` re-hashes instead of fetching
+
+Each file is fetched by huggingface_hub's `http_get` (its retries, and its Range resume when a
+connection drops mid-body) into `blobs/<etag>.incomplete`, a name that stays the same across
+processes, so the next pull resumes from the bytes already there (huggingface_hub 2.x itself
+restarts an interrupted file). The hash is computed as the bytes arrive; the file is fsynced,
+renamed to its blob only when the hash is the hub's, and its pages dropped from the page cache
+(posix_fadvise DONTNEED), so a 70 GB pull does not leave a unified-memory machine short of
+memory before its first launch. A mismatch refetches the file once from its first byte; a second
+is an error naming the file. A repository stored with Xet is fetched by hf_xet when it is
+installed (through hf_hub_download; it has its own chunk cache instead of a partial file).
+
+Returns data and never prints; progress arrives through a callback (from worker threads, one
+call at a time).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from sparkit.errors import DataError, HubError, PreflightError, SparkitError
+from sparkit.hub import cache
+from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, RemoteFile, select_files
+from sparkit.hub.refs import HubRef
+
+READ_BLOCK = 8 * 1024 * 1024
+MISMATCH_ATTEMPTS = 2  # a mismatch refetches the file once; the second is an error
+
+# (event, repository or None, file or None): "verifying", "verified", "fetching", "bytes",
+# "dropped", "mismatch", "done", "failed", "linked", "stopping" (Ctrl-C or a failed file: the
+# others stop at their next chunk)
+ProgressFn = Callable[[str, "RepoPull", "PullFile | None"], None]
+
+
+@dataclass
+class PullFile:
+    path: str
+    size: int
+    etag: str  # the blob's name: the LFS sha256, else the git oid
+    sha256: str | None  # the hub's LFS sha256 (None: a file stored in git, checked by its git oid)
+    blob_id: str
+    state: str = "queued"  # present | verify | queued | verifying | fetching | done | failed | missing | damaged
+    done: int = 0  # bytes of it on disk (resumed ones included) or hashed so far
+    resumed_from: int = 0  # bytes a partial download already held when this pull started on it
+    fetched: int = 0  # bytes received by this pull
+    refetched: int = 0  # of those, bytes received again after a hash mismatch
+    dropped: int = 0  # connections that dropped mid-file (and were resumed)
+    note: str = ""
+    content: bytes | None = field(default=None, repr=False)  # read while planning (config, index)
+
+    @property
+    def lfs(self) -> bool:
+        return self.sha256 is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("content", None)
+        return data
+
+
+@dataclass
+class RepoPull:
+    ref: HubRef
+    role: str  # target | draft | model
+    commit: str
+    files: list[PullFile]
+    skipped: list[tuple[str, str]]
+    weights_rule: str
+    online: bool  # listed by the hub now (False: from the local record, offline or hub unreachable)
+    note: str = ""
+
+    @property
+    def snapshot(self) -> Path:
+        return cache.snapshot_dir(self.ref.repo, self.commit)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ref": str(self.ref), "repo": self.ref.repo, "revision": self.ref.revision, "role": self.role,
+                "commit": self.commit, "snapshot": str(self.snapshot), "bytes": self.bytes, "online": self.online,
+                "weights": self.weights_rule, "note": self.note, "files": [f.to_dict() for f in self.files],
+                "skipped": [{"path": p, "why": w} for p, w in self.skipped]}
+
+
+@dataclass
+class PullPlan:
+    repos: list[RepoPull]
+    check_only: bool = False
+
+    @property
+    def files(self) -> list[tuple[RepoPull, PullFile]]:
+        return [(r, f) for r in self.repos for f in r.files]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.bytes for r in self.repos)
+
+    @property
+    def to_fetch_bytes(self) -> int:
+        return sum(f.size - f.resumed_from for _, f in self.files if f.state == "queued")
+
+    @property
+    def present_bytes(self) -> int:
+        return sum(f.size for _, f in self.files if f.state in ("present", "done"))
+
+    @property
+    def complete(self) -> bool:
+        return all(f.state in ("present", "done") for _, f in self.files)
+
+    def disk(self) -> tuple[Path, int]:
+        """(the existing directory the blobs land under, its free bytes)."""
+        where = cache.hub_cache()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        return where, shutil.disk_usage(where).free
+
+    def to_dict(self) -> dict[str, Any]:
+        where, free = self.disk()
+        return {"repos": [r.to_dict() for r in self.repos], "total_bytes": self.total_bytes,
+                "present_bytes": self.present_bytes, "to_fetch_bytes": self.to_fetch_bytes,
+                "complete": self.complete, "disk": str(where), "free_bytes": free, "hub_cache": str(cache.hub_cache())}
+
+
+@dataclass
+class PullResult:
+    plan: PullPlan
+    seconds: float
+    fetched_bytes: int
+    refetched_bytes: int
+    verified_files: int
+    page_cache_bytes: int  # of the pulled files, in the page cache when the pull ended (mincore)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "seconds": round(self.seconds, 3), "fetched_bytes": self.fetched_bytes,
+                "refetched_bytes": self.refetched_bytes, "verified_files": self.verified_files,
+                "page_cache_bytes": self.page_cache_bytes}
+
+
+# ------------------------------------------------------------------------------ planning
+
+def _local_listing(repo: str, commit: str) -> dict[str, RemoteFile]:
+    """A snapshot's files as huggingface_hub linked them: each symlink's blob name is its etag (a
+    64-hex LFS sha256, else the git oid), so a copy can be checked without the hub."""
+    snapshot = cache.snapshot_dir(repo, commit)
+    out: dict[str, RemoteFile] = {}
+    for dirpath, _, names in os.walk(snapshot):
+        for name in names:
+            full = Path(dirpath) / name
+            rel = full.relative_to(snapshot).as_posix()
+            etag = os.path.basename(os.readlink(full)) if full.is_symlink() else ""
+            try:
+                size = full.stat().st_size
+            except OSError:
+                continue
+            sha256 = etag if len(etag) == 64 else None
+            out[rel] = RemoteFile(rel, size, etag if len(etag) == 40 else "", sha256)
+    return out
+
+
+def _file_states(repo: str, files: list[PullFile], record: dict[str, Any] | None, check_only: bool) -> None:
+    entries = (record or {}).get("files", {})
+    for f in files:
+        blob, partial = cache.blob_path(repo, f.etag), cache.partial_path(repo, f.etag)
+        stat = cache.file_stat(blob)
+        if stat is not None:
+            if stat["size"] != f.size:
+                f.state, f.note = ("damaged" if check_only else "queued"), f"the cached blob has {stat['size']} bytes, not {f.size}"
+            elif not check_only and cache.still_verified(entries.get(f.path) or {}, blob) and entries[f.path].get("etag") == f.etag:
+                f.state, f.done = "present", f.size
+            else:
+                f.state = "verify"
+        elif check_only:
+            f.state, f.note = "missing", "not in the Hugging Face cache"
+        else:
+            held = partial.stat().st_size if partial.is_file() else 0
+            f.state = "queued"
+            f.resumed_from = f.done = held if held <= f.size else 0
+
+
+def _plan_repo(role: str, ref: HubRef, check_only: bool) -> RepoPull:
+    from sparkit.hub import remote
+
+    try:
+        listed = remote.listing(ref, remember=True)
+    except HubError as exc:
+        return _plan_offline(role, ref, check_only, exc)
+    where = f"{ref.repo}@{listed.commit[:12]}"
+    config = index = None
+    prefetched: dict[str, bytes] = {}
+    for name in (CONFIG_FILE, INDEX_FILE):
+        if name in listed.files:
+            local = cache.blob_path(ref.repo, listed.files[name].etag)  # verified by an earlier pull, if here
+            raw = local.read_bytes() if local.is_file() and local.stat().st_size == listed.files[name].size else None
+            if raw is None:
+                raw = remote.read_small(ref, listed.commit, listed.files[name])
+                prefetched[name] = raw
+            try:
+                parsed = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise DataError(f"{where}/{name} is not JSON ({exc})") from None
+            config, index = (parsed, index) if name == CONFIG_FILE else (config, parsed)
+    selection = select_files(listed.files, config, index, where)
+    files = [PullFile(p, listed.files[p].size, listed.files[p].etag, listed.files[p].sha256, listed.files[p].blob_id)
+             for p in selection.files]
+    _file_states(ref.repo, files, cache.load_record(ref.repo, listed.commit), check_only)
+    for f in files:
+        if f.path in prefetched and f.state == "queued":
+            f.content = prefetched[f.path]
+    return RepoPull(ref, role, listed.commit, files, selection.skipped, selection.weights, online=True)
+
+
+def _plan_offline(role: str, ref: HubRef, check_only: bool, why: HubError) -> RepoPull:
+    """The hub cannot be asked: what sparkit recorded of the local copy (or, for --check, the
+    snapshot's own blob names), enough to say it is complete and to verify it; else the error."""
+    commit = cache.local_commit(ref)
+    record = cache.load_record(ref.repo, commit) if commit else None
+    if commit is None:
+        raise why
+    if record is not None and record.get("files"):
+        files = [PullFile(p, int(e["size"]), e["etag"], e.get("sha256"), e.get("blob_id", ""))
+                 for p, e in record["files"].items()]
+        skipped = [tuple(s) for s in record.get("skipped", [])]
+        rule = record.get("weights", "")
+    elif check_only and cache.snapshot_dir(ref.repo, commit).is_dir():
+        listed = _local_listing(ref.repo, commit)
+        snapshot = cache.snapshot_dir(ref.repo, commit)
+        config = _json_or_none(snapshot / CONFIG_FILE)
+        index = _json_or_none(snapshot / INDEX_FILE)
+        selection = select_files(listed, config, index, f"{snapshot}")
+        files = [PullFile(p, listed[p].size, listed[p].etag, listed[p].sha256, listed[p].blob_id) for p in selection.files]
+        skipped, rule = selection.skipped, selection.weights
+    else:
+        raise why
+    _file_states(ref.repo, files, record, check_only)
+    if any(f.state == "queued" for f in files):
+        raise why  # something must be fetched, and the hub cannot be asked
+    note = f"the hub was not asked ({why.message}); checked against {'sparkit' if record else 'the cache'}'s record of {commit[:12]}"
+    return RepoPull(ref, role, commit, files, skipped, rule, online=False, note=note)
+
+
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def plan_targets(plan: Any, *, missing_only: bool = False) -> list[tuple[str, HubRef]]:
+    """A launch plan's hub models ([(role, ref)], from its model_pulls); `missing_only`: those
+    that are not complete here."""
+    from sparkit.hub.refs import parse_hub_ref
+
+    out = []
+    for entry in getattr(plan, "model_pulls", None) or []:
+        ref = parse_hub_ref(entry["ref"])
+        if ref is not None and not (missing_only and entry.get("local")):
+            out.append((entry["role"], ref))
+    return out
+
+
+def plan_pull(targets: list[tuple[str, HubRef]], *, check_only: bool = False) -> PullPlan:
+    """What pulling `targets` ([(role, ref)]) involves: each repository's commit, the files its
+    engine reads with their sizes and hashes, and what of them is already here."""
+    seen: set[tuple[str, str | None]] = set()
+    repos = []
+    for role, ref in targets:
+        if (ref.repo, ref.revision) in seen:
+            continue
+        seen.add((ref.repo, ref.revision))
+        repos.append(_plan_repo(role, ref, check_only))
+    return PullPlan(repos, check_only=check_only)
+
+
+def check_room(plan: PullPlan, command: str) -> None:
+    """PreflightError (exit 4) with the numbers when what is left to fetch does not fit the disk."""
+    from sparkit.memory.units import gib
+
+    need = plan.to_fetch_bytes
+    where, free = plan.disk()
+    if need <= free:
+        return
+    count = sum(1 for _, f in plan.files if f.state == "queued")
+    raise PreflightError(
+        f"not enough disk for {', '.join(str(r.ref) for r in plan.repos)}: {gib(need)} left to fetch "
+        f"({count} file{'s' if count != 1 else ''}), {gib(free)} free on {where} (Hugging Face cache "
+        f"{cache.hub_cache()}); short by {gib(need - free)}",
+        hint=f"free {gib(need - free)} there, or put the cache on a larger disk: HF_HUB_CACHE=/big/disk/hub {command}")
+
+
+# ------------------------------------------------------------------------------ hashing
+
+def _hasher(f: PullFile):
+    if f.lfs:
+        return hashlib.sha256()
+    h = hashlib.sha1()  # the git oid of a file stored in git: sha1("blob <size>\0" + content)
+    h.update(b"blob %d\0" % f.size)
+    return h
+
+
+def _expected(f: PullFile) -> str:
+    return f.sha256 if f.lfs else f.blob_id
+
+
+def _hash_file(path: Path, f: PullFile, on_bytes: Callable[[int], None], cancel: threading.Event, upto: int | None = None):
+    h = _hasher(f)
+    left = upto
+    with open(path, "rb") as handle:
+        while left is None or left > 0:
+            if cancel.is_set():
+                raise _Cancelled
+            block = handle.read(READ_BLOCK if left is None else min(READ_BLOCK, left))
+            if not block:
+                break
+            h.update(block)
+            on_bytes(len(block))
+            if left is not None:
+                left -= len(block)
+    return h
+
+
+class _Cancelled(Exception):
+    """Another file failed, or Ctrl-C: stop this one, keeping its partial download."""
+
+
+class _Sink:
+    """The file object huggingface_hub's http_get writes to: appends to the partial download,
+    hashes what arrives, reports progress, stops when cancelled. A server that answers a Range
+    request with the whole file makes http_get rewind and truncate: the hash starts over."""
+
+    def __init__(self, handle, f: PullFile, hasher, on_bytes: Callable[[int], None], cancel: threading.Event):
+        self.handle, self.f, self.hasher, self.on_bytes, self.cancel = handle, f, hasher, on_bytes, cancel
+        self.valid = True
+
+    def write(self, chunk: bytes) -> int:
+        if self.cancel.is_set():
+            raise _Cancelled
+        self.handle.write(chunk)
+        if self.valid:
+            self.hasher.update(chunk)
+        self.on_bytes(len(chunk))
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.handle.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        out = self.handle.truncate(size)
+        if self.handle.tell() == 0 and (size in (None, 0)):
+            self.hasher, self.valid = _hasher(self.f), True
+            self.f.done = 0
+        else:
+            self.valid = False  # hashed again from the file at the end
+        return out
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+# ------------------------------------------------------------------------------ running
+
+class _Runner:
+    def __init__(self, plan: PullPlan, progress: ProgressFn | None, workers: int, command: str):
+        self.plan, self.workers, self.command = plan, max(1, workers), command
+        self._progress = progress
+        self._lock = threading.Lock()  # progress calls and record writes, one at a time
+        self.cancel = threading.Event()
+        self.current = threading.local()
+        self.records: dict[int, dict[str, Any]] = {}
+        self.verified = 0
+
+    def emit(self, event: str, repo: RepoPull, f: PullFile | None) -> None:
+        if self._progress is not None:
+            with self._lock:
+                self._progress(event, repo, f)
+
+    # -- records
+
+    def open_record(self, repo: RepoPull) -> None:
+        old = cache.load_record(repo.ref.repo, repo.commit) or {}
+        old_files = old.get("files", {})
+        files = {}
+        for f in repo.files:
+            entry = {"size": f.size, "etag": f.etag, "sha256": f.sha256, "blob_id": f.blob_id, "verified": None}
+            previous = old_files.get(f.path) or {}
+            if f.state == "present" and previous.get("etag") == f.etag:
+                entry["verified"] = previous.get("verified")
+            files[f.path] = entry
+        record = {"repo": repo.ref.repo, "revision": repo.ref.rev, "commit": repo.commit,
+                  "endpoint": _endpoint(), "files": files, "skipped": [list(s) for s in repo.skipped],
+                  "weights": repo.weights_rule, "complete": all(e["verified"] for e in files.values())}
+        self.records[id(repo)] = record
+        if repo.online or old:
+            cache.save_record(record)
+
+    def mark_verified(self, repo: RepoPull, f: PullFile) -> None:
+        with self._lock:
+            record = self.records[id(repo)]
+            record["files"][f.path]["verified"] = cache.file_stat(cache.blob_path(repo.ref.repo, f.etag))
+            cache.save_record(record)
+            self.verified += 1
+
+    def close_record(self, repo: RepoPull, complete: bool) -> None:
+        with self._lock:
+            record = self.records[id(repo)]
+            record["complete"] = complete
+            cache.save_record(record)
+
+    # -- one file
+
+    def verify_present(self, repo: RepoPull, f: PullFile) -> None:
+        """A blob that is here but not (or no longer) verified: hash it; a mismatch removes it."""
+        from sparkit.memory.pagecache import evict
+
+        blob = cache.blob_path(repo.ref.repo, f.etag)
+        f.state, f.done = "verifying", 0
+        self.emit("verifying", repo, f)
+
+        def counted(n: int) -> None:
+            f.done += n
+            self.emit("bytes", repo, f)
+
+        digest = _hash_file(blob, f, counted, self.cancel).hexdigest()
+        _evict_quietly(evict, blob)
+        if digest == _expected(f):
+            f.state, f.done = "present", f.size
+            self.mark_verified(repo, f)
+            self.emit("verified", repo, f)
+            return
+        f.note = f"the cached copy's {'sha256' if f.lfs else 'git oid'} is {digest[:12]}, the hub's {_expected(f)[:12]}"
+        if self.plan.check_only:
+            f.state = "damaged"
+            self.emit("failed", repo, f)
+            return
+        _remove_blob(repo, f)
+        f.state, f.done, f.resumed_from = "queued", 0, 0
+        self.emit("mismatch", repo, f)
+
+    def fetch(self, repo: RepoPull, f: PullFile) -> None:
+        self.current.file = (repo, f)
+        try:
+            if f.content is not None:
+                self._store(repo, f, f.content)
+            else:
+                self._download(repo, f)
+        finally:
+            self.current.file = None
+
+    def _store(self, repo: RepoPull, f: PullFile, content: bytes) -> None:
+        """A file already read while planning (config.json, the index): written as a blob, verified."""
+        partial = cache.partial_path(repo.ref.repo, f.etag)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        h = _hasher(f)
+        h.update(content)
+        if h.hexdigest() != _expected(f) or len(content) != f.size:
+            f.content = None
+            return self._download(repo, f)
+        f.state = "fetching"
+        self.emit("fetching", repo, f)
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(content)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise self._disk_error(exc, repo, f, partial) from None
+        f.fetched, f.done = len(content), len(content)
+        self._finish(repo, f, partial)
+
+    def _download(self, repo: RepoPull, f: PullFile) -> None:
+        from huggingface_hub.file_download import get_hf_file_metadata, http_get
+        from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+        from sparkit.hub import remote
+
+        ref, commit = repo.ref, repo.commit
+        url = remote.file_url(ref, commit, f.path)
+        try:
+            meta = get_hf_file_metadata(url, endpoint=_endpoint())
+        except Exception as exc:
+            raise remote.hub_error(exc, ref, "asking the hub for a file", f.path) from None
+        etag = (meta.etag or "").strip('"')
+        if meta.commit_hash != commit or etag != f.etag or (meta.size is not None and meta.size != f.size):
+            raise HubError(f"{ref}: {f.path}: the hub's answer (commit {str(meta.commit_hash)[:12]}, etag {etag[:12]}, "
+                           f"{meta.size} bytes) disagrees with its listing (commit {commit[:12]}, etag {f.etag[:12]}, "
+                           f"{f.size} bytes)", hint="the repository changed while pulling: run the pull again")
+        if meta.xet_file_data is not None and _xet_available():
+            return self._download_with_xet(repo, f)
+        headers = build_hf_headers()
+        if _origin(meta.location) != _origin(url):
+            headers.pop("authorization", None)  # a signed CDN address: the token stays with the hub
+        lock = cache.hub_cache() / ".locks" / cache.repo_folder(ref.repo) / f"{f.etag}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        blob, partial = cache.blob_path(ref.repo, f.etag), cache.partial_path(ref.repo, f.etag)
+        with WeakFileLock(lock):
+            if blob.is_file() and blob.stat().st_size == f.size:  # another pull finished it meanwhile
+                self.verify_present(repo, f)
+                if f.state == "present":
+                    f.state = "done"
+                    return
+            for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                held = partial.stat().st_size if partial.is_file() else 0
+                if held > f.size:
+                    held = 0
+                f.state, f.done = "fetching", held
+                if attempt == 1:
+                    f.resumed_from = held
+                self.emit("fetching", repo, f)
+                try:
+                    with open(partial, "r+b" if held else "wb") as handle:
+                        handle.truncate(held)
+                        handle.seek(held)
+                        hasher = _hash_file(partial, f, lambda n: None, self.cancel, upto=held) if held else _hasher(f)
+                        sink = _Sink(handle, f, hasher, lambda n: self._got(repo, f, n, attempt), self.cancel)
+                        http_get(meta.location, sink, resume_size=held, headers=headers, expected_size=f.size,
+                                 displayed_filename=f.path)
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                except (_Cancelled, KeyboardInterrupt):
+                    raise
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise self._disk_error(exc, repo, f, partial) from None
+                    if str(exc).startswith("Consistency check failed"):  # http_get: fewer bytes than the file has
+                        raise self._dropped(ConnectionError(f"the hub sent {f.done} of the file's {f.size} bytes"),
+                                            repo, f, partial) from None
+                    if _is_transport(exc):
+                        raise self._dropped(exc, repo, f, partial) from None
+                    if isinstance(exc, _hf_http_error()):
+                        raise remote.hub_error(exc, ref, "downloading a file", f.path) from None
+                    raise self._disk_error(exc, repo, f, partial) from None
+                except Exception as exc:
+                    if _is_transport(exc):
+                        raise self._dropped(exc, repo, f, partial) from None
+                    raise remote.hub_error(exc, ref, "downloading a file", f.path) from None
+                digest = sink.hasher.hexdigest() if sink.valid else _hash_file(partial, f, lambda n: None, self.cancel).hexdigest()
+                if digest == _expected(f):
+                    self._finish(repo, f, partial)
+                    return
+                partial.unlink(missing_ok=True)
+                f.note = (f"{'sha256' if f.lfs else 'git oid'} {digest[:12]} of the {f.size} bytes received is not the "
+                          f"hub's {_expected(f)[:12]}")
+                if attempt < MISMATCH_ATTEMPTS:
+                    self.emit("mismatch", repo, f)
+                    continue
+                f.state = "failed"
+                self.emit("failed", repo, f)
+                raise DataError(f"{ref}: {f.path} does not match the hub's {'sha256' if f.lfs else 'git oid'} after "
+                                f"{MISMATCH_ATTEMPTS} downloads ({f.note}); nothing of it was kept",
+                                hint="the hub's copy (or something between it and this machine: a proxy, a mirror "
+                                     "behind HF_ENDPOINT) is damaged; try again later, or report it to the repository")
+
+    def _download_with_xet(self, repo: RepoPull, f: PullFile) -> None:
+        """A file stored with Xet, hf_xet installed: huggingface_hub's own download, then sparkit's
+        check of the sha256 of what it wrote."""
+        import warnings
+
+        from huggingface_hub import hf_hub_download
+
+        from sparkit.hub import remote
+
+        f.state, f.done = "fetching", 0
+        self.emit("fetching", repo, f)
+        runner, file = self, f
+
+        tqdm_class = _progress_tqdm(lambda n: runner._got(repo, file, n, 1))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hf_hub_download(repo.ref.repo, f.path, revision=repo.commit, endpoint=_endpoint(), tqdm_class=tqdm_class)
+        except Exception as exc:
+            raise remote.hub_error(exc, repo.ref, "downloading a file (Xet)", f.path) from None
+        self.verify_present(repo, f)
+        if f.state == "present":
+            f.state = "done"
+            return
+        raise DataError(f"{repo.ref}: {f.path} (downloaded by hf_xet) does not match the hub's sha256 ({f.note})",
+                        hint="run the pull again; HF_HUB_DISABLE_XET=1 downloads it over plain HTTP instead")
+
+    def _got(self, repo: RepoPull, f: PullFile, n: int, attempt: int) -> None:
+        f.done += n
+        f.fetched += n
+        if attempt > 1:
+            f.refetched += n
+        self.emit("bytes", repo, f)
+
+    def _finish(self, repo: RepoPull, f: PullFile, partial: Path) -> None:
+        """The hash is the hub's: the partial becomes the blob (huggingface_hub's permissions),
+        its pages leave the page cache, the record says so."""
+        from sparkit.memory.pagecache import evict
+
+        blob = cache.blob_path(repo.ref.repo, f.etag)
+        _cache_mode(partial)
+        os.replace(partial, blob)
+        _evict_quietly(evict, blob)
+        f.state, f.done, f.content = "done", f.size, None
+        self.mark_verified(repo, f)
+        self.emit("done", repo, f)
+
+    # -- errors with what to do
+
+    def _disk_error(self, exc: OSError, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
+        from sparkit.memory.units import gib
+
+        held = partial.stat().st_size if partial.is_file() else 0
+        where, free = self.plan.disk()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return PreflightError(
+                f"the disk filled while writing {repo.ref}: {f.path} ({partial}): {held} of its {f.size} bytes are "
+                f"kept, {gib(free)} free on {where}",
+                hint=f"free {gib(max(0, f.size - held))} or more there, then `{self.command}` again: it resumes this "
+                     f"file at byte {held} and keeps the {self.verified} file(s) already verified")
+        return SparkitError(f"cannot write {partial} ({exc.strerror or exc}) while pulling {repo.ref}: {f.path}",
+                            hint=f"check the Hugging Face cache {cache.hub_cache()} (HF_HUB_CACHE) is writable")
+
+    def _dropped(self, exc: BaseException, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
+        from sparkit.hub.remote import offline
+
+        held = partial.stat().st_size if partial.is_file() else 0
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = "the hub" if offline() else _endpoint()
+        return HubError(f"the connection to {where} dropped while downloading {repo.ref}: {f.path} and did not "
+                        f"recover ({reason}); {held} of its {f.size} bytes are kept",
+                        hint=f"check the network, then `{self.command}` again: it resumes {f.path} at byte {held} "
+                             f"and keeps the {self.verified} file(s) already verified")
+
+    # -- the whole pull
+
+    def run(self) -> None:
+        for repo in self.plan.repos:
+            self.open_record(repo)
+        for repo, f in self.plan.files:
+            if f.state == "verify":
+                self.verify_present(repo, f)
+        if self.plan.check_only:
+            return
+        queue = [(r, f) for r, f in self.plan.files if f.state == "queued"]
+        if queue:
+            self._fetch_all(queue)
+        for repo in self.plan.repos:
+            if repo.online:
+                self._link(repo)
+            self.close_record(repo, all(f.state in ("present", "done") for f in repo.files))
+
+    def _fetch_all(self, queue: list[tuple[RepoPull, PullFile]]) -> None:
+        with _captured_hf_warnings(self), ThreadPoolExecutor(max_workers=min(self.workers, len(queue))) as pool:
+            futures = {pool.submit(self.fetch, r, f): (r, f) for r, f in queue}
+            try:
+                while True:
+                    done, pending = wait(futures, timeout=0.2, return_when=FIRST_EXCEPTION)
+                    failed = [fu for fu in done if fu.exception() is not None and not isinstance(fu.exception(), _Cancelled)]
+                    if failed:
+                        self.cancel.set()
+                        wait(futures)
+                        raise failed[0].exception()
+                    if not pending:
+                        return
+            except BaseException:  # Ctrl-C included: every other file stops at its next chunk, partials kept
+                self.cancel.set()
+                self.emit("stopping", None, None)
+                wait(futures)
+                raise
+
+    def _link(self, repo: RepoPull) -> None:
+        """The snapshot's symlinks, made by huggingface_hub itself (hf_hub_download finds the
+        blob and only links it), so the layout is exactly its own."""
+        from huggingface_hub import hf_hub_download
+
+        from sparkit.hub import remote
+
+        for f in repo.files:
+            pointer = repo.snapshot / f.path
+            blob = cache.blob_path(repo.ref.repo, f.etag)
+            if pointer.is_file() and os.path.samefile(pointer, blob):
+                continue
+            try:
+                linked = hf_hub_download(repo.ref.repo, f.path, revision=repo.commit, endpoint=_endpoint())
+            except Exception as exc:
+                raise remote.hub_error(exc, repo.ref, "linking the snapshot", f.path) from None
+            if not os.path.samefile(linked, blob):
+                raise SparkitError(f"{repo.ref}: huggingface_hub linked {f.path} to {linked}, not to the verified blob {blob}")
+        self.emit("linked", repo, None)
+
+
+def run_pull(plan: PullPlan, *, progress: ProgressFn | None = None, workers: int = 4,
+             command: str = "sparkit pull") -> PullResult:
+    """Verify, fetch and link what `plan` says; `plan.check_only` verifies only. Raises HubError
+    (exit 9), PreflightError (the disk, exit 4), DataError (a file that does not match the hub's
+    hash twice, exit 8), KeyboardInterrupt; whatever was verified stays verified and recorded,
+    and a partial download stays for the next pull to resume. `command` is what a message tells
+    the user to run again."""
+    from sparkit.hub import remote
+
+    remote._client()  # quiet huggingface_hub before it is used from the worker threads
+    start = time.monotonic()
+    runner = _Runner(plan, progress, workers, command)
+    runner.run()
+    files = [cache.blob_path(r.ref.repo, f.etag) for r, f in plan.files]
+    from sparkit.memory.pagecache import residency
+
+    cached, _ = residency([p for p in files if p.is_file()])
+    return PullResult(plan, time.monotonic() - start, sum(f.fetched for _, f in plan.files),
+                      sum(f.refetched for _, f in plan.files), runner.verified, cached)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _xet_available() -> bool:
+    """hf_xet is installed and not turned off (HF_HUB_DISABLE_XET), as huggingface_hub decides."""
+    from huggingface_hub.utils import is_package_available
+
+    disabled = (os.environ.get("HF_HUB_DISABLE_XET") or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return not disabled and is_package_available("hf_xet")
+
+
+def _endpoint() -> str:
+    from sparkit.hub.remote import endpoint
+
+    return endpoint()
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parsed = urlparse(url)
+    return parsed.scheme, (parsed.hostname or "").lower(), parsed.port
+
+
+def _is_transport(exc: BaseException) -> bool:
+    from sparkit.hub.remote import transport_errors
+
+    return isinstance(exc, transport_errors())
+
+
+def _hf_http_error():
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return HfHubHTTPError
+
+
+def _cache_mode(path: Path) -> None:
+    """The mode huggingface_hub gives a blob: that of a new file in its folder (the umask's)."""
+    probe = path.with_name(f".mode-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        probe.touch()
+        os.chmod(path, probe.stat().st_mode & 0o777)
+    except OSError:
+        pass
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _evict_quietly(evict: Callable[[Path], None], path: Path) -> None:
+    try:
+        evict(path)
+    except OSError:
+        pass  # a file system without fadvise: the pages stay, nothing else changes
+
+
+def _remove_blob(repo: RepoPull, f: PullFile) -> None:
+    cache.blob_path(repo.ref.repo, f.etag).unlink(missing_ok=True)
+    pointer = repo.snapshot / f.path
+    if pointer.is_symlink():
+        pointer.unlink()
+
+
+def _progress_tqdm(on_bytes: Callable[[int], None]):
+    """A tqdm class for huggingface_hub's own downloads that reports bytes and draws nothing."""
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class _Reported(hf_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            if n:
+                on_bytes(int(n))
+            return super().update(n)
+
+    return _Reported
+
+
+class _captured_hf_warnings:
+    """huggingface_hub says "Trying to resume download..." on its logger when a connection drops
+    mid-file and it resumes with a Range request: that becomes a `dropped` event for the file the
+    warning's thread is fetching (nothing is printed by huggingface_hub)."""
+
+    def __init__(self, runner: _Runner):
+        self.runner = runner
+
+    def __enter__(self):
+        runner = self.runner
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                current = getattr(runner.current, "file", None)
+                if current and "resume download" in record.getMessage():
+                    repo, f = current
+                    f.dropped += 1
+                    runner.emit("dropped", repo, f)
+
+        self.logger = logging.getLogger("huggingface_hub")
+        self.saved = (self.logger.handlers[:], self.logger.level, self.logger.propagate)
+        self.logger.handlers = [_Handler()]
+        self.logger.setLevel(logging.WARNING)
+        self.logger.propagate = False
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.handlers, level, self.logger.propagate = self.saved[0], self.saved[1], self.saved[2]
+        self.logger.setLevel(level)
+        return False
+
+
+__all__ = ["PullFile", "RepoPull", "PullPlan", "PullResult", "plan_targets", "plan_pull", "check_room", "run_pull"]
