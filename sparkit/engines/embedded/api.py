@@ -22,18 +22,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
 class SamplingParams:
+    """SGLang's sampling parameters as the engine applies them (logits.py says in which order)."""
+
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
+    min_p: float = 0.0
     max_new_tokens: int = 128
+    min_new_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are forbidden until this many are out
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: Any = None  # a grammar.Grammar: the output must match it
     seed: int | None = None  # per-request RNG seed; None = engine's RNG
 
 
