@@ -72,7 +72,8 @@ def test_an_unknown_model_is_the_openai_shaped_404(in_process):
 
     response = asyncio.run(go())
     assert response.status_code == 404
-    assert response.json()["error"]["param"] == "model" and "tiny-ling" in response.json()["error"]["message"]
+    body = response.json()  # SGLang's flat ErrorResponse
+    assert body["object"] == "error" and body["param"] == "model" and "tiny-ling" in body["message"] and body["code"] == 404
 
 
 def test_the_client_reports_an_engine_error_as_such(in_process):
