@@ -257,3 +257,32 @@ def test_ollama_routes_as_sglang_serves_them(in_process):
     assert seeded.status_code == 400 and seeded.json()["param"] == "options.seed"
     empty = call(app, "POST", "/api/generate", {"model": "x", "prompt": "", "stream": False}).json()
     assert empty["done"] and empty["response"] == ""
+
+
+def test_every_sglang_route_is_served_or_listed_with_why_not():
+    """The installed sglang's routes (its http_server.py decorators, read from source): each is served
+    here or in SGLANG_ROUTES_NOT_SERVED, and that table names no route SGLang does not have."""
+    import ast
+    from pathlib import Path
+
+    sglang = pytest.importorskip("sglang")
+    from sparkit.engines.embedded.routes import ROUTES, SGLANG_ROUTES_NOT_SERVED
+
+    tree = ast.parse((Path(sglang.__file__).parent / "srt" / "entrypoints" / "http_server.py").read_text())
+    theirs = set()
+    for node in ast.walk(tree):
+        for decorator in getattr(node, "decorator_list", []):
+            func = getattr(decorator, "func", None)
+            if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "app"):
+                continue
+            arg = decorator.args[0] if decorator.args else None
+            if isinstance(arg, ast.Constant):
+                theirs.add(arg.value)
+            elif isinstance(arg, ast.Call) and len(arg.args) > 1 and isinstance(arg.args[1], ast.Constant):
+                theirs.add(arg.args[1].value)  # os.environ.get("SGLANG_OLLAMA_CHAT_ROUTE", "/api/chat")
+    ours = {route.path for route in ROUTES}
+    assert {"/generate", "/api/chat", "/v1/completions"} <= theirs  # the reading found them
+    unaccounted = sorted(theirs - ours - set(SGLANG_ROUTES_NOT_SERVED))
+    assert not unaccounted, f"SGLang serves {unaccounted}: serve them or say why not in SGLANG_ROUTES_NOT_SERVED"
+    assert not sorted(set(SGLANG_ROUTES_NOT_SERVED) - theirs), "SGLANG_ROUTES_NOT_SERVED lists routes SGLang does not have"
+    assert not ours & set(SGLANG_ROUTES_NOT_SERVED)

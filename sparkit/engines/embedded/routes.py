@@ -999,6 +999,7 @@ ROUTES = [
     Route("/ready", health, methods=["GET"]),
     Route("/generate", generate, methods=["POST", "PUT"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/invocations", chat_completions, methods=["POST"]),  # SageMaker's name for it, as in SGLang
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/encode", embeddings, methods=["POST", "PUT"]),
@@ -1021,6 +1022,47 @@ ROUTES = [
     Route("/metrics", metrics, methods=["GET"]),
     Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
 ]
+
+
+def _not_served(reason: str, *paths: str) -> dict[str, str]:
+    return {path: reason for path in paths}
+
+
+# The routes SGLang 0.5.23 serves (sglang/srt/entrypoints/http_server.py) that this server does not,
+# and why (a 404 here). tests/embedded_server/test_routes_in_process.py reads the installed sglang's
+# routes and fails on one that is neither served nor listed.
+SGLANG_ROUTES_NOT_SERVED: dict[str, str] = {
+    **_not_served("RL weight sync and remote weight transfer: the engine loads its checkpoint once",
+                  "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+                  "/update_weights_from_ipc", "/init_weights_update_group", "/destroy_weights_update_group",
+                  "/begin_weight_update", "/end_weight_update", "/update_weight_version", "/get_weights_by_name",
+                  "/weights_checker", "/release_memory_occupation", "/resume_memory_occupation",
+                  "/init_weights_send_group_for_remote_instance", "/send_weights_to_remote_instance",
+                  "/get_remote_instance_transfer_engine_info", "/remote_instance_transfer_engine_info"),
+    **_not_served("no LoRA adapters (lora_path is a 400)", "/load_lora_adapter", "/load_lora_adapter_from_tensors",
+                  "/unload_lora_adapter"),
+    **_not_served("no session KV cache (session_params is a 400)", "/open_session", "/close_session"),
+    **_not_served("profiling and debugging hooks of SGLang's scheduler processes", "/start_profile", "/stop_profile",
+                  "/set_trace_level", "/freeze_gc", "/configure_logging", "/slow_down", "/dumper/{method}",
+                  "/start_expert_distribution_record", "/stop_expert_distribution_record",
+                  "/dump_expert_distribution_record"),
+    **_not_served("no hierarchical or prefix cache, no retrieval corpora", "/hicache/storage-backend",
+                  "/hicache/storage-backend/clear", "/get_hicache_l3_cache_layout", "/add_external_corpus",
+                  "/remove_external_corpus", "/list_external_corpora"),
+    **_not_served("one process: no prefill/decode disaggregation, pausing or live reconfiguration", "/pd_role_switch",
+                  "/pause_generation", "/continue_generation", "/set_internal_state"),
+    **_not_served("tool-call and reasoning parsers: tiny-ling has neither (tools are a 400)", "/parse_function_call",
+                  "/separate_reasoning"),
+    **_not_served("the Responses API keeps tool and reasoning state the engine does not have", "/v1/responses",
+                  "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"),
+    **_not_served("the Anthropic Messages API: not asked for", "/v1/messages", "/v1/messages/count_tokens"),
+    **_not_served("scoring APIs over label-token logprobs: not asked for (/generate's logprobs give the same numbers)",
+                  "/v1/score", "/v1/decisions", "/v1/systemone"),
+    **_not_served("need a cross-encoder or classification head, which tiny-ling does not have", "/v1/rerank",
+                  "/v1/classify", "/classify"),
+    **_not_served("need an audio model", "/v1/audio/transcriptions", "/v1/realtime"),
+    **_not_served("Vertex AI's wrapper of /generate: not asked for", "/vertex_generate"),
+}
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
