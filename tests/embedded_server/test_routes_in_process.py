@@ -214,6 +214,11 @@ def test_grammar_fields_constrain_and_a_bad_grammar_is_a_400_before_any_work(in_
                                                       "response_format": {"type": "json_schema", "json_schema": {
                                                           "name": "p", "schema": {"enum": ["calm", "wild"]}}}}).json()
     assert json.loads(chat["choices"][0]["message"]["content"]) in ("calm", "wild")
+    streamed = sse(call(app, "POST", "/generate", {"text": "Answer:", "stream": True, "sampling_params": {
+        "temperature": 1.0, "max_new_tokens": 16, "regex": "(yes|no)!", "n": 4, "sampling_seed": 2}}))
+    whole = call(app, "POST", "/generate", {"text": "Answer:", "sampling_params": {
+        "temperature": 1.0, "max_new_tokens": 16, "regex": "(yes|no)!", "n": 4, "sampling_seed": 2}}).json()
+    assert [c["text"] for c in streamed if c["meta_info"]["finish_reason"]] == [o["text"] for o in whole]
     bad = call(app, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "regex": "(oops"})
     assert bad.status_code == 400 and bad.json()["object"] == "error"
     assert bad.json()["message"].startswith("Failed to compile regex grammar") and bad.json()["param"] == "regex"

@@ -663,21 +663,44 @@ def parse_body(raw: bytes, model: type[BaseModel], where: str, ignored: list[str
 
 
 def _first_loc(exc: ValidationError) -> str | None:
-    errors = exc.errors()
-    return ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0]["loc"] else None
+    errors = _branch_errors(exc.errors())
+    loc = _clean_loc(errors[0]["loc"]) if errors else []
+    return ".".join(loc) or None
 
 
 _UNION_NOISE = {"str", "list[str]", "list[int]", "list[TextPart]", "int", "float", "bool"}
+
+
+def _clean_loc(loc: tuple) -> list[str]:
+    """A location without the type tags union members add to it ('list[int]', 'function-after[...]')."""
+    return [str(p) for p in loc if str(p) not in _UNION_NOISE and not any(c in str(p) for c in "[(")
+            and not str(p).startswith(("function-", "constrained-"))]
+
+
+def _branch_errors(errors: list[dict]) -> list[dict]:
+    """A field typed `X | list[X]` (a prompt or its batch) fails in both branches; report the
+    branch the value was meant for: not "should be a valid list" when another error says more,
+    and the deepest location (the element or key that is wrong)."""
+    by_field: dict[str, list[dict]] = {}
+    for err in errors:
+        loc = _clean_loc(err["loc"])
+        by_field.setdefault(loc[0] if loc else "", []).append(err)
+    kept = []
+    for group in by_field.values():
+        if len(group) > 1:
+            group = [e for e in group if e["type"] != "list_type"] or group
+            deepest = max(len(_clean_loc(e["loc"])) for e in group)
+            group = [e for e in group if len(_clean_loc(e["loc"])) == deepest]
+        kept += group
+    return kept
 
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem: 'sampling_params.max_new_tokens: Input should be greater than or equal to 0'."""
     lines = []
     seen: set[str] = set()
-    for err in exc.errors():
-        loc_parts = [str(p) for p in err["loc"]]
-        # Union members add their type name to the location; drop it for readability.
-        loc_parts = [p for p in loc_parts if p not in _UNION_NOISE and not p.startswith("function-")]
+    for err in _branch_errors(exc.errors()):
+        loc_parts = _clean_loc(err["loc"])
         loc = ".".join(loc_parts)
         if err["type"] == "extra_forbidden":
             message = "unknown field"
