@@ -315,26 +315,34 @@ def test_the_ollama_package(server):
 # -- a batch runs its prompts one after another; the server goes on answering ----------------------------
 
 
-def test_health_answers_while_a_batch_runs_and_leaving_cancels_the_whole_batch(start_embedded_server):
+def test_health_answers_while_a_batch_runs_and_a_batch_is_aborted_or_cancelled_whole(start_embedded_server):
     from sparkit.client import parse_prometheus
 
     server = start_embedded_server(debug_step_delay_ms=20)  # >= 20 ms a step: each prompt takes >= 8 s
     metrics = lambda: parse_prometheus(httpx.get(server.url + "/metrics", timeout=30).text)  # noqa: E731
     before = metrics()
-    body = {"text": ["one", "two", "three", "four"], "stream": True,
+    body = {"text": ["one", "two", "three", "four"], "stream": True, "rid": "hold",
             "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
     with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as response:
-        lines = response.iter_lines()
-        first = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
+        chunks = (json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:") and "[DONE]" not in line)
+        first = next(chunks)
         assert first["index"] == 0 and first["meta_info"]["finish_reason"] is None
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
         assert httpx.get(server.url + "/ping", timeout=30).status_code == 200
         during = metrics()
         assert during["sglang:num_running_reqs"] == 1 and during["sglang:num_queue_reqs"] == 3  # the rest wait their turn
+        assert httpx.post(server.url + "/abort_request", json={"rid": "hold"}, timeout=30).status_code == 200
+        finals = [c for c in chunks if c["meta_info"]["finish_reason"] is not None]
+    assert [c["index"] for c in finals] == [0, 1, 2, 3]  # SGLang aborts by rid prefix: hold_0 .. hold_3
+    assert all(c["meta_info"]["finish_reason"]["type"] == "abort" for c in finals)
+    # a client that leaves a streamed batch cancels all of it
+    with httpx.stream("POST", server.url + "/generate", json={**body, "rid": "gone"}, timeout=120) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
         lines.close()
     deadline = time.monotonic() + 120
     while (metrics()["sglang:num_queue_reqs"], metrics()["sglang:num_running_reqs"]) != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.1)
     after = metrics()
-    assert after["sglang:num_aborted_requests_total"] - before["sglang:num_aborted_requests_total"] == 4
+    assert after["sglang:num_aborted_requests_total"] - before["sglang:num_aborted_requests_total"] == 8
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] < 400

@@ -774,10 +774,12 @@ async def retrieve_model(request: Request) -> Response:
 
 async def abort_request(request: Request) -> Response:
     """SGLang's /abort_request: {"rid": ..., "abort_all": bool}; 200 with an empty body, a rid that
-    is not running included (SGLang does the same)."""
+    is not running included (SGLang does the same). A batch's items are aborted by its rid."""
     state = _state(request)
     body = await parse(request, state, proto.AbortRequest, "/abort_request", [])
-    targets = list(state.live_jobs.values()) if body.abort_all else [state.live_jobs[body.rid]] if body.rid in state.live_jobs else []
+    # SGLang's scheduler aborts every request whose rid starts with the one given: a batch's rid_i
+    # and a prompt's samples go together (an empty rid aborts nothing here, not everything)
+    targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and rid.startswith(body.rid))]
     for job in targets:
         job.cancel.set()
     return Response(status_code=200)
