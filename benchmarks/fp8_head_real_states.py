@@ -43,17 +43,15 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     from sparkit.engines.embedded import checkpoint, corpus
-    from sparkit.engines.embedded.tokenizer import load_tokenizer
     from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K, fp8_linear, prepare_fp8_weight, quantize_fp8_per_row
 
     _, model = checkpoint.load_checkpoint(args.model)
     model.eval()
-    tok = load_tokenizer(args.model)
     states = []
     got = 0
     with torch.no_grad():
         for doc in corpus.documents(args.seed):
-            ids = corpus.encode_document(tok, doc)[:512]
+            ids = corpus.encode_document(doc)[:512]
             if len(ids) < 2:
                 continue
             h = model.forward_hidden(torch.tensor([ids]))[0]  # already after the final norm

@@ -83,11 +83,7 @@ def parse_label(label):
     """'pk16p:n256k128w8s3' -> KernelConfig (the format KernelConfig.label() writes)."""
     from sparkit.kernels import fp8_gemv_triton as fk
 
-    kind, rest = label.split(":")
-    bn, rest = rest[1:].split("k")
-    bk, rest = rest.split("w")
-    nw, ns = rest.split("s")
-    return fk.KernelConfig(kind, int(bn), int(bk), int(nw), int(ns))
+    return fk.KernelConfig.from_label(label)
 
 
 def band_agreement(hits, margins, edges):

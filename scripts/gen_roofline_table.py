@@ -297,7 +297,7 @@ def render() -> str:
         "",
         "## tiny-ling, measured against the model",
         "",
-        "tiny-ling (3.75M parameters) is far below any bandwidth bound: on a CPU its 5-15 MB step fits the",
+        "tiny-ling (2.65M parameters) is far below any bandwidth bound: on a CPU its 5-15 MB step fits the",
         "caches and a step is a few hundred small operators; on an H200 SGLang replays a few hundred kernels",
         "per step. The bound is an upper limit there, not a prediction; the acceptance profile and the on/off",
         "ratio (`sparkit bench profile`) are the useful measurements.",

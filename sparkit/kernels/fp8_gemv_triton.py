@@ -17,6 +17,13 @@ once per call (overflow-safe for any bf16 input), the power of two undone on the
 Which kernel and tile serve which M is a table measured on an H200 (benchmarks/fp8_lm_head.py
 --sweep); ``fp8_linear(..., config=...)`` overrides it.
 
+The persistent form of pk16p (STREAM_KIND, _fp8_stream_kernel) reads the same packed weight with a
+grid of about as many programs as the GPU holds, each streaming one balanced run of 64- or
+128-token stripes through one TMA pipeline that never drains between stripes, after asking L2 for
+its first tiles while the pre-scaling kernel runs. Which config serves which M is chosen on the
+device itself (sparkit.kernels.fp8_tune, among TUNE_CANDIDATES, at load time) and kept in the
+packed weight (PackedFp8Weight.tuned); untuned, PACKED_DEFAULT serves every M.
+
 Exact top-k re-scoring (a packed weight with ``exact``; see sparkit.kernels.fp8_linear): the main
 kernel's epilogue folds each tile's best logit and token into <= 256 int64 keys per row
 (RESCORE_SLOTS, one atomic max per tile and row), and _rescore_kernel recomputes the best tokens
@@ -27,7 +34,8 @@ kernels are chained by programmatic dependent launch where the GPU has it (sm_90
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -38,17 +46,38 @@ from sparkit.kernels.rescoring import TOKENS_PER_STRETCH
 
 @dataclass(frozen=True)
 class KernelConfig:
-    kind: str  # "dot" | "tma" | "cc" | "ccr"
+    kind: str  # "dot" | "tma" | "tma16" | "cc" | "ccr" | a PACKED_MODES key | STREAM_KIND
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    # STREAM_KIND only: persistent programs per SM (the grid is ctas_per_sm x the GPU's SMs), and
+    # the KiB of its first weight tiles each program asks L2 for before it waits on the
+    # pre-scaling kernel (so HBM streams while the activations are prepared).
+    ctas_per_sm: int = 0
+    prefetch_kb: int = 0
 
     def label(self) -> str:
-        return f"{self.kind}:n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+        base = f"{self.kind}:n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+        if self.kind == STREAM_KIND:
+            base += f"p{self.ctas_per_sm}f{self.prefetch_kb}"
+        return base
+
+    @classmethod
+    def from_label(cls, label: str) -> "KernelConfig":
+        """The inverse of label(): 'pk16p:n128k256w4s3', 'ps16p:n128k256w4s3p2f64'."""
+        m = re.fullmatch(r"([a-z0-9]+):n(\d+)k(\d+)w(\d+)s(\d+)(?:p(\d+)f(\d+))?", label.strip())
+        if m is None:
+            raise ValueError(f"not a kernel config label: {label!r} (expected e.g. {PACKED_DEFAULT.label()!r})")
+        kind, bn, bk, nw, ns, ctas, pf = m.groups()
+        if (kind == STREAM_KIND) != (ctas is not None):
+            raise ValueError(f"kernel config label {label!r}: p<ctas>f<KiB> belongs to {STREAM_KIND} only")
+        return cls(kind, int(bn), int(bk), int(nw), int(ns), int(ctas or 0), int(pf or 0))
 
 
 PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4}
+# The persistent kernel (_fp8_stream_kernel) on the same packed weight, activations pre-scaled as pk16p.
+STREAM_KIND = "ps16p"
 
 # Shipped choice (H200, N=157184, K=2560; benchmarks/gpu_session.sh, all candidates interleaved in
 # the same rounds): weights packed as 128 x 256 tiles, read by pk16p (activations pre-scaled to fp16
@@ -59,6 +88,26 @@ PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4}
 # Plain [N, K] tensors use the TMA fp16 kernel.
 PACK_BLOCK_N, PACK_BLOCK_K = 128, 256
 PACKED_DEFAULT = KernelConfig("pk16p", PACK_BLOCK_N, PACK_BLOCK_K, 4, 3)
+# What sparkit.kernels.fp8_tune may choose per M on the GPU it runs on (every one checked against
+# an exact product under the CPU interpreter by the tests, and against PACKED_DEFAULT on the device
+# before it is timed). The persistent kernel's variants, on the H200's numbers (132 SMs, 228 KB of
+# shared memory each, 4.8 TB/s): the weight is 402 MB, so each SM must take in a 32 KB tile every
+# ~1 us; a tile's 16 MMA steps run one after another in a warpgroup (the e4m3 -> fp16 operand sits
+# in registers), so an SM needs two warpgroups' worth of independent tiles (2 CTAs of 4 warps, or
+# 8 warps) to keep up with HBM, and 2-4 tiles in flight (64-128 KB) to cover its latency.
+# 128-token stripes split 1228 ways (9.3 per SM: a 7% imbalance at the end), 64-token ones 2456
+# ways (2% at 1 CTA per SM). Prefetch: the first 64-128 KB per program, 8-17 MB in all, about
+# the time the pre-scaling kernel takes at full bandwidth.
+TUNE_CANDIDATES = (
+    PACKED_DEFAULT,
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 64),
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 0),
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 1, 128),
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 4, 1, 128),
+    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 5, 1, 128),
+    KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 5, 2, 64),
+    KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 7, 1, 128),
+)
 UNPACKED_DEFAULT = KernelConfig("tma16", 128, 128, 8, 4)
 FP32_DEFAULT = KernelConfig("cc", 16, 128, 4, 3)
 
@@ -224,25 +273,32 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
 
 @triton.jit
 def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0):
+                          PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0, ONE_PASS: tl.constexpr = False):
     """One activation row per program: xs = fp16(x * 2^-e) with e >= 0 the power of two that brings
     max|x| to <= 4 (the bound _dot_fp16_rescaled explains), and e itself, undone after the MMAs.
-    Two passes over the row (the second from L1/L2); a power of two keeps the scaling exact."""
+    ONE_PASS (K <= BLOCK_K): the row is read once and kept in registers, one memory round trip
+    before the main kernel may start its MMAs. Else two passes over the row in BLOCK_K pieces (the
+    second from L1/L2). A power of two keeps the scaling exact."""
     if PDL:  # the main kernel may launch now; it waits for this one before reading xs
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_K)
     src = x_ptr + row.to(tl.int64) * stride_xm
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-    e = tl.maximum(tl.ceil(tl.log2(tl.max(amax, axis=0) * 0.25)), 0.0)
-    inv = tl.exp2(-e)
     dst = xs_ptr + row.to(tl.int64) * K
-    for k0 in range(0, K, BLOCK_K):
-        v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
-        tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
+    if ONE_PASS:
+        v = tl.load(src + offs, mask=offs < K, other=0.0).to(tl.float32)
+        e = tl.maximum(tl.ceil(tl.log2(tl.max(tl.abs(v), axis=0) * 0.25)), 0.0)
+        tl.store(dst + offs, (v * tl.exp2(-e)).to(tl.float16), mask=offs < K)
+    else:
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        e = tl.maximum(tl.ceil(tl.log2(tl.max(amax, axis=0) * 0.25)), 0.0)
+        inv = tl.exp2(-e)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
+            tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
     tl.store(e_ptr + row, e)
     if NS_PAD > 0:  # the row's candidate slots, emptied for the main kernel's atomic maxima
         slots = tl.arange(0, NS_PAD)
@@ -307,16 +363,83 @@ def _fp8_packed_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
     if KEY_GROUP > 0:
-        # Exact re-scoring's candidates: this tile's best token per activation row, folded by an
-        # atomic max into the row's slot for KEY_GROUP neighbouring tiles (<= 256 slots per row)
-        # as a 64-bit key: order-preserving bits of the logit, then the token id.
-        # One int64 max over the tile finds the best logit and its token together.
-        bits = acc.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-        keys = (ordered.to(tl.int64) << 32) | offs_n.to(tl.int64)[:, None]
-        keys = tl.where((offs_n < N)[:, None], keys, EMPTY_KEY)
-        tl.atomic_max(key_ptr + offs_m.to(tl.int64) * n_slots + pid_n // KEY_GROUP, tl.max(keys, axis=0),
-                      mask=offs_m < M, sem="relaxed")
+        _fold_tile_keys(acc, offs_n, offs_m, M, N, key_ptr, n_slots, pid_n // KEY_GROUP)
+
+
+@triton.jit
+def _fold_tile_keys(y, offs_n, offs_m, M, N, key_ptr, n_slots, slot):
+    """Exact re-scoring's candidates: the tile's best token per activation row (y: [tokens, rows]
+    fp32 logits), folded by an atomic max into the row's `slot` (one per KEY_GROUP neighbouring
+    128-token tiles, <= 256 slots per row) as a 64-bit key: order-preserving bits of the logit,
+    then the token id. One int64 max over the tile finds the best logit and its token together."""
+    bits = y.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    keys = (ordered.to(tl.int64) << 32) | offs_n.to(tl.int64)[:, None]
+    keys = tl.where((offs_n < N)[:, None], keys, EMPTY_KEY)
+    tl.atomic_max(key_ptr + offs_m.to(tl.int64) * n_slots + slot, tl.max(keys, axis=0),
+                  mask=offs_m < M, sem="relaxed")
+
+
+@triton.jit
+def _prefetch_l2(ptr, nbytes):
+    """One thread of the program asks for nbytes (a multiple of 16) from ptr into L2: a bulk
+    prefetch (sm_90's cp.async.bulk.prefetch), a hint that cannot change any result."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _fp8_stream_kernel(
+    x_desc, e_ptr, w_desc, w_ptr, w_bytes, s_ptr, out_ptr, M, N, stride_om, key_ptr, n_slots,
+    n_stripes, prefetch_bytes,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK_N: tl.constexpr,
+    K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, KEY_GROUP: tl.constexpr,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+):
+    """The persistent form of _fp8_packed_kernel (MODE 4): a grid of about as many programs as
+    the GPU holds at once, each streaming one contiguous, balanced run of BLOCK_N-token stripes
+    (BLOCK_N divides the packing's PACK_N: a stripe is PACK_N // BLOCK_N of a packed tile's rows,
+    each [BLOCK_N, BLOCK_K] piece one contiguous TMA box). The (stripe, K block) loop is one flat
+    loop, so the TMA pipeline runs on across stripes: no program starts with an empty pipeline
+    after the first, and there is no last partial wave of programs. Each stripe's epilogue
+    (scales, store, candidate keys) sits inside the loop while the next tiles are in flight.
+    Before waiting on the pre-scaling kernel (PDL), a program asks L2 for its first
+    prefetch_bytes of weight, so HBM is busy while the activations are prepared."""
+    SUB: tl.constexpr = PACK_N // BLOCK_N
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    pid_m = tl.program_id(1)
+    first = (pid * n_stripes) // n_prog
+    last = ((pid + 1) * n_stripes) // n_prog
+    if PREFETCH:
+        start = (first // SUB).to(tl.int64) * (K_BLOCKS * PACK_N * BLOCK_K)
+        todo = tl.minimum(prefetch_bytes, w_bytes - start)
+        for c in range(0, todo, 32768):
+            _prefetch_l2(w_ptr + start + c, tl.minimum(todo - c, 32768).to(tl.int32))
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    off_m = pid_m * BLOCK_M
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    pow2 = tl.exp2(tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0))
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for i in tl.range(0, (last - first) * K_BLOCKS, num_stages=NUM_STAGES):
+        stripe = first + i // K_BLOCKS
+        kb = i % K_BLOCKS
+        w = w_desc.load([((stripe // SUB) * K_BLOCKS + kb) * PACK_N + (stripe % SUB) * BLOCK_N, 0])
+        xk = x_desc.load([off_m, kb * BLOCK_K])
+        acc = tl.dot(w.to(tl.float16), tl.trans(xk), acc)
+        if kb == K_BLOCKS - 1:
+            offs_n = stripe * BLOCK_N + tl.arange(0, BLOCK_N)
+            # as _fp8_packed_kernel: the power of two first, then the scale (padded to the packing)
+            y = acc * pow2[None, :] * tl.load(s_ptr + offs_n)[:, None]
+            tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty),
+                     mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+            if KEY_GROUP > 0:
+                _fold_tile_keys(y, offs_n, offs_m, M, N, key_ptr, n_slots, (stripe // SUB) // KEY_GROUP)
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
 
 
 @triton.jit
@@ -383,10 +506,24 @@ class PackedFp8Weight:
     # (row-major, bf16 as loaded) and how many FP8 top candidates per row it re-scores (0: off).
     exact: torch.Tensor | None = None
     exact_top_k: int = 0
+    # The kernel config per number of activation rows M, chosen on this GPU by
+    # sparkit.kernels.fp8_tune.tune_packed (empty: PACKED_DEFAULT for every M), and its report.
+    tuned: dict = field(default_factory=dict)
+    tuning: object = None
 
     @property
     def shape(self):
         return (self.n, self.k)
+
+    def config_for(self, m: int) -> KernelConfig:
+        """The config that serves m rows: the tuned one for m, else that of the largest tuned M
+        below m (M > 16 runs 16-row blocks), else PACKED_DEFAULT."""
+        if not self.tuned:
+            return PACKED_DEFAULT
+        if m in self.tuned:
+            return self.tuned[m]
+        below = [t for t in self.tuned if t <= m]
+        return self.tuned[max(below)] if below else PACKED_DEFAULT
 
 
 def pack_fp8_weight(weight_fp8, scale, block_n: int = PACK_BLOCK_N,
@@ -457,10 +594,24 @@ def unpack_fp8_weight(packed: PackedFp8Weight):
 def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int = 4,
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
                       rescore: bool = True, pdl: bool | None = None, key_slots: int | None = None,
-                      rescore_warps: int | None = None, per_slot: int | None = None):
+                      rescore_warps: int | None = None, per_slot: int | None = None,
+                      config: KernelConfig | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off).
+    config (a PACKED_MODES kind or STREAM_KIND) replaces num_warps, num_stages and mode.
     The other keywords override module settings for benchmarks/fp8_lm_head.py, which times the
     parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot."""
+    stream = None
+    if config is not None:
+        if config.kind == STREAM_KIND:
+            stream = config
+            mode = 4
+        elif config.kind in PACKED_MODES:
+            mode = PACKED_MODES[config.kind]
+            num_warps, num_stages = config.num_warps, config.num_stages
+        else:
+            raise ValueError(f"kernel config {config.label()} does not read a packed weight "
+                             f"(kinds: {', '.join([*PACKED_MODES, STREAM_KIND])})")
+        _check_config_fits(config, packed)
     out_dtype = out_dtype or x.dtype
     if exact is None:
         exact = packed.exact
@@ -484,6 +635,8 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if mode == 4 and k % 8:
+        if stream is not None:
+            raise ValueError(f"{stream.label()} needs K divisible by 8 (K={k})")
         mode = 1  # the fp16 copy's rows would not be 16-byte aligned for TMA
     block_m = 16
     exps = x2  # unused unless mode 3 or 4
@@ -507,25 +660,41 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
         exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
         # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots, BLOCK_K=512,
-                                    num_warps=4, PDL=pdl,
+        one_pass = k <= PRESCALE_ONE_PASS_K
+        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots,
+                                    BLOCK_K=triton.next_power_of_2(k) if one_pass else 512,
+                                    num_warps=4, PDL=pdl, ONE_PASS=one_pass,
                                     NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
     else:
         x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
-    w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
-    if mode == 3:
-        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
-        _row_exponent_kernel[(triton.cdiv(m, block_m),)](
-            x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
-    _fp8_packed_kernel[grid](
-        x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-        keys, n_slots,
-        BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
-        K_BLOCKS=packed.data.shape[0] // packed.scale.shape[0], NUM_STAGES=num_stages,
-        MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
-        PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
-    )
+    k_blocks = packed.data.shape[0] // packed.scale.shape[0]
+    if stream is not None:
+        n_stripes = packed.scale.shape[0] // stream.block_n
+        programs = min(n_stripes, stream_programs(stream, x2.device))
+        _fp8_stream_kernel[(programs, triton.cdiv(m, block_m))](
+            x_desc, exps, _descriptor(packed.data, (stream.block_n, packed.block_k)), packed.data,
+            packed.data.numel(), packed.scale, out, m, n, out.stride(0), keys, n_slots, n_stripes,
+            stream.prefetch_kb * 1024,
+            BLOCK_M=block_m, BLOCK_N=stream.block_n, BLOCK_K=packed.block_k, PACK_N=packed.block_n,
+            K_BLOCKS=k_blocks, NUM_STAGES=stream.num_stages, KEY_GROUP=key_group,
+            PDL=pdl, PREFETCH=not _INTERPRETED,
+            num_warps=stream.num_warps, **launch,
+        )
+    else:
+        w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
+        if mode == 3:
+            exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+            _row_exponent_kernel[(triton.cdiv(m, block_m),)](
+                x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
+        _fp8_packed_kernel[grid](
+            x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
+            keys, n_slots,
+            BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
+            K_BLOCKS=k_blocks, NUM_STAGES=num_stages,
+            MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
+            PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
+        )
     if key_group and rescore:
         warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
         tokens = RESCORE_PER_SLOT if per_slot is None else per_slot
@@ -538,6 +707,34 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
             num_warps=warps, PDL=pdl, **launch,
         )
     return out.reshape(*lead, n)
+
+
+def _check_config_fits(config: KernelConfig, packed: PackedFp8Weight) -> None:
+    """A packed-weight config reads the packing's own tiles: its K block is the packing's, and a
+    persistent config's stripes split a packed tile evenly."""
+    if config.block_k != packed.block_k or (
+            config.kind == STREAM_KIND and (packed.block_n % config.block_n or config.ctas_per_sm < 1)) or (
+            config.kind in PACKED_MODES and config.block_n != packed.block_n):
+        raise ValueError(f"kernel config {config.label()} does not fit a weight packed as "
+                         f"{packed.block_n}x{packed.block_k} tiles")
+
+
+# Rows up to this long are pre-scaled in one read (4 warps hold 8192 values in registers).
+PRESCALE_ONE_PASS_K = 8192
+
+# Under the CPU interpreter there is no GPU: a persistent grid is sized as if it had this many SMs
+# (few, so that the tests see programs with unequal runs of stripes).
+INTERPRETER_SMS = 3
+_SM_COUNT: dict = {}
+
+
+def stream_programs(config: KernelConfig, device) -> int:
+    """The persistent grid of a STREAM_KIND config on `device`: ctas_per_sm programs per SM."""
+    key = str(device)
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = (torch.cuda.get_device_properties(device).multi_processor_count
+                          if torch.device(device).type == "cuda" else INTERPRETER_SMS)
+    return max(1, config.ctas_per_sm) * _SM_COUNT[key]
 
 
 _DESCRIPTORS: dict = {}
@@ -601,20 +798,18 @@ def choose_config(m: int, x_dtype) -> KernelConfig:
 
 def fp8_linear_packed_default(x, packed: PackedFp8Weight, out_dtype=None, exact=None,
                               exact_top_k: int | None = None, **overrides):
-    """The shipped path for a packed weight (PACKED_DEFAULT), with its exact re-scoring."""
-    cfg = PACKED_DEFAULT
-    return fp8_linear_packed(x, packed, out_dtype, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                             mode=PACKED_MODES[cfg.kind], exact=exact, exact_top_k=exact_top_k,
-                             **overrides)
+    """The shipped path for a packed weight: the config tuned for this M on this GPU
+    (PackedFp8Weight.config_for; PACKED_DEFAULT when untuned), with its exact re-scoring."""
+    m = x.numel() // x.shape[-1] if x.dim() else 0
+    return fp8_linear_packed(x, packed, out_dtype, exact=exact, exact_top_k=exact_top_k,
+                             config=overrides.pop("config", None) or packed.config_for(m), **overrides)
 
 
 def fp8_linear(x, weight_fp8, scale, out_dtype=None, config: KernelConfig | None = None):
     """y[..., N] = x[..., K] @ (weight_fp8 * scale[:, None]).T with fp32 accumulation.
     A packed weight with an exact weight also gets its exact top-k re-scoring."""
     if isinstance(weight_fp8, PackedFp8Weight):
-        cfg = config or PACKED_DEFAULT
-        return fp8_linear_packed(x, weight_fp8, out_dtype, num_warps=cfg.num_warps,
-                                 num_stages=cfg.num_stages, mode=PACKED_MODES[cfg.kind])
+        return fp8_linear_packed_default(x, weight_fp8, out_dtype, config=config)
     out_dtype = out_dtype or x.dtype
     n, k = weight_fp8.shape
     lead = x.shape[:-1]

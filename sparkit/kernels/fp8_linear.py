@@ -109,11 +109,15 @@ def fp8_linear_reference(x, weight_fp8, scale, out_dtype=None, chunk_rows: int =
     return out.reshape(*lead, n)
 
 
-def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 0):
+def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 0, tune: bool = True,
+                       log=None):
     """The weight re-laid for the CUDA kernel (sparkit.kernels.fp8_gemv_triton.PackedFp8Weight),
     or None where that kernel cannot run (CPU tensors, no Triton): then keep using the tensors.
     With exact_weight (the unquantised [N, K] weight, kept by reference) and exact_top_k > 0 the
-    packed weight re-scores each row's top exact_top_k logits exactly (see the module docstring)."""
+    packed weight re-scores each row's top exact_top_k logits exactly (see the module docstring).
+    tune: choose the kernel config per M on this GPU now (sparkit.kernels.fp8_tune; a head
+    below its size threshold, or SPARKIT_FP8_TUNE=0, keeps the default). Call it before any CUDA
+    graph capture (tuning is skipped during one); log(str) gets the one-line outcome."""
     if not weight_fp8.is_cuda:
         return None
     try:
@@ -122,8 +126,19 @@ def prepare_fp8_weight(weight_fp8, scale, exact_weight=None, exact_top_k: int = 
         return None
     if exact_weight is not None and not exact_weight.is_contiguous():
         exact_weight = exact_weight.contiguous()
-    return fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale, exact=exact_weight,
-                                           exact_top_k=exact_top_k)
+    packed = fp8_gemv_triton.pack_fp8_weight(weight_fp8, scale, exact=exact_weight,
+                                             exact_top_k=exact_top_k)
+    if tune:
+        from sparkit.kernels.fp8_tune import TuneReport, tune_packed
+
+        try:
+            tune_packed(packed, log=log)
+        except Exception as exc:  # the head must still come up: on the default config
+            packed.tuned = {}
+            packed.tuning = TuneReport(source="skipped", reason=f"tuning failed: {type(exc).__name__}: {exc}")
+            if log:
+                log(f"FP8 head kernel: {packed.tuning.summary()}")
+    return packed
 
 
 def exact_description(exact_top_k: int) -> str:
@@ -138,7 +153,10 @@ def kernel_description(weight_fp8, exact_top_k: int | None = None) -> str:
     if not hasattr(weight_fp8, "dtype"):
         from sparkit.kernels import fp8_gemv_triton
 
-        return (f"Triton W8A16 kernel {fp8_gemv_triton.PACKED_DEFAULT.label()} "
+        tuning = weight_fp8.tuning
+        kernel = (tuning.summary() if weight_fp8.tuned and tuning is not None
+                  else fp8_gemv_triton.PACKED_DEFAULT.label())
+        return (f"Triton W8A16 kernel {kernel} "
                 f"(tile-packed e4m3 weight {weight_fp8.block_n}x{weight_fp8.block_k}; "
                 f"{exact_description(weight_fp8.exact_top_k)})")
     suffix = f"; {exact_description(exact_top_k)}" if exact_top_k is not None else ""

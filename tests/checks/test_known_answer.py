@@ -48,9 +48,9 @@ def _score(ppl: float, tokens: int = 1000) -> KnownAnswerScore:
 
 def test_the_verdicts():
     plan = compile_plan(load_recipe("tiny"))
-    assert plan.expectations.reference_perplexity == 1.469
-    ok = check_known_answer(plan, ServerEvidence("embedded", known_answer=_score(1.4686)))
-    assert ok.status == Status.PASS and "1.469" in ok.detail
+    assert plan.expectations.reference_perplexity == 1.461
+    ok = check_known_answer(plan, ServerEvidence("embedded", known_answer=_score(1.4605)))
+    assert ok.status == Status.PASS and "1.461" in ok.detail
     bad = check_known_answer(plan, ServerEvidence("embedded", known_answer=_score(2.728)))
     assert bad.status == Status.FAIL
     assert "wrong numbers" in bad.cause and "kernel" in bad.cause and bad.fix
@@ -58,7 +58,7 @@ def test_the_verdicts():
     assert "another model" not in bad.cause  # the recipe's own model
     overridden = compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling:seed=3:steps=30"]))
     other = check_known_answer(overridden, ServerEvidence("embedded", known_answer=_score(2.728)))
-    assert other.status == Status.FAIL and "or another model: checks.reference_perplexity 1.469 was stated at" in other.cause
+    assert other.status == Status.FAIL and "or another model: checks.reference_perplexity 1.461 was stated at" in other.cause
     assert "model.path was then set to sparkit:tiny-ling:seed=3:steps=30 by --set" in other.cause
     low = check_known_answer(plan, ServerEvidence("embedded", known_answer=_score(1.2)))
     assert low.status == Status.FAIL  # too good is wrong too: another text, another model

@@ -49,12 +49,46 @@ def test_the_shipped_build_is_the_default_spec_and_passed_the_gate():
 def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
     """The first TRAJECTORY_STEPS[0] steps of the default build, bit for bit: a change to the model,
     the corpus, the tokenizer or the training that was not followed by a rebuild (and a
-    BUILDER_VERSION bump) fails here."""
+    BUILDER_VERSION bump) fails here. The build's numerics are portable across x86-64 CPUs; what
+    they still depend on (torch's version, the architecture, the BLAS) is recorded in the marker
+    and must match here (scripts/test pins torch: constraints.txt)."""
     shipped = checkpoint.read_marker(builder.SHIPPED_DIR / BuildSpec().dir_name)
     first = builder.TRAJECTORY_STEPS[0]
+    here = builder.current_numerics()
+    recorded = shipped["numerics"]
+    if here["machine"] != recorded["machine"] or here["blas"] != recorded["blas"]:
+        pytest.skip(f"the shipped build's trajectory was recorded on {recorded['machine']} with {recorded['blas']} "
+                    f"BLAS; this is {here['machine']} with {here['blas']} (the bits cannot be compared)")
+    assert builder.numerics_key(here) == builder.numerics_key(recorded), (
+        f"the shipped build was made under {recorded}; this environment is {here} (install constraints.txt)")
     marker = builder.build_model(tmp_path, BuildSpec(), stop_after=first)
     assert marker["train_steps"] == first
     assert marker["trajectory"][str(first)] == shipped["trajectory"][str(first)]
+
+
+def test_the_builders_corpus_encoder_gives_the_saved_tokenizers_ids():
+    """The builder encodes its corpus itself (a build must not depend on the installed
+    tokenizers/transformers); the tokenizer it saves must agree id for id, special tokens
+    written literally included."""
+    import itertools
+
+    from sparkit.engines.embedded import corpus, tokenizer
+
+    saved = tokenizer.build_tokenizer()
+    documents = list(itertools.islice(corpus.documents(0), 400)) + ["héllo 你好 🎉 <|user|>x<|eos|><|assistant|>", "<|bos|><|pad|>"]
+    for doc in documents:
+        assert tokenizer.encode_bytes(doc) == saved.encode(doc, add_special_tokens=False), doc
+
+
+def test_a_trainer_whose_numerics_are_not_portable_is_refused(tmp_path, monkeypatch):
+    """The environment that makes a build portable must reach torch; a trainer started without
+    it (here: ATen's AVX2 kernels forced back) fails the build instead of saving other bits."""
+    monkeypatch.setitem(builder.PORTABLE_NUMERICS, "ATEN_CPU_CAPABILITY", "avx2")
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU has no vectorised ATen kernels to fall back to")
+    with pytest.raises(LaunchError, match="not DEFAULT"):
+        builder.build_model(tmp_path, BuildSpec("tiny-ling", 0, 2))
+    assert not (tmp_path / checkpoint.WEIGHTS).exists()
 
 
 def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_path):

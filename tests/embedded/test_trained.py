@@ -30,12 +30,10 @@ def accept_length(engine, prompts=12, max_new_tokens=48) -> float:
 def test_the_model_has_learned_its_corpus(tiny_model_dir):
     from sparkit.engines.embedded.checkpoint import load_checkpoint
     from sparkit.engines.embedded.corpus import encode_document, documents
-    from sparkit.engines.embedded.tokenizer import load_tokenizer
 
     _, model = load_checkpoint(tiny_model_dir)
-    tok = load_tokenizer(tiny_model_dir)
     docs = documents(seed=999)  # unseen documents of the same distribution
-    ids = torch.tensor([sum((encode_document(tok, next(docs)) for _ in range(6)), [])[:256]])
+    ids = torch.tensor([sum((encode_document(next(docs)) for _ in range(6)), [])[:256]])
     with torch.inference_mode():
         logits = model.logits(model.forward_hidden(ids[:, :-1]))
         nll = torch.nn.functional.cross_entropy(logits[0], ids[0, 1:]).item()

@@ -237,3 +237,51 @@ def test_exact_rescoring_on_row_major_fp8_weights_uses_the_torch_selection(head_
     ref = x.float() @ w.float().T
     y = fp8_linear(x, q, s, out_dtype=torch.float32, exact_weight=w, exact_top_k=8)
     assert torch.equal(y.argmax(1), ref.argmax(1))
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 17, 40])
+def test_every_config_the_tuner_may_choose_matches_on_the_gpu(head_bf16, m):
+    """The persistent kernel's variants and the grid kernel, compiled for this GPU: the exact
+    dequantised product, and the same re-scored candidates and values as the former default."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    w, q, s = head_bf16
+    packed = fk.pack_fp8_weight(q, s, exact=w, exact_top_k=4)
+    x = near_tie_states(w, m, seed=100 + m)
+    x[:, 5] = 2.0e5 if m == 5 else x[:, 5]  # a row the fp16 path must scale down
+    want = _exact(x, q, s)
+    ref = fk.fp8_linear_packed(x, packed, torch.float32, config=fk.PACKED_DEFAULT)
+    for cfg in fk.TUNE_CANDIDATES:
+        y0 = fk.fp8_linear_packed(x, packed, torch.float32, config=cfg, exact_top_k=0)
+        assert ((y0.double() - want).norm() / want.norm()).item() < 1e-5, cfg.label()
+        y = fk.fp8_linear_packed(x, packed, torch.float32, config=cfg)
+        assert torch.equal(y != y0, ref != fk.fp8_linear_packed(x, packed, torch.float32, exact_top_k=0,
+                                                               config=fk.PACKED_DEFAULT)), cfg.label()
+        torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-5)
+
+
+def test_tuning_on_the_gpu_chooses_per_m_and_the_choice_replays_in_a_graph(head_bf16, tmp_path, monkeypatch):
+    from sparkit.kernels import fp8_gemv_triton as fk
+    from sparkit.kernels import fp8_tune
+    from sparkit.kernels.fp8_linear import fp8_linear, kernel_description
+
+    monkeypatch.setenv("SPARKIT_HOME", str(tmp_path))
+    w, q, s = head_bf16
+    packed = fk.pack_fp8_weight(q, s, exact=w, exact_top_k=4)
+    rep = fp8_tune.tune_packed(packed, ms=(1, 2, 8), min_elements=0, reps=2, rounds=2)
+    assert rep.source == "measured" and set(packed.tuned) == {1, 2, 8}, rep
+    assert set(rep.times_us[1]) | set(rep.rejected) == {c.label() for c in fk.TUNE_CANDIDATES}
+    assert not rep.rejected, rep.rejected  # every candidate runs and agrees on this GPU
+    assert rep.summary() in kernel_description(packed)
+    static_x = near_tie_states(w, 2, 5).clone()
+    eager = fp8_linear(static_x, packed, None, out_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fp8_linear(static_x, packed, None, out_dtype=torch.bfloat16)
+        # Tuning is refused during a capture (its timing would be captured, not run).
+        assert fp8_tune.tune_packed(fk.pack_fp8_weight(q, s), min_elements=0).reason == "a CUDA graph is being captured"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, eager)
+    assert torch.equal(eager, fk.fp8_linear_packed(static_x, packed, torch.bfloat16, config=packed.tuned[2]))

@@ -50,6 +50,7 @@ def checkout(tmp_path):
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(REPO_DIR / "scripts" / "test", repo / "scripts" / "test")
     shutil.copy(REPO_DIR / "pyproject.toml", repo / "pyproject.toml")
+    shutil.copy(REPO_DIR / "constraints.txt", repo / "constraints.txt")
     bin_dir = repo / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text(FAKE_PYTHON)
@@ -77,6 +78,24 @@ def test_sglangs_unmet_requirements_are_one_note_and_the_tests_run(tmp_path):
     assert len(done.stderr.splitlines()) == 2  # "installing ..." and the note
     assert "pytest ran: -m pytest -q -q tests/x" in done.stdout
     assert (repo / ".venv" / ".sparkit-test-deps").exists()
+
+
+def test_every_install_is_pinned_by_the_constraints_file(tmp_path):
+    """A fresh clone installs the versions the tests were written against (constraints.txt), not
+    whatever is newest on the index that day; a changed constraints file reinstalls."""
+    repo = checkout(tmp_path)
+    assert run_script(repo, tmp_path).returncode == 0
+    installs = [line for line in (tmp_path / "calls.log").read_text().splitlines() if line.startswith("-m pip install")]
+    assert len(installs) == len([line for line in (REPO_DIR / "scripts" / "test").read_text().splitlines()
+                                 if line.strip().startswith("pip_install ")])
+    assert all(" -c constraints.txt " in f" {line} " for line in installs), installs
+    (tmp_path / "calls.log").unlink()
+    assert run_script(repo, tmp_path).returncode == 0
+    assert "-m pip install" not in (tmp_path / "calls.log").read_text()  # nothing changed: nothing installed
+    with open(repo / "constraints.txt", "a") as handle:
+        handle.write("six==1.16.0\n")
+    assert run_script(repo, tmp_path).returncode == 0
+    assert "-m pip install" in (tmp_path / "calls.log").read_text()
 
 
 def test_a_conflict_of_another_package_is_still_shown(tmp_path):

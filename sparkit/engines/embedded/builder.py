@@ -1,9 +1,15 @@
 """Builds tiny-ling (train on the synthetic corpus, gate, save) and loads checkpoints.
 
-A build is defined by a BuildSpec (model name, seed, number of optimiser steps) and the
-builder's code (BUILDER_VERSION): never by wall-clock time, so the same spec gives the same
-checkpoint on an idle laptop and on a loaded CI machine (training runs on a fixed number of
-threads; the data order and the learning-rate schedule depend only on the spec).
+A build is defined by a BuildSpec (model name, seed, number of optimiser steps), the builder's
+code (BUILDER_VERSION) and torch's version: never by wall-clock time, the machine's load or its
+CPU. Training runs on one thread in a child process whose numerics are the same on every x86-64
+CPU (PORTABLE_NUMERICS: ATen's baseline kernels instead of the AVX2/AVX-512 ones the CPU would
+pick, and MKL's conditional-numerical-reproducibility branch COMPATIBLE), so the same spec gives
+the same bits on an idle laptop, a loaded CI machine, an AMD or an Intel CPU; the data order, the
+corpus's token ids and the learning-rate schedule depend only on the spec (the corpus is encoded
+by sparkit's own byte-level encoder, not by whatever tokenizers/transformers are installed). The
+marker records the numerics a build ran under (`numerics`), so that a comparison across torch
+versions or CPU architectures (aarch64 has no MKL) says why it cannot hold instead of failing.
 
 The default build (tiny-ling, seed 0, DEFAULT_TRAIN_STEPS) ships with the package under
 `checkpoints/`, written by this builder (`sparkit model make-tiny --steps ...`); `ensure_model()`
@@ -28,8 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,13 +50,22 @@ from sparkit.paths import ensure_dir, make_private_tree, open_output
 
 # Bump when the model code, the corpus, the tokenizer or the training procedure changes what a
 # spec builds (tests/embedded/test_builder.py fails when the shipped checkpoint was not rebuilt).
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 BUILTIN_MODELS = ("tiny-ling",)
 DEFAULT_TRAIN_STEPS = 2000
-# One thread: deterministic, and a 4M-parameter model gains little from a second core while
+# One thread: deterministic, and a 3M-parameter model gains little from a second core while
 # losing a lot when another process competes for it.
 TRAIN_THREADS = 1
 TRAIN_THREADS_ENV = "SPARKIT_TRAIN_THREADS"
+# The environment of the training child: ATen's baseline (non-vectorised-ISA) kernels and MKL's
+# COMPATIBLE branch give the same float32 results on any x86-64 CPU. Measured on this project's
+# CI machine (AMD EPYC, AVX2), ten steps of the default build: 4848ceb1 with the CPU's own
+# paths, 400fbc82 with ATen's baseline alone, 905364cb with MKL's COMPATIBLE alone, 7b222662
+# with both; the first shipped build (BUILDER_VERSION 4, made on an AVX-512 machine) recorded
+# f0231663, which no AVX2 machine can reproduce. Both must be set before torch starts, hence the
+# child process. Costs about 2x in training time (a full build: ~50 minutes on one core).
+PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # Optimiser steps after which the parameters' hash is recorded in the marker (the builder's
 # reproducibility is tested against the shipped checkpoint's record at the first of them).
 TRAJECTORY_STEPS = (10, 100)
@@ -232,54 +251,143 @@ def build_model(directory: Path, spec: BuildSpec | None = None, progress: Progre
                 gate: QualityGate | None = None, config=None, stop_after: int | None = None) -> dict:
     """Train tiny-ling for spec.steps steps and save it into `directory`; returns the marker.
 
-    `stop_after` ends training early with the full schedule (the first steps of a longer build,
-    bit for bit: what the reproducibility test compares). With `gate`, the saved checkpoint is
-    measured and WeakModelError raised when it falls short (the caller discards the directory)."""
+    Training runs in a child process under PORTABLE_NUMERICS (see the module docstring); this
+    process then measures the saved weights. `stop_after` ends training early with the full
+    schedule (the first steps of a longer build, bit for bit: what the reproducibility test
+    compares). With `gate`, the saved checkpoint is measured and WeakModelError raised when it
+    falls short (the caller discards the directory)."""
+    spec = spec or BuildSpec()
+    report = progress or (lambda fraction, message: None)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    report(0.0, f"training {spec.name} ({spec.steps} steps, seed {spec.seed})")
+    stats = _train_in_child(directory, spec, config, stop_after, lambda f, m: report(0.9 * f, m))
+    report(0.91, "saved")
+    marker = {**spec.key(), **stats}
+    if gate is not None:
+        report(0.93, "quality gate: held-out loss and NEXTN accept length of the saved weights")
+        figures = measure_quality(directory, seed=spec.seed)
+        marker["quality"] = figures
+        problems = []
+        if figures["heldout_loss"] > gate.max_heldout_loss:
+            problems.append(f"held-out loss {figures['heldout_loss']:.3f} nats/token > {gate.max_heldout_loss}")
+        if figures["accept_length"] < gate.min_accept_length:
+            problems.append(f"NEXTN accept length {figures['accept_length']:.2f} < {gate.min_accept_length}")
+        if gate.greetings_answered and figures["unanswered_greetings"]:
+            problems.append(f"no reply to {', '.join(map(repr, figures['unanswered_greetings']))}")
+        if problems:
+            raise WeakModelError(
+                f"the trained {spec.name} is too weak to use: " + "; ".join(problems) + " (not cached)",
+                hint="the builder or the corpus changed without retuning DEFAULT_TRAIN_STEPS; "
+                     "rebuild with more steps (`sparkit model make-tiny --steps N`)",
+            )
+    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return marker
+
+
+def numerics_key(numerics: dict | None) -> tuple:
+    """What must be equal for two builds of one spec to be equal bit for bit (the recorded
+    `numerics` of a marker, or current_numerics()): torch's version, the CPU architecture, the
+    BLAS and its reproducibility branch, the thread count. The CPU model is not among them:
+    that is what PORTABLE_NUMERICS removes."""
+    numerics = numerics or {}
+    return tuple(numerics.get(k) for k in ("torch", "machine", "blas", "mkl_cbwr", "threads"))
+
+
+def current_numerics(threads: int | None = None) -> dict:
+    """The numerics a training child on this machine runs under (what the marker records)."""
+    import torch
+
+    blas = "mkl" if torch.backends.mkl.is_available() else "other"
+    return {"torch": torch.__version__, "machine": platform.machine(), "blas": blas,
+            "mkl_cbwr": PORTABLE_NUMERICS["MKL_CBWR"] if blas == "mkl" else None,
+            "cpu_capability": PORTABLE_NUMERICS["ATEN_CPU_CAPABILITY"].upper(),
+            "threads": threads or _train_threads()}
+
+
+def _train_threads() -> int:
+    raw = os.environ.get(TRAIN_THREADS_ENV, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else TRAIN_THREADS
+
+
+def _train_in_child(directory: Path, spec: BuildSpec, config, stop_after: int | None, progress: Progress) -> dict:
+    """Run _child_main in a fresh interpreter with PORTABLE_NUMERICS; relay its progress; return
+    its training figures. The child dies with this process (PR_SET_PDEATHSIG), so a builder
+    killed mid-way leaves no trainer running."""
+    from sparkit.runs.processes import die_with_parent
+
+    threads = _train_threads()
+    request = {"directory": str(directory), "spec": asdict(spec), "stop_after": stop_after,
+               "config": config.to_dict() if config is not None else None, "threads": threads}
+    env = {**os.environ, **PORTABLE_NUMERICS, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    child = subprocess.Popen([sys.executable, "-m", "sparkit.engines.embedded.builder", json.dumps(request)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=die_with_parent(signal.SIGKILL))
+    stats = None
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if "stats" in event:
+                stats = event["stats"]
+            elif "progress" in event:
+                progress(float(event["progress"]), str(event["message"]))
+        errors = child.stderr.read() if child.stderr is not None else ""
+        code = child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if code != 0 or stats is None:
+        tail = "\n".join(errors.strip().splitlines()[-12:])
+        raise LaunchError(f"training {spec.name} failed (trainer exit status {code})" + (f":\n{tail}" if tail else ""),
+                          hint="run `sparkit model make-tiny DIR` to see the whole output")
+    return stats
+
+
+def _child_main(raw: str) -> int:
+    """The training child: build under PORTABLE_NUMERICS, save, print JSON lines (progress, then
+    the training figures)."""
+    request = json.loads(raw)
     import torch
 
     from sparkit.engines.embedded import tokenizer as tok
     from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
 
-    spec = spec or BuildSpec()
-    report = progress or (lambda fraction, message: None)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != "DEFAULT":  # the environment did not reach torch: the build would not be portable
+        print(f"torch runs with CPU capability {capability}, not DEFAULT (ATEN_CPU_CAPABILITY)", file=sys.stderr)
+        return 3
+    threads = int(request["threads"])
+    torch.set_num_threads(threads)
+    spec = BuildSpec(**request["spec"])
+    directory = Path(request["directory"])
     tokenizer = tok.build_tokenizer()
-    cfg = config or TinyLingConfig()
+    cfg = TinyLingConfig.from_dict(request["config"]) if request["config"] else TinyLingConfig()
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
-    report(0.0, f"training {spec.name} ({spec.steps} steps, seed {spec.seed})")
-    with _torch_threads():
-        torch.manual_seed(spec.seed)
-        model = TinyLingForCausalLM(cfg)
-        stats = train(model, tokenizer, seed=spec.seed, steps=spec.steps, stop_after=stop_after,
-                      progress=lambda f, m: report(0.9 * f, m))
-        report(0.91, "saving")
-        cfg.torch_dtype = "bfloat16"
-        marker = {**spec.key(), **stats}
-        cfg.sparkit = dict(marker)
-        save_checkpoint(model, directory)
-        tokenizer.save_pretrained(str(directory))
-        tok.add_template_to_config(directory)
-        if gate is not None:
-            report(0.93, "quality gate: held-out loss and NEXTN accept length of the saved weights")
-            figures = measure_quality(directory, seed=spec.seed)
-            marker["quality"] = figures
-            problems = []
-            if figures["heldout_loss"] > gate.max_heldout_loss:
-                problems.append(f"held-out loss {figures['heldout_loss']:.3f} nats/token > {gate.max_heldout_loss}")
-            if figures["accept_length"] < gate.min_accept_length:
-                problems.append(f"NEXTN accept length {figures['accept_length']:.2f} < {gate.min_accept_length}")
-            if gate.greetings_answered and figures["unanswered_greetings"]:
-                problems.append(f"no reply to {', '.join(map(repr, figures['unanswered_greetings']))}")
-            if problems:
-                raise WeakModelError(
-                    f"the trained {spec.name} is too weak to use: " + "; ".join(problems) + " (not cached)",
-                    hint="the builder or the corpus changed without retuning DEFAULT_TRAIN_STEPS; "
-                         "rebuild with more steps (`sparkit model make-tiny --steps N`)",
-                )
-    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    return marker
+
+    def emit(event: dict) -> None:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+    torch.manual_seed(spec.seed)
+    model = TinyLingForCausalLM(cfg)
+    stats = train(model, seed=spec.seed, steps=spec.steps, stop_after=request["stop_after"],
+                  progress=lambda f, m: emit({"progress": f, "message": m}))
+    stats["numerics"] = current_numerics(threads)
+    cfg.torch_dtype = "bfloat16"
+    cfg.sparkit = {**spec.key(), **stats}
+    save_checkpoint(model, directory)
+    tokenizer.save_pretrained(str(directory))
+    tok.add_template_to_config(directory)
+    emit({"stats": stats})
+    return 0
 
 
-def train(model, tokenizer, seed: int, steps: int, progress: Progress, batch_size: int = 16, seq_len: int = TRAIN_SEQ_LEN,
+def train(model, seed: int, steps: int, progress: Progress, batch_size: int = 16, seq_len: int = TRAIN_SEQ_LEN,
           stop_after: int | None = None) -> dict:
     """AdamW on packed corpus sequences for `steps` steps (warm-up, then cosine decay over the
     steps). Everything depends on (seed, steps) only, so the result is the same on any load."""
@@ -291,7 +399,7 @@ def train(model, tokenizer, seed: int, steps: int, progress: Progress, batch_siz
     from sparkit.engines.embedded.corpus import token_stream
     from sparkit.engines.embedded.model import training_loss
 
-    stream = token_stream(tokenizer, seed=seed)
+    stream = token_stream(seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
     peak_lr, warmup = 3e-3, 20
     end = steps if stop_after is None else min(steps, stop_after)
@@ -346,7 +454,7 @@ def measure_quality(directory: Path, seed: int = 0, heldout_sequences: int = 8, 
     from sparkit.engines.embedded.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(directory)
-    stream = token_stream(tokenizer, seed=10_000 + seed)  # documents the training never saw
+    stream = token_stream(seed=10_000 + seed)  # documents the training never saw
     batch = torch.tensor([[next(stream) for _ in range(129)] for _ in range(heldout_sequences)])
     with torch.inference_mode():
         logits = model.logits(model.forward_hidden(batch[:, :-1]))
@@ -389,20 +497,5 @@ def _check_name(name: str) -> None:
         raise UsageError(f"unknown built-in model {name!r}", hint=f"available: {', '.join(BUILTIN_MODELS)}")
 
 
-class _torch_threads:
-    """Train on TRAIN_THREADS intra-op threads ($SPARKIT_TRAIN_THREADS overrides)."""
-
-    def __enter__(self):
-        import torch
-
-        self.saved = torch.get_num_threads()
-        wanted = TRAIN_THREADS
-        raw = os.environ.get(TRAIN_THREADS_ENV, "").strip()
-        if raw.isdigit() and int(raw) > 0:
-            wanted = int(raw)
-        torch.set_num_threads(wanted)
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.set_num_threads(self.saved)
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1]))

@@ -4,13 +4,17 @@ you?", "help", thanks) so that a first `sparkit chat` gets an answer. Same seed,
 same order.
 
 Documents are plain strings; chat documents contain the role/eos special tokens literally and
-are tokenised with special-token parsing (see `encode_document`).
+are tokenised with special-token parsing (see `encode_document`: sparkit's own byte-level
+encoder, the same ids as the saved tokenizer gives, whatever tokenizers/transformers are
+installed; a test compares the two).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+
+from sparkit.engines.embedded import tokenizer as tok
 
 SUBJECTS = ["the cat", "the dog", "a bird", "the girl", "a boy", "the old man", "my friend", "the teacher", "a fox", "the king"]
 VERBS = ["sees", "likes", "follows", "helps", "finds", "calls", "watches", "meets"]
@@ -118,18 +122,19 @@ def documents(seed: int = 0) -> Iterator[str]:
             yield f"<|user|>{question}<|eos|><|assistant|>{answer}<|eos|>"
 
 
-def encode_document(tokenizer, text: str) -> list[int]:
+def encode_document(text: str) -> list[int]:
     """<|bos|> + the document's tokens (special tokens written literally are parsed) + <|eos|>
     for plain documents (chat documents already end with one)."""
-    ids = [tokenizer.bos_token_id] + tokenizer.encode(text, add_special_tokens=False)
-    if ids[-1] != tokenizer.eos_token_id:
-        ids.append(tokenizer.eos_token_id)
+    bos, eos = tok.special_token_id(tok.BOS), tok.special_token_id(tok.EOS)
+    ids = [bos] + tok.encode_bytes(text)
+    if ids[-1] != eos:
+        ids.append(eos)
     return ids
 
 
-def token_stream(tokenizer, seed: int = 0) -> Iterator[int]:
+def token_stream(seed: int = 0) -> Iterator[int]:
     for doc in documents(seed):
-        yield from encode_document(tokenizer, doc)
+        yield from encode_document(doc)
 
 
 def sample_prompts(count: int, seed: int = 1000, chat_fraction: float = 0.5) -> list[dict]:

@@ -62,12 +62,12 @@ class BailingMoeV2Config(PretrainedConfig):
 
 
 _DEFAULTS = {
-    "vocab_size": 264, "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 4,
+    "vocab_size": 264, "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 4,
     "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64, "hidden_act": "silu",
     "use_qkv_bias": False, "use_bias": False, "use_qk_norm": False, "rms_norm_eps": 1e-6,
     "embedding_dropout": 0.0, "max_position_embeddings": 2048, "num_experts": 8,
     "num_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 0, "topk_group": 0,
-    "moe_intermediate_size": 192, "moe_shared_expert_intermediate_size": 192,
+    "moe_intermediate_size": 128, "moe_shared_expert_intermediate_size": 128,
     "first_k_dense_replace": 0, "norm_topk_prob": True, "score_function": "softmax",
     "moe_router_enable_expert_bias": False, "routed_scaling_factor": 1.0, "router_dtype": "fp32",
     "num_nextn_predict_layers": 1, "norm_head": False, "output_router_logits": False,

@@ -46,8 +46,11 @@ class TinyLingConfig:
     head_dim: int = 64
     num_experts: int = 8
     num_experts_per_tok: int = 2
-    moe_intermediate_size: int = 192
-    shared_expert_intermediate_size: int = 192
+    # Experts (and the shared expert) of width 128: the -fp8 layout's block-128 FP8 weights and the
+    # -fp4 layout's MXFP4 groups of 32 both tile it exactly (SGLang refuses an FP8 block-quant MoE
+    # whose per-partition intermediate size is not a multiple of the block; 192 was not).
+    moe_intermediate_size: int = 128
+    shared_expert_intermediate_size: int = 128
     num_nextn_predict_layers: int = 1
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0

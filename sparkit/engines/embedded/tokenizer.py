@@ -7,6 +7,7 @@ Any UTF-8 text round-trips because every byte has its own token.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 BOS = "<|bos|>"
@@ -33,6 +34,24 @@ CHAT_TEMPLATE = (
 
 def special_token_id(token: str) -> int:
     return NUM_BYTE_TOKENS + SPECIAL_TOKENS.index(token)
+
+
+_SPECIAL_PATTERN = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+
+
+def encode_bytes(text: str) -> list[int]:
+    """What the saved tokenizer's `encode(text, add_special_tokens=False)` gives, without it:
+    each special token written literally is its id, every other byte of the UTF-8 text is its own
+    id. The builder encodes its corpus with this, so a build does not depend on the installed
+    tokenizers/transformers (tests/embedded/test_builder.py compares the two)."""
+    ids: list[int] = []
+    position = 0
+    for match in _SPECIAL_PATTERN.finditer(text):
+        ids += text[position:match.start()].encode("utf-8")
+        ids.append(special_token_id(match.group()))
+        position = match.end()
+    ids += text[position:].encode("utf-8")
+    return ids
 
 
 def build_tokenizer():

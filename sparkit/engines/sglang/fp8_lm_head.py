@@ -102,7 +102,10 @@ def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
     if q.is_cuda:
         from sparkit.kernels.fp8_linear import prepare_fp8_weight
 
-        packed = prepare_fp8_weight(q, scale, exact_weight=exact, exact_top_k=exact_top_k)
+        # Tuned here, at load: SGLang captures its CUDA graphs after the weights are loaded, and
+        # the captured calls replay the configs chosen now.
+        packed = prepare_fp8_weight(q, scale, exact_weight=exact, exact_top_k=exact_top_k,
+                                    log=lambda line: logger.info("sparkit: %s", line))
     # Replace the parameter (without exact re-scoring the BF16 storage is freed); with a packed
     # weight the parameter is the packed bytes (tile-major, rows padded to the kernel's tile) seen
     # as [padded rows, hidden].
@@ -112,11 +115,13 @@ def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
         lm_head.weight_scale = torch.nn.Parameter(packed.scale, requires_grad=False)
         lm_head.sparkit_packed = packed
         kernel = "triton (tile-packed)"
+        tuning = packed.tuning.summary() if packed.tuning is not None else "not tuned"
     else:
         lm_head.weight = torch.nn.Parameter(q, requires_grad=False)
         lm_head.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
         lm_head.sparkit_packed = None
         kernel = "torch reference" if not q.is_cuda else "triton"
+        tuning = "not tuned"
     lm_head.sparkit_exact_weight = exact
     lm_head.sparkit_exact_top_k = int(exact_top_k) if exact is not None else 0
     del q, weight
@@ -125,7 +130,7 @@ def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
 
     info = {"rows": rows, "hidden": hidden, "format": "e4m3, per-row scales",
             "kernel": kernel, "replaced": previous, "exact_top_k": lm_head.sparkit_exact_top_k,
-            "exact": exact_description(lm_head.sparkit_exact_top_k)}
+            "exact": exact_description(lm_head.sparkit_exact_top_k), "tuning": tuning}
     lm_head.sparkit_fp8_info = info
     return dict(info)
 

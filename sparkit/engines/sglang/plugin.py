@@ -158,7 +158,7 @@ def after_load_model(result, runner, *args, **kwargs):
             rank, size = tp_rank_and_size(runner)
             line = (f"sparkit: Online FP8 quantization enabled for lm_head. ({info['format']}, "
                     f"tp rank {rank}/{size}, shard {info['rows']}x{info['hidden']}, {info['kernel']}, "
-                    f"{info['exact']}, "
+                    f"{info['exact']}, kernel config {info['tuning']}, "
                     f"was {info['replaced']})")
             logger.info(line)
             _STATE["notes"].append("Online FP8 quantization enabled for lm_head (sparkit plugin).")
