@@ -109,9 +109,10 @@ class EngineProtocol(Protocol):
                  logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
         """Prefill then decode. Yields one StepOutput per step; the last has finished=True.
 
-        Logprobs are the target model's, whatever drafted the tokens: log_softmax of its logits
-        (divided by the temperature when sampling, as SGLang's sampler returns them); prompt
-        logprobs are of the raw logits (SGLang's input logprobs).
+        The request's penalties, min_new_tokens, grammar and logit_bias (logits.py) shape the
+        logits each token is chosen from. Logprobs are the target model's, whatever drafted the
+        tokens: log_softmax of those logits (divided by the temperature when sampling, as SGLang's
+        sampler returns them); prompt logprobs are of the raw logits (SGLang's input logprobs).
 
         Stops early (finish_reason {"type": "abort"}) as soon as `cancelled()` is true,
         freeing all per-request state (KV cache) before returning.
