@@ -26,7 +26,8 @@
 #           at TP1/TP2/TP4, and SGLang's own error for FP8 block-128 experts of width 768 split TP4
 #   main    on the main server: status, logs, check, a logprob capture for the cross-engine
 #           comparison, bench, eval gsm8k, sglang.bench_serving (SGLang's own client, same shape as
-#           bench), a Pilot chat session, /metrics, down (then: no process left)
+#           bench), a Pilot chat session, /metrics, the API-shape capture (benchmarks/api_shapes_capture.py),
+#           down (then: no process left)
 #   ab      the five main-stack variants decoded interleaved, request by request
 #   quant   the quantised exports: each run's checks.json, known-answer perplexity against the bf16
 #           export's (the main server's), accept length, start-up time, decode tok/s of bf16 / fp8 /
@@ -260,6 +261,9 @@ if has main; then
     timeout 120 python3 benchmarks/chat_session.py "$URL" "$W/main-chat" > "$W/main-chat.txt" 2>&1; stamp "chat rc=$?"
     curl -s "$URL/server_info" > "$W/main-server_info-after.json"
     curl -s "$URL/metrics" > "$W/main-metrics.txt"
+    # issue 28: how this server answers batches, n, sampling fields, grammars, errors, Ollama and the
+    # small routes; compared with the embedded engine's answers to the same requests (~30 s)
+    timeout 180 python3 benchmarks/api_shapes_capture.py capture "$URL" "$W/main-api-shapes.json" 2>&1 | tail -n 1 | tee -a "$OUT/summary.txt"
     save
   fi
 fi

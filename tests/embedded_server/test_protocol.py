@@ -30,19 +30,33 @@ def test_generate_request_parses_sampling_params():
     [
         (b"{not json", "malformed JSON"),
         (b"", "empty request body"),
-        (b"[1, 2]", "one prompt per request"),
+        (b"[1, 2]", "the body must be a JSON object, got an array"),
         (b'"text"', "must be a JSON object"),
         ({"text": "a", "sampling_params": {"max_new_token": 3}}, "sampling_params.max_new_token: unknown field"),
         ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
         ({"text": "a", "input_ids": [1]}, "exactly one of"),
         ({}, "exactly one of"),
-        ({"text": ["a", "b"]}, "one prompt per request"),
-        ({"input_ids": [[1, 2], [3]]}, "one prompt per request"),
-        ({"text": "a", "sampling_params": [{}, {}]}, "one prompt per request"),
-        ({"text": "a", "sampling_params": {"min_p": 0.5}}, "min_p=0.5 is not supported by the embedded engine (it takes only null or 0.0)"),
+        ({"text": []}, "text: an empty batch"),
+        ({"input_ids": []}, "input_ids cannot be empty."),
+        ({"text": "a", "sampling_params": [{}, {}]}, "sampling_params: a list of 2 for a batch of 1 prompts"),
+        ({"text": ["a", "b"], "sampling_params": [{"n": 2}, {"n": 3}]}, "The parallel_sample_num should be the same"),
+        ({"text": "a", "sampling_params": {"n": 2}, "return_logprob": [True]}, "Cannot use list return_logprob with parallel_sample_num > 1"),
+        ({"text": ["a", "b"], "top_logprobs_num": [1]}, "top_logprobs_num: a list of 1 for a batch of 2 prompts"),
+        ({"text": ["a", "b"], "rid": ["x"]}, "The specified rids length mismatch"),
+        ({"text": ["a", "b"], "rid": ["x", "x"]}, "Duplicate request IDs detected within the request"),
+        ({"text": ["a"] * 300, "sampling_params": {"n": 2}}, "300 prompts x n=2 is 600 generations; at most 512"),
+        ({"text": "a", "sampling_params": {"min_p": 1.5}}, "sampling_params.min_p: Input should be less than or equal to 1"),
+        ({"text": "a", "sampling_params": {"frequency_penalty": 2.5}}, "sampling_params.frequency_penalty: Input should be less than or equal to 2"),
+        ({"text": "a", "sampling_params": {"presence_penalty": -3}}, "sampling_params.presence_penalty: Input should be greater than or equal to -2"),
+        ({"text": "a", "sampling_params": {"repetition_penalty": 0}}, "sampling_params.repetition_penalty: Input should be greater than 0"),
+        ({"text": "a", "sampling_params": {"n": 0}}, "sampling_params.n: Input should be greater than or equal to 1"),
+        ({"text": "a", "sampling_params": {"logit_bias": {"abc": 1.0}}}, "logit_bias keys are token ids, not 'abc'"),
+        ({"text": "a", "sampling_params": {"regex": "a+", "json_schema": "{}"}}, "Only one of json_schema, regex, ebnf, or structural_tag can be set."),
+        ({"text": "a", "sampling_params": {"max_new_tokens": 3, "min_new_tokens": 5}}, "min_new_tokens must be in [0, max_new_tokens(3)], got 5."),
+        ({"text": "a", "sampling_params": {"structural_tag": "{}"}}, 'structural_tag="{}" is not supported by the embedded engine'),
+        ({"text": "a", "sampling_params": {"stop_regex": "x+"}}, 'stop_regex="x+" is not supported by the embedded engine'),
         ({"text": "a", "lora_path": "adapter-1"}, 'lora_path="adapter-1" is not supported'),
         ({"text": "a", "return_routed_experts": True}, "return_routed_experts=true is not supported"),
-        ({"text": "a", "sampling_params": {"json_schema": "{}"}}, "json_schema"),
         ({"text": "a", "logprob_start_len": -2}, "logprob_start_len"),
         ({"text": "a", "sampling_params": {"temperature": 1e308}}, "sampling_params.temperature: Input should be less than or equal to 100"),
         ({"text": "\ud800abc"}, "text: contains the unpaired UTF-16 surrogate \\ud800"),
@@ -53,7 +67,6 @@ def test_generate_request_parses_sampling_params():
         (b"[" * 100000, "nested more than 32 levels"),
         (b'{"text": "a", "x": ' + b'{"a": ' * 40 + b"1" + b"}" * 40 + b"}", "nested more than 32 levels"),
         ({"text": "a", "sampling_params": {"top_k": 0}}, "top_k must be -1"),
-        ({"text": "a", "sampling_params": {"n": 2}}, "n=2 is not supported"),
         ({"text": "a", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature"),
     ],
 )
@@ -91,13 +104,19 @@ def test_chat_request_accepts_what_the_openai_client_and_sparkit_send():
     [
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2 is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 200}, "n: Input should be less than or equal to 128"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "structural_tag", "structures": [], "triggers": []}},
+         "response_format.type: Input should be 'text', 'json_object' or 'json_schema'"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+         "schema_ is required for json_schema response format request."),
+        ({"messages": [{"role": "user", "content": "x"}], "regex": "a", "response_format": {"type": "json_object"}},
+         "Only one of json_schema, regex, ebnf"),
         ({"messages": [{"role": "user", "content": "x"}], "store": True}, "store=true is not supported by the embedded engine (it takes only null or false)"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools="),
         ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 'tool_choice="required" is not supported'),
         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": -1}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "frequency_penalty=0.5 is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 2.5}, "frequency_penalty: Input should be less than or equal to 2"),
     ],
 )
 def test_bad_chat_bodies(body, needle):
@@ -107,29 +126,46 @@ def test_bad_chat_bodies(body, needle):
 
 
 def test_completion_prompt_forms():
-    one = proto.parse_body(b'{"prompt": ["abc"]}', proto.CompletionRequest, "/v1/completions")
-    assert one.prompt_text_or_ids() == "abc"
-    ids = proto.parse_body(b'{"prompt": [1, 2, 3]}', proto.CompletionRequest, "/v1/completions")
-    assert ids.prompt_text_or_ids() == [1, 2, 3]
-    nested = proto.parse_body(b'{"prompt": [[1, 2, 3]]}', proto.CompletionRequest, "/v1/completions")
-    assert nested.prompt_text_or_ids() == [1, 2, 3]  # one prompt as token ids, as an eval harness sends it
-    for batch in (b'{"prompt": ["a", "b"]}', b'{"prompt": [[1], [2]]}'):
-        with pytest.raises(proto.ApiError, match="one prompt per request"):
-            proto.parse_body(batch, proto.CompletionRequest, "/v1/completions")
+    def prompts(body: bytes):
+        return proto.parse_body(body, proto.CompletionRequest, "/v1/completions").prompts()
+
+    assert prompts(b'{"prompt": "abc"}') == ["abc"]
+    assert prompts(b'{"prompt": ["abc"]}') == ["abc"]
+    assert prompts(b'{"prompt": [1, 2, 3]}') == [[1, 2, 3]]
+    assert prompts(b'{"prompt": [[1, 2, 3]]}') == [[1, 2, 3]]  # one prompt as token ids, as an eval harness sends it
+    assert prompts(b'{"prompt": ["a", "b"]}') == ["a", "b"]  # a batch, as lm-eval --batch_size sends it
+    assert prompts(b'{"prompt": [[1], [2, 3]]}') == [[1], [2, 3]]
+    for empty, needle in ((b'{"prompt": ""}', "Prompt cannot be empty"), (b'{"prompt": []}', "Prompt cannot be empty"),
+                          (b'{"prompt": [[1], []]}', "a token-id prompt of the batch is empty")):
+        with pytest.raises(proto.ApiError, match=needle):
+            prompts(empty)
 
 
-def test_generate_prompt_shapes_of_one_request():
-    for body, ids in (({"input_ids": [1, 2]}, [1, 2]), ({"input_ids": [[1, 2]]}, [1, 2])):
-        assert parse(body).input_ids == ids
-    assert parse({"text": ["one"]}).text == "one"
-    assert parse({"text": "a", "sampling_params": [{"max_new_tokens": 3}]}).sampling_params.max_new_tokens == 3
+def test_generate_batches_normalise_as_sglangs():
+    """GenerateReqInput.normalize_batch_and_arguments: a list of prompts (even of one) is a batch
+    answered by a list; n samples of each prompt come together, in prompt order; a rid string
+    becomes rid_i; per-item lists give each prompt its own value."""
+    single = parse({"input_ids": [1, 2]})
+    assert single.is_single and [i.prompt for i in single.items()] == [[1, 2]]
+    for body in ({"input_ids": [[1, 2]]}, {"text": ["one"]}, {"text": "one", "sampling_params": {"n": 2}}):
+        assert not parse(body).is_single
+    req = parse({"text": ["a", "b"], "rid": "r", "sampling_params": [{"max_new_tokens": 3}, {"max_new_tokens": 4}],
+                 "return_logprob": [True, False], "top_logprobs_num": 2})
+    items = req.items()
+    assert [(i.prompt, i.rid, i.sampling.max_new_tokens, i.return_logprob, i.top_logprobs_num) for i in items] == [
+        ("a", "r_0", 3, True, 2), ("b", "r_1", 4, False, 2)]
+    sampled = parse({"text": ["a", "b"], "rid": "r", "sampling_params": {"n": 3, "temperature": 0.7}}).items()
+    assert [(i.prompt, i.sample, i.rid) for i in sampled] == [("a", 0, None), ("a", 1, None), ("a", 2, None),
+                                                              ("b", 0, None), ("b", 1, None), ("b", 2, None)]
+    assert parse({"text": ["a", "b"], "rid": ["x", "y"]}).items()[1].rid == "y"
 
 
 def test_neutral_values_are_accepted_and_unknown_top_level_keys_ignored_as_sglang_does():
     ignored: list[str] = []
     # what sglang.bench_serving --backend sglang sends with every request
     req = proto.parse_body(json.dumps({
-        "text": "hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "json_schema": None, "logit_bias": {}},
+        "text": "hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "json_schema": None, "logit_bias": {},
+                                          "min_p": 0.0, "regex": None, "n": 1},
         "stream": True, "lora_path": None, "return_routed_experts": False, "logprob_start_len": -1,
         "some_future_field": 1,
     }).encode(), proto.GenerateRequest, "/generate", ignored)
@@ -176,14 +212,17 @@ def test_unfinished_meta_has_no_latency():
     assert meta["finish_reason"] is None and "e2e_latency" not in meta
 
 
-def test_chat_completion_shape_and_spec_details():
-    body = proto.chat_completion(_progress(), "tiny-ling", 1, want_spec=True)
-    assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"]["content"] == "abcdef"
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": None}
-    assert body["sglext"]["spec_tokens_details"]["spec_accept_length"] == 3.0
-    assert "sglext" not in proto.chat_completion(_progress(), "tiny-ling", 1, want_spec=False)
+def test_chat_choice_usage_and_spec_details():
+    choice = proto.chat_choice(_progress(), 1)
+    assert choice["index"] == 1 and choice["message"]["content"] == "abcdef" and choice["finish_reason"] == "length"
+    one = [_progress()]
+    assert proto.total_usage(one, 1) == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": None}
+    assert proto.sglext_of(one, True, 1)["spec_tokens_details"]["spec_accept_length"] == 3.0
+    assert proto.sglext_of(one, False, 1) is None
+    # n=2 samples of two prompts: each prompt's tokens once, every choice's completion; details per choice
+    four = [_progress(prompt_tokens=5), _progress(prompt_tokens=5), _progress(prompt_tokens=7), _progress(prompt_tokens=7)]
+    assert proto.total_usage(four, 2)["prompt_tokens"] == 12 and proto.total_usage(four, 2)["completion_tokens"] == 24
+    assert len(proto.sglext_of(four, True, 2)["spec_tokens_details"]) == 4
 
 
 def test_finish_reason_mapping():
@@ -193,11 +232,10 @@ def test_finish_reason_mapping():
     assert proto.matched_stop({"type": "stop", "matched": "\n"}) == "\n"
 
 
-def test_closing_chunks_order_sglext_then_usage():
-    chunks = proto.closing_chunks("chat", _progress(), "m", 1, include_usage=True, want_spec=True)
-    assert [("sglext" in c, "usage" in c) for c in chunks] == [(True, False), (False, True)]
-    assert all(c["choices"] == [] for c in chunks)
-    assert proto.closing_chunks("chat", _progress(), "m", 1, include_usage=False, want_spec=False) == []
+def test_error_bodies_have_sglangs_two_shapes():
+    exc = proto.ApiError(400, "bad", param="n")
+    assert exc.body(nested=False) == {"object": "error", "message": "bad", "type": "BadRequestError", "param": "n", "code": 400}
+    assert exc.body() == {"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}
 
 
 def test_sse_framing():
@@ -250,15 +288,19 @@ def test_metrics_render_is_parsable_with_sglang_names():
     metrics = ServerMetrics(speculative=True, context_length=512, spec_steps=3, spec_draft_tokens=4)
     metrics.record_request(_progress(first_token_latency=0.1), queue_seconds=0.0, aborted=False)
     metrics.record_request(_progress(output_ids=[7, 8], spec_verify_ct=1, first_token_latency=0.2), queue_seconds=0.01, aborted=False)
+    metrics.record_request(_progress(output_ids=[9]), queue_seconds=0.0, aborted=False, streaming=True, grammar=True)
     values = parse_prometheus(metrics.render("tiny-ling"))
-    assert values["sglang:generation_tokens_total"] == 8
-    assert values["sglang:prompt_tokens_total"] == 10
-    assert values["sglang:num_requests_total"] == 2
-    assert values["sglang:spec_verify_calls_total"] == 3
+    assert values["sglang:generation_tokens_total"] == 9
+    assert values["sglang:prompt_tokens_total"] == 15
+    assert values["sglang:num_requests_total"] == 3 and values["sglang:num_so_requests_total"] == 1
+    tokenizer = 'model_name="tiny-ling",engine_type="unified"'  # SGLang's label sets
+    assert values[f'sglang:num_requests_total{{{tokenizer},is_streaming="true"}}'] == 1
+    assert values[f'sglang:generation_tokens_total{{{tokenizer},is_streaming="false"}}'] == 8
+    assert values["sglang:spec_verify_calls_total"] == 5
     assert values["sglang:time_to_first_token_seconds_count"] == 2
-    assert values['sglang:time_to_first_token_seconds_bucket{model_name="tiny-ling",le="0.1"}'] == 1
-    assert values["sglang:context_len"] == 512
-    assert metrics.avg_spec_accept_length == pytest.approx(8 / 3)
+    assert values[f'sglang:time_to_first_token_seconds_bucket{{{tokenizer},is_streaming="false",le="0.1"}}'] == 1
+    assert values[f'sglang:context_len{{{tokenizer},tp_rank="0",pp_rank="0",moe_ep_rank="0"}}'] == 512
+    assert metrics.avg_spec_accept_length == pytest.approx(9 / 5)
 
 
 def test_launch_command_hides_the_api_key():

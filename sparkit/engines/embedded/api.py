@@ -22,18 +22,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
 class SamplingParams:
+    """SGLang's sampling parameters as the engine applies them (logits.py says in which order)."""
+
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
+    min_p: float = 0.0
     max_new_tokens: int = 128
+    min_new_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are forbidden until this many are out
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: Any = None  # a grammar.Grammar: the output must match it
     seed: int | None = None  # per-request RNG seed; None = engine's RNG
 
 
@@ -100,9 +109,10 @@ class EngineProtocol(Protocol):
                  logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
         """Prefill then decode. Yields one StepOutput per step; the last has finished=True.
 
-        Logprobs are the target model's, whatever drafted the tokens: log_softmax of its logits
-        (divided by the temperature when sampling, as SGLang's sampler returns them); prompt
-        logprobs are of the raw logits (SGLang's input logprobs).
+        The request's penalties, min_new_tokens, grammar and logit_bias (logits.py) shape the
+        logits each token is chosen from. Logprobs are the target model's, whatever drafted the
+        tokens: log_softmax of those logits (divided by the temperature when sampling, as SGLang's
+        sampler returns them); prompt logprobs are of the raw logits (SGLang's input logprobs).
 
         Stops early (finish_reason {"type": "abort"}) as soon as `cancelled()` is true,
         freeing all per-request state (KV cache) before returning.

@@ -3,6 +3,7 @@ decoding) behind the EngineProtocol of api.py. Batch 1; the server calls it from
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,22 @@ class EmbeddedEngine:
         # accept-length bookkeeping for the server's metrics (totals since start)
         self.total_verify_steps = 0
         self.total_committed_in_verify = 0
+        self._grammar_compiler = None
+        self._grammar_lock = threading.Lock()
+
+    @property
+    def grammar_compiler(self):
+        """xgrammar's compiler over this tokenizer (grammar.py), built on first use: routes
+        compile a request's grammar with it off the event loop, before the request is queued."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                from sparkit.engines.embedded.grammar import GrammarCompiler
+
+                self._grammar_compiler = GrammarCompiler(
+                    self.tokenizer, self.vocab_limit, self.model_config.eos_token_id,
+                    any_whitespace=not self.config.constrained_json_disable_any_whitespace,
+                    max_whitespace_cnt=self.config.constrained_json_max_whitespace_cnt)
+            return self._grammar_compiler
 
     # ---------------------------------------------------------------- protocol
 
@@ -226,12 +243,18 @@ class _Request:
             self.stop_ids.add(engine.model_config.eos_token_id)
         self.max_new = params.max_new_tokens if params.max_new_tokens is not None else engine.context_length
         self.device = engine.device
+        from sparkit.engines.embedded.logits import LogitRules
+
+        # penalties, min_new_tokens, grammar, logit_bias (min_new_tokens holds back EOS even under ignore_eos)
+        self.rules = LogitRules(params, engine.vocab_limit, set(params.stop_token_ids or []) | {engine.model_config.eos_token_id},
+                                engine.device)
 
     @property
     def generated(self) -> int:
         return len(self.seq) - self.prompt_len
 
     def pick(self, logits) -> int:
+        """A token from one row of logits the request's rules have already processed."""
         from sparkit.engines.embedded.profiling import span
         from sparkit.engines.embedded.speculative import logits_to_probs, sample
 
@@ -241,15 +264,20 @@ class _Request:
             return int(sample(logits_to_probs(logits[None], self.params), self.generator)[0])
 
     def commit(self, tokens: list[int]) -> tuple[list[int], dict | None]:
-        """Append tokens up to the first finish condition; returns (committed, finish_reason)."""
+        """Append tokens up to the first finish condition; returns (committed, finish_reason).
+        SGLang's order: a stop token, then the length, then a grammar that has terminated."""
         out = []
+        self.rules.begin_commit()
         for t in tokens:
             out.append(t)
             self.seq.append(t)
+            self.rules.accept(t)
             if t in self.stop_ids:
                 return out, {"type": "stop", "matched": t}
             if self.generated >= self.max_new:
                 return out, {"type": "length", "length": self.max_new}
+            if self.rules.terminated:
+                return out, {"type": "stop", "matched": t}
         if len(self.seq) >= self.engine.context_length:
             return out, {"type": "length", "length": self.generated}
         return out, None
@@ -281,7 +309,10 @@ class _Request:
         rows = logits[: len(tokens)]
         if not self.greedy:
             rows = rows / max(self.params.temperature, GREEDY_EPS)
-        return _pick_logprobs(rows.log_softmax(-1), tokens, self.want.top)
+        # a token the grammar or min_new_tokens forbids has logprob -inf: JSON has no such number,
+        # so it reads as float32's lowest (SGLang clamps the same way)
+        rows = rows.log_softmax(-1).clamp(min=torch.finfo(torch.float32).min)
+        return _pick_logprobs(rows, tokens, self.want.top)
 
     def _input_logprobs(self, hidden) -> TokenLogprobs | None:
         """The prompt's logprobs from position want.input_start on, from the prefill's hidden
@@ -324,7 +355,7 @@ class _Request:
         with torch.inference_mode():
             hidden = self._prefill()
             inputs = self._input_logprobs(hidden)
-            logits = self._target_logits(hidden[:, -1:])
+            logits = self.rules.rows(self._target_logits(hidden[:, -1:]))
             token = self.pick(logits[-1])
         while True:
             committed, finish = self.commit([token])
@@ -341,7 +372,7 @@ class _Request:
                 pos = cache.length
                 hidden = engine.model.forward_hidden(torch.tensor([[token]], device=self.device), cache, pos)
                 cache.length = pos + 1
-                logits = self._target_logits(hidden)
+                logits = self.rules.rows(self._target_logits(hidden))
                 token = self.pick(logits[-1])
 
     def speculative(self, cancelled) -> Iterator[StepOutput]:
@@ -360,7 +391,7 @@ class _Request:
         with torch.inference_mode():
             hidden = self._prefill()
             inputs = self._input_logprobs(hidden)
-            first_logits = self._target_logits(hidden[:, -1:])
+            first_logits = self.rules.rows(self._target_logits(hidden[:, -1:]))
             token = self.pick(first_logits[-1])
         committed, finish = self.commit([token])
         yield StepOutput(committed, verify_step=False, finished=finish is not None, finish_reason=finish,
@@ -387,7 +418,8 @@ class _Request:
                     drafts, draft_logits = drafter.propose(self.pick_from_draft, engine.vocab_limit)
                 ids = torch.tensor([[self.seq[-1]] + drafts], device=self.device)
                 hidden = engine.model.forward_hidden(ids, target_cache, m)
-                logits = self._target_logits(hidden)  # [k+1, V]
+                # [k+1, V]: row j as plain decoding would see it after drafts[:j] (logits.py)
+                logits = self.rules.rows(self._target_logits(hidden), drafts)
                 if self.greedy:
                     accepted, bonus = verify_greedy(drafts, logits.argmax(dim=-1).tolist())
                 else:

@@ -34,7 +34,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -50,11 +50,14 @@ MAX_JSON_DEPTH = 32
 # Above this, sampling is uniform noise for any model whose logits are O(10); SGLang has no bound,
 # OpenAI's is 2. A bound at all is what keeps `1e308` from being taken as a setting.
 MAX_TEMPERATURE = 100.0
-ONE_PROMPT = "the embedded engine serves one prompt per request (batch 1): send one request per prompt"
+# OpenAI's bound on n. A batch (prompts x n) is bounded too, before anything is tokenised: each
+# item is a queued job. SGLang has neither bound; no client of either API comes near them.
+MAX_N = 128
+MAX_BATCH_ITEMS = 512
 
 
 class ApiError(Exception):
-    """A request the server refuses: becomes `{"error": {...}}` with `status`."""
+    """A request the server refuses: its body is SGLang's for the route (`body()`), with `status`."""
 
     def __init__(self, status: int, message: str, *, type: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
@@ -63,14 +66,17 @@ class ApiError(Exception):
         self.type = type
         self.param = param
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, type=self.type, param=self.param)
+    def body(self, *, nested: bool = True) -> dict[str, Any]:
+        return error_body(self.status, self.message, type=self.type, param=self.param, nested=nested)
 
 
-def error_body(status: int, message: str, *, type: str = "BadRequestError", param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape (the `openai` client raises its typed errors from it);
-    SGLang answers /v1 errors the same way, and the embedded server uses it everywhere."""
-    return {"error": {"message": message, "type": type, "param": param, "code": status}}
+def error_body(status: int, message: str, *, type: str = "BadRequestError", param: str | None = None,
+               nested: bool = True) -> dict[str, Any]:
+    """SGLang's two error shapes: its ErrorResponse, flat (`{"object": "error", "message", "type",
+    "param", "code"}`: every route's 4xx/5xx but /generate's; the `openai` client raises its typed
+    errors from it), and `{"error": {...}}` (/generate, and an error inside any SSE stream)."""
+    fields = {"message": message, "type": type, "param": param, "code": status}
+    return {"error": fields} if nested else {"object": "error", **fields}
 
 
 # -- declared fields ---------------------------------------------------------------------------
@@ -131,14 +137,6 @@ class _Lenient(_Request):
 
 # Values SGLang's OpenAI sampling fields and the OpenAI API share.
 _SAMPLING_NEUTRAL: dict[str, Any] = {
-    "min_p": (0.0,),
-    "frequency_penalty": (0.0,),
-    "presence_penalty": (0.0,),
-    "repetition_penalty": (1.0,),
-    "n": (1,),
-    "logit_bias": ({},),
-    "regex": (),
-    "ebnf": (),
     "stop_regex": (),
     "custom_params": (),
     "watermark": (),
@@ -146,9 +144,19 @@ _SAMPLING_NEUTRAL: dict[str, Any] = {
 
 
 class _SamplingFields(BaseModel):
+    """The sampling fields every API shares, with SGLang's ranges (SamplingParams.verify)."""
+
     temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE, description="0 = greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    logit_bias: dict[str, float] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -162,11 +170,57 @@ class _SamplingFields(BaseModel):
             raise ValueError("top_k must be -1 (off) or >= 1")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            try:
+                int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias keys are token ids, not {key!r}") from None
+        return value
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
+
+    @property
+    def samples(self) -> int:
+        return self.n or 1
+
+    def grammar_fields(self) -> dict[str, str | None]:
+        """The request's grammar constraint by SGLang's sampling name (at most one may be set)."""
+        return {"json_schema": getattr(self, "json_schema", None), "regex": self.regex, "ebnf": self.ebnf}
+
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, source) of the output constraint, or None. SGLang: an empty string is unset."""
+        given = [(kind, source) for kind, source in self.grammar_fields().items() if source]
+        if len(given) > 1:
+            raise ValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+        return given[0] if given else None
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        self.constraint()
+        return self
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """The engine's SamplingParams fields this request decides (SGLang's defaults for unset ones)."""
+        return {
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "min_p": self.min_p or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            "logit_bias": {int(k): v for k, v in (self.logit_bias or {}).items()},
+            "stop": self.stop_list(),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "ignore_eos": self.ignore_eos,
+        }
 
 
 class GenerateSamplingParams(_SamplingFields, _Request):
@@ -175,8 +229,6 @@ class GenerateSamplingParams(_SamplingFields, _Request):
 
     NEUTRAL: ClassVar[dict[str, Any]] = {
         **_SAMPLING_NEUTRAL,
-        "min_new_tokens": (0,),
-        "json_schema": (),
         "beam_width": (1,),
         "structural_tag": (),
         "choice": ([],),
@@ -186,20 +238,46 @@ class GenerateSamplingParams(_SamplingFields, _Request):
         "stream_interval": ANY,
     }
     max_new_tokens: int | None = Field(None, ge=0)
-    sampling_seed: int | None = None
+    min_new_tokens: int | None = Field(None, ge=0)
+    json_schema: str | None = None
+    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+
+    @model_validator(mode="after")
+    def _min_within_max(self):
+        if self.min_new_tokens and self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got {self.min_new_tokens}.")
+        return self
 
 
-def _one_prompt_list(value: Any, what: str) -> Any:
-    """A batch of one ([x]) is that prompt; a batch of more is refused."""
-    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
-        if len(value) != 1:
-            raise ValueError(f"{len(value)} {what} given: {ONE_PROMPT}")
-        return value[0]
+@dataclass
+class GenerateItem:
+    """One prompt of a /generate request, one of its n samples: what becomes one engine job."""
+
+    prompt: str | list[int]
+    prompt_index: int
+    sampling: GenerateSamplingParams
+    rid: str | None
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    sample: int = 0  # which of the prompt's n samples (a seed given is offset by it)
+
+
+def _per_item(name: str, value: Any, batch: int, samples: int) -> list[Any]:
+    """SGLang's normalisation of a per-item field: one value for all, or one per prompt."""
+    if not isinstance(value, list):
+        return [value] * batch
+    if samples > 1:
+        raise ValueError(f"Cannot use list {name} with parallel_sample_num > 1")
+    if len(value) != batch:
+        raise ValueError(f"{name}: a list of {len(value)} for a batch of {batch} prompts")
     return value
 
 
 class GenerateRequest(_Lenient):
-    """SGLang's native /generate body (one prompt; GenerateReqInput's fields)."""
+    """SGLang's native /generate body (GenerateReqInput's fields): one prompt, or a batch (a list
+    of texts or of token-id lists, with per-item lists of sampling_params, rid and the logprob
+    fields), each prompt sampled n times. `items()` is SGLang's normalisation of it."""
 
     NEUTRAL: ClassVar[dict[str, Any]] = {
         # multimodal, embeddings, LoRA, structured outputs, disaggregation, hidden states
@@ -225,46 +303,87 @@ class GenerateRequest(_Lenient):
         "priority": ANY, "extra_key": ANY, "cache_salt": ANY, "external_trace_header": ANY, "received_time": ANY,
     }
 
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: GenerateSamplingParams | list[GenerateSamplingParams] = Field(default_factory=GenerateSamplingParams)
     stream: bool = False
-    rid: str | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = Field(-1, ge=-1)  # -1: no prompt logprobs (SGLang's default)
-    top_logprobs_num: int = Field(0, ge=0)
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    # -1: no prompt logprobs (SGLang's default)
+    logprob_start_len: Annotated[int, Field(ge=-1)] | list[Annotated[int, Field(ge=-1)]] = -1
+    top_logprobs_num: Annotated[int, Field(ge=0)] | list[Annotated[int, Field(ge=0)]] = 0
     return_text_in_logprobs: bool = False
 
     @model_validator(mode="before")
     @classmethod
-    def _single(cls, data: Any) -> Any:
+    def _nulls_are_defaults(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        text = data.get("text")
-        if isinstance(text, list):
-            if len(text) != 1:
-                raise ValueError(f"text: {len(text)} prompts given: {ONE_PROMPT}")
-            data["text"] = text[0]
-        data["input_ids"] = _one_prompt_list(data.get("input_ids"), "input_ids prompts")
-        for key in ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num"):
-            value = data.get(key)
-            if isinstance(value, list):
-                if len(value) != 1:
-                    raise ValueError(f"{key}: a list of {len(value)} (a batch): {ONE_PROMPT}")
-                data[key] = value[0]
-        if data.get("sampling_params") is None:
-            data.pop("sampling_params", None)
-        for key in ("logprob_start_len", "top_logprobs_num", "return_logprob"):
+        for key in ("sampling_params", "logprob_start_len", "top_logprobs_num", "return_logprob"):
             if key in data and data[key] is None:
                 del data[key]
         return data
 
     @model_validator(mode="after")
-    def _one_prompt(self):
+    def _prompts(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
+        if self.input_ids is not None and not self.input_ids:
+            raise ValueError("input_ids cannot be empty.")
+        if isinstance(self.text, list) and not self.text:
+            raise ValueError("text: an empty batch; give at least one prompt")
+        if isinstance(self.sampling_params, list):
+            ns = {p.samples for p in self.sampling_params}
+            if len(ns) > 1:
+                raise ValueError("The parallel_sample_num should be the same for all samples in sample params.")
+        self.items()  # the per-item lists fit the batch
         return self
+
+    @property
+    def samples(self) -> int:
+        params = self.sampling_params
+        return (params[0] if isinstance(params, list) and params else params).samples if params else 1
+
+    @property
+    def is_single(self) -> bool:
+        """SGLang answers one object for one prompt sampled once, a list for anything else."""
+        one = isinstance(self.text, str) or (self.input_ids is not None and isinstance(self.input_ids[0], int))
+        return one and self.samples == 1
+
+    def prompts(self) -> list[str | list[int]]:
+        if self.text is not None:
+            return [self.text] if isinstance(self.text, str) else list(self.text)
+        return [self.input_ids] if isinstance(self.input_ids[0], int) else list(self.input_ids)
+
+    def items(self) -> list[GenerateItem]:
+        """The jobs, in SGLang's order: each prompt's n samples together (prompt-major)."""
+        prompts, n = self.prompts(), self.samples
+        batch = len(prompts)
+        if batch * n > MAX_BATCH_ITEMS:
+            raise ValueError(f"{batch} prompts x n={n} is {batch * n} generations; at most {MAX_BATCH_ITEMS} "
+                             "per request (send several requests)")
+        params = self.sampling_params
+        if isinstance(params, list) and len(params) != batch:
+            raise ValueError(f"sampling_params: a list of {len(params)} for a batch of {batch} prompts")
+        params = params if isinstance(params, list) else [params] * batch
+        want = _per_item("return_logprob", self.return_logprob, batch, n)
+        start = _per_item("logprob_start_len", self.logprob_start_len, batch, n)
+        top = _per_item("top_logprobs_num", self.top_logprobs_num, batch, n)
+        if self.is_single:
+            rids = [self.rid]
+        elif n > 1:  # SGLang gives each sample a fresh id
+            rids = [None] * batch
+        elif isinstance(self.rid, list):
+            if len(self.rid) != batch:
+                raise ValueError("The specified rids length mismatch with the batch_size for batch processing.")
+            if len(set(self.rid)) != len(self.rid):
+                raise ValueError(f"Duplicate request IDs detected within the request: {self.rid}")
+            rids = list(self.rid)
+        else:
+            rids = [f"{self.rid}_{i}" if self.rid else None for i in range(batch)]
+        return [GenerateItem(prompts[i], i, params[i], rids[i], want[i], start[i], top[i], sample=j)
+                for i in range(batch) for j in range(n)]
 
 
 class TextPart(_Request):
@@ -295,9 +414,7 @@ class StreamOptions(_Lenient):
 # Fields SGLang's two OpenAI request models share that this engine does not implement.
 _OPENAI_NEUTRAL: dict[str, Any] = {
     **_SAMPLING_NEUTRAL,
-    "min_tokens": (0,),
     "custom_logit_processor": (),
-    "response_format": ({"type": "text"},),
     "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
     "routed_dp_rank": (0,), "data_parallel_rank": (0,), "disagg_prefill_dp_rank": (0,),
     "return_hidden_states": (False,), "return_routed_experts": (False,), "routed_experts_start_len": (0,),
@@ -307,9 +424,54 @@ _OPENAI_NEUTRAL: dict[str, Any] = {
 }
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema (SGLang's JsonSchemaResponseFormat; unknown keys ignored, as its)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = "Schema"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format. SGLang's other form, a structural tag, is refused by its type."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_at_the_top(cls, data: Any) -> Any:
+        """SGLang's set_json_schema: {"type": "json_schema", "schema": {...}} is read as json_schema."""
+        if isinstance(data, dict) and data.get("type") == "json_schema" and not data.get("json_schema") and data.get("schema"):
+            data = dict(data)
+            schema = data.pop("schema")
+            data["json_schema"] = {"name": schema.get("title", "Schema") if isinstance(schema, dict) else "Schema",
+                                   "schema": schema}
+        return data
+
+    @model_validator(mode="after")
+    def _has_schema(self):
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("schema_ is required for json_schema response format request.")
+        return self
+
+    def json_schema_source(self) -> str | None:
+        """The json_schema constraint it stands for (SGLang's to_sampling_params)."""
+        if self.type == "json_schema":
+            return json.dumps(self.json_schema.schema_)
+        if self.type == "json_object":
+            return '{"type": "object"}'
+        return None
+
+
 class _OpenAIRequest(_SamplingFields, _Lenient):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0)
+    min_tokens: int = Field(0, ge=0)
+    response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
@@ -320,6 +482,13 @@ class _OpenAIRequest(_SamplingFields, _Lenient):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def grammar_fields(self) -> dict[str, str | None]:
+        fields = super().grammar_fields()
+        from_format = self.response_format.json_schema_source() if self.response_format else None
+        if from_format is not None:  # SGLang: response_format sets json_schema over the field
+            fields["json_schema"] = from_format
+        return fields
 
 
 class ChatCompletionRequest(_OpenAIRequest):
@@ -359,24 +528,32 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 class CompletionRequest(_OpenAIRequest):
-    NEUTRAL: ClassVar[dict[str, Any]] = {**_OPENAI_NEUTRAL, "best_of": (1,), "suffix": ("",), "custom_labels": ANY,
-                                         "json_schema": ()}
+    NEUTRAL: ClassVar[dict[str, Any]] = {**_OPENAI_NEUTRAL, "best_of": (1,), "suffix": ("",), "custom_labels": ANY}
 
-    prompt: str | list[int]
+    # one text, a batch of texts, one token-id prompt or a batch of them (SGLang's and OpenAI's forms)
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0)
+    json_schema: str | None = None
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            if len(value) != 1:
-                raise ValueError(f"{len(value)} prompts given: {ONE_PROMPT}")
-            return value[0]
-        return _one_prompt_list(value, "token-id prompts")
+    @model_validator(mode="after")
+    def _prompt_not_empty(self):
+        prompt = self.prompt
+        if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+            raise ValueError("Prompt cannot be empty")  # SGLang's _validate_request
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) and any(not p for p in prompt):
+            raise ValueError("prompt: a token-id prompt of the batch is empty")
+        if len(self.prompts()) * self.samples > MAX_BATCH_ITEMS:
+            raise ValueError(f"{len(self.prompts())} prompts x n={self.samples} is more than {MAX_BATCH_ITEMS} "
+                             "generations per request (send several requests)")
+        return self
 
-    def prompt_text_or_ids(self) -> str | list[int]:
-        return self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt, a text or its token ids, in order."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]
+        return list(prompt)
 
 
 class AbortRequest(_Lenient):
@@ -471,7 +648,8 @@ def parse_body(raw: bytes, model: type[BaseModel], where: str, ignored: list[str
     Top-level keys no request type defines are appended to `ignored` (SGLang ignores them)."""
     data = parse_json(raw, where)
     if isinstance(data, list):
-        raise ApiError(400, f"{where}: a JSON array is a batch: {ONE_PROMPT}")
+        raise ApiError(400, f"{where}: the body must be a JSON object, got an array (a batch is one object whose "
+                       "prompt field is a list)")
     if not isinstance(data, dict):
         raise ApiError(400, f"{where}: the body must be a JSON object, got {type(data).__name__}")
     context: dict[str, Any] = {}
@@ -485,21 +663,44 @@ def parse_body(raw: bytes, model: type[BaseModel], where: str, ignored: list[str
 
 
 def _first_loc(exc: ValidationError) -> str | None:
-    errors = exc.errors()
-    return ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0]["loc"] else None
+    errors = _branch_errors(exc.errors())
+    loc = _clean_loc(errors[0]["loc"]) if errors else []
+    return ".".join(loc) or None
 
 
 _UNION_NOISE = {"str", "list[str]", "list[int]", "list[TextPart]", "int", "float", "bool"}
+
+
+def _clean_loc(loc: tuple) -> list[str]:
+    """A location without the type tags union members add to it ('list[int]', 'function-after[...]')."""
+    return [str(p) for p in loc if str(p) not in _UNION_NOISE and not any(c in str(p) for c in "[(")
+            and not str(p).startswith(("function-", "constrained-"))]
+
+
+def _branch_errors(errors: list[dict]) -> list[dict]:
+    """A field typed `X | list[X]` (a prompt or its batch) fails in both branches; report the
+    branch the value was meant for: not "should be a valid list" when another error says more,
+    and the deepest location (the element or key that is wrong)."""
+    by_field: dict[str, list[dict]] = {}
+    for err in errors:
+        loc = _clean_loc(err["loc"])
+        by_field.setdefault(loc[0] if loc else "", []).append(err)
+    kept = []
+    for group in by_field.values():
+        if len(group) > 1:
+            group = [e for e in group if e["type"] != "list_type"] or group
+            deepest = max(len(_clean_loc(e["loc"])) for e in group)
+            group = [e for e in group if len(_clean_loc(e["loc"])) == deepest]
+        kept += group
+    return kept
 
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line per problem: 'sampling_params.max_new_tokens: Input should be greater than or equal to 0'."""
     lines = []
     seen: set[str] = set()
-    for err in exc.errors():
-        loc_parts = [str(p) for p in err["loc"]]
-        # Union members add their type name to the location; drop it for readability.
-        loc_parts = [p for p in loc_parts if p not in _UNION_NOISE and not p.startswith("function-")]
+    for err in _branch_errors(exc.errors()):
+        loc_parts = _clean_loc(err["loc"])
         loc = ".".join(loc_parts)
         if err["type"] == "extra_forbidden":
             message = "unknown field"
@@ -721,109 +922,55 @@ def usage(progress: RequestProgress) -> dict[str, Any]:
     }
 
 
-def sglext(progress: RequestProgress, want_spec: bool) -> dict[str, Any] | None:
-    if want_spec and progress.speculative:
-        return {"spec_tokens_details": spec_details(progress)}
-    return None
+def total_usage(results: list[RequestProgress], n: int) -> dict[str, Any]:
+    """A response's usage over its choices (SGLang's UsageProcessor): each prompt's tokens once
+    (its n samples share it), every choice's completion tokens."""
+    prompt = sum(results[i].prompt_tokens for i in range(0, len(results), max(n, 1)))
+    completion = sum(p.completion_tokens for p in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": None}
 
 
-def chat_completion(progress: RequestProgress, model: str, created: int, want_spec: bool, *,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": progress.rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": progress.text, "reasoning_content": None, "tool_calls": None},
-                "logprobs": logprobs,
-                "finish_reason": openai_finish_reason(progress.finish_reason),
-                "matched_stop": matched_stop(progress.finish_reason),
-            }
-        ],
-        "usage": usage(progress),
-    }
-    ext = sglext(progress, want_spec)
-    if ext:
-        body["sglext"] = ext
-    return body
+def sglext_of(results: list[RequestProgress], want_spec: bool, n: int) -> dict[str, Any] | None:
+    """SGLang's response-level sglext: spec_tokens_details, a list of one per choice when n > 1."""
+    details = [spec_details(p) for p in results if p.speculative] if want_spec else []
+    if not details:
+        return None
+    return {"spec_tokens_details": details if n > 1 else details[0]}
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: dict | None = None, *,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_choice(progress: RequestProgress, index: int, *, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "delta": delta,
-                "logprobs": logprobs,
-                "finish_reason": openai_finish_reason(finish),
-                "matched_stop": matched_stop(finish),
-            }
-        ],
+        "index": index,
+        "message": {"role": "assistant", "content": progress.text, "reasoning_content": None, "tool_calls": None},
+        "logprobs": logprobs,
+        "finish_reason": openai_finish_reason(progress.finish_reason),
+        "matched_stop": matched_stop(progress.finish_reason),
     }
 
 
-def completion(progress: RequestProgress, model: str, created: int, want_spec: bool, *,
-               logprobs: dict[str, Any] | None = None, echo: str = "") -> dict[str, Any]:
+def chat_stream_choice(index: int, delta: dict[str, Any], finish: dict | None = None, *,
+                       logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": openai_finish_reason(finish),
+            "matched_stop": matched_stop(finish)}
+
+
+def completion_choice(progress: RequestProgress, index: int, *, echo: str = "",
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """`echo`: the prompt's text, put before the completion (OpenAI's echo)."""
-    body: dict[str, Any] = {
-        "id": progress.rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": echo + progress.text,
-                "logprobs": logprobs,
-                "finish_reason": openai_finish_reason(progress.finish_reason),
-                "matched_stop": matched_stop(progress.finish_reason),
-            }
-        ],
-        "usage": usage(progress),
-    }
-    ext = sglext(progress, want_spec)
-    if ext:
-        body["sglext"] = ext
-    return body
-
-
-def completion_chunk(rid: str, model: str, created: int, text: str, finish: dict | None = None, *,
-                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": openai_finish_reason(finish),
-                "matched_stop": matched_stop(finish),
-            }
-        ],
+        "index": index,
+        "text": echo + progress.text,
+        "logprobs": logprobs,
+        "finish_reason": openai_finish_reason(progress.finish_reason),
+        "matched_stop": matched_stop(progress.finish_reason),
     }
 
 
-def closing_chunks(kind: Literal["chat", "completion"], progress: RequestProgress, model: str, created: int, *, include_usage: bool, want_spec: bool) -> list[dict[str, Any]]:
-    """The choice-less chunks SGLang sends after the finish chunk: sglext, then usage."""
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    chunks = []
-    ext = sglext(progress, want_spec)
-    if ext:
-        chunks.append({"id": progress.rid, "object": obj, "created": created, "model": model, "choices": [], "sglext": ext})
-    if include_usage:
-        chunks.append({"id": progress.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(progress)})
-    return chunks
+def completion_stream_choice(index: int, text: str, finish: dict | None = None, *,
+                             logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": openai_finish_reason(finish),
+            "matched_stop": matched_stop(finish)}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -858,3 +1005,106 @@ def find_stop(text: str, stops: list[str], search_from: int = 0) -> tuple[int, s
         if pos != -1 and (best is None or pos < best[0]):
             best = (pos, stop)
     return best
+
+
+# -- Ollama's API as SGLang 0.5.23 serves it (sglang/srt/entrypoints/ollama/) ---------------------------
+
+# Ollama option -> SGLang sampling parameter: SGLang's mapping, less "seed", which it forwards
+# under a name its SamplingParams does not have (the request then fails with a 500).
+OLLAMA_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "num_predict": "max_new_tokens",
+                  "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+# SGLang's max_new_tokens when num_predict is not given ("Ollama users typically expect longer
+# responses"); more than tiny-ling's context holds, so such a request is a 400 there as here.
+OLLAMA_DEFAULT_NUM_PREDICT = 2048
+# Fields SGLang's Ollama models accept and its handlers never read.
+OLLAMA_UNREAD = ("format", "keep_alive", "think", "images", "suffix", "template", "context", "raw")
+
+
+class OllamaMessage(_Lenient):
+    role: str
+    content: str
+    images: list[str] | None = None
+
+    def text(self) -> str:
+        return self.content
+
+
+class _OllamaRequest(_Lenient):
+    model: str
+    stream: bool = True
+    options: dict[str, Any] | None = None
+    format: Any = None
+    keep_alive: float | str | None = None
+
+    def unread(self) -> list[str]:
+        """What SGLang accepts and ignores here (named in x-sparkit-ignored-fields)."""
+        names = [name for name in OLLAMA_UNREAD if getattr(self, name, None) not in (None, False, [])]
+        names += [f"options.{key}" for key in (self.options or {}) if key not in OLLAMA_OPTIONS and key != "seed"]
+        if isinstance(self, OllamaChatRequest):
+            names += [f"messages.{i}.images" for i, m in enumerate(self.messages) if m.images]
+        return names
+
+    def sampling_params(self) -> "GenerateSamplingParams":
+        """options -> SGLang's sampling parameters, checked as /generate's (errors name the option)."""
+        options = dict(self.options or {})
+        if "seed" in options:
+            raise ApiError(400, "options.seed is not supported: SGLang 0.5.23 passes it on as a sampling parameter its "
+                           "SamplingParams does not define and fails the request; use /v1/chat/completions with seed",
+                           param="options.seed")
+        mapped = {OLLAMA_OPTIONS[key]: value for key, value in options.items() if key in OLLAMA_OPTIONS}
+        mapped.setdefault("max_new_tokens", OLLAMA_DEFAULT_NUM_PREDICT)
+        try:
+            return GenerateSamplingParams.model_validate(mapped)
+        except ValidationError as exc:
+            names = {v: k for k, v in OLLAMA_OPTIONS.items()}
+            problems = []
+            for err in exc.errors():
+                loc = [names.get(str(p), str(p)) for p in err["loc"] if str(p) not in _UNION_NOISE]
+                problems.append(f"options.{'.'.join(loc)}: {err['msg'].removeprefix('Value error, ')}")
+            raise ApiError(400, "; ".join(problems), param="options") from None
+
+
+class OllamaChatRequest(_OllamaRequest):
+    messages: list[OllamaMessage]
+    think: bool | str | None = None
+
+
+class OllamaGenerateRequest(_OllamaRequest):
+    prompt: str
+    system: str | None = None
+    suffix: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    think: bool | None = None
+
+
+class OllamaShowRequest(_Lenient):
+    model: str
+
+
+def ollama_timestamp() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def ollama_reply(kind: Literal["chat", "generate"], model: str, text: str, *, done: bool, whole: bool = False,
+                 progress: RequestProgress | None = None, total_ns: int | None = None) -> dict[str, Any]:
+    """An /api/chat or /api/generate body or stream line, SGLang's fields (pydantic's dump of its
+    Ollama*Response models: every field, None included). SGLang's done_reason is always "stop"."""
+    body: dict[str, Any] = {"model": model, "created_at": ollama_timestamp()}
+    if kind == "chat":
+        body["message"] = {"role": "assistant", "content": text, "images": None}
+    else:
+        body["response"] = text
+    body["done"] = done
+    body["done_reason"] = "stop" if done else None
+    if whole:  # a non-streamed reply
+        if kind == "generate":
+            body["context"] = None
+        body.update({"total_duration": total_ns, "load_duration": None,
+                     "prompt_eval_count": progress.prompt_tokens if progress else None, "prompt_eval_duration": None,
+                     "eval_count": progress.completion_tokens if progress else None, "eval_duration": None})
+    return body

@@ -12,6 +12,7 @@ import shlex
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,14 @@ class ServerState:
         return self._longest_token
 
     def submit(self, job: Job) -> None:
-        require_ready(self).submit(job)
-        self.live_jobs[job.rid] = job
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs (its prompts x n samples) together: all or, when the queue
+        cannot take them all, none (a 503)."""
+        require_ready(self).submit_all(jobs)
+        for job in jobs:
+            self.live_jobs[job.rid] = job
 
     def done(self, job: Job) -> None:
         job.cancel.set()
@@ -133,8 +140,13 @@ def _state(request: Request) -> ServerState:
     return request.app.state.sparkit
 
 
-def error(exc: proto.ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+# SGLang answers /generate's errors as {"error": {...}}, every other route's with its flat
+# ErrorResponse (sglang/srt/entrypoints/http_server.py, openai/serving_base.py).
+NESTED_ERROR_PATHS = frozenset({"/generate"})
+
+
+def error(exc: proto.ApiError, path: str = "") -> JSONResponse:
+    return JSONResponse(exc.body(nested=path in NESTED_ERROR_PATHS), status_code=exc.status)
 
 def require_ready(state: ServerState) -> EngineWorker:
     worker = state.worker
@@ -143,17 +155,18 @@ def require_ready(state: ServerState) -> EngineWorker:
     return worker
 
 class JobStream(StreamingResponse):
-    """Sets the job's cancel flag however the response ends (client gone included)."""
+    """Sets its jobs' cancel flags however the response ends (client gone included)."""
 
-    def __init__(self, content, job: Job) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.job = job
+    def __init__(self, content, jobs: Job | list[Job], media_type: str = "text/event-stream") -> None:
+        super().__init__(content, media_type=media_type, headers={"Cache-Control": "no-cache"})
+        self.jobs = jobs if isinstance(jobs, list) else [jobs]
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancel.set()
+            for job in self.jobs:
+                job.cancel.set()
 
 def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool, rid: str | None, internal: bool = False, logprobs: LogprobRequest | None = None) -> Job:
     return Job(
@@ -189,26 +202,45 @@ async def updates(state: ServerState, job: Job):
     finally:
         state.done(job)
 
+async def updates_of_all(state: ServerState, jobs: list[Job]):
+    """(index, progress) for a request's jobs in order: the worker runs them one after another,
+    so job i's snapshots all come before job i+1's (SGLang interleaves them; each chunk says its
+    index either way)."""
+    for index, job in enumerate(jobs):
+        async for progress in updates(state, job):
+            yield index, progress
+
+
 async def run_to_end(state: ServerState, job: Job, request: Request) -> proto.RequestProgress:
-    """Non-streamed: wait for the end, watching for the client leaving meanwhile."""
-    state.submit(job)
+    return (await run_all(state, [job], request))[0]
+
+
+async def run_all(state: ServerState, jobs: list[Job], request: Request) -> list[proto.RequestProgress]:
+    """Non-streamed: queue the jobs, wait for each to end (in order), watching for the client
+    leaving meanwhile (then every job of the request is cancelled)."""
+    state.submit_all(jobs)
     try:
+        results = []
         last_check = time.monotonic()
-        while True:
-            try:
-                item = await asyncio.wait_for(job.updates.get(), timeout=0.25)
-            except asyncio.TimeoutError:
-                item = None
-            if isinstance(item, BaseException):
-                raise item
-            if item is not None and item.finished:
-                return item
-            if time.monotonic() - last_check >= 0.25:
-                last_check = time.monotonic()
-                if await request.is_disconnected():
-                    raise proto.ApiError(499, "client disconnected", type="ClientClosedRequest")
+        for job in jobs:
+            while True:
+                try:
+                    item = await asyncio.wait_for(job.updates.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    item = None
+                if isinstance(item, BaseException):
+                    raise item
+                if item is not None and item.finished:
+                    results.append(item)
+                    break
+                if time.monotonic() - last_check >= 0.25:
+                    last_check = time.monotonic()
+                    if await request.is_disconnected():
+                        raise proto.ApiError(499, "client disconnected", type="ClientClosedRequest")
+        return results
     finally:
-        state.done(job)
+        for job in jobs:
+            state.done(job)
 
 
 async def read_body(request: Request, state: ServerState) -> bytes:
@@ -268,7 +300,8 @@ def logprob_request(state: ServerState, want: bool, start: int | None, top: int,
         raise proto.ApiError(400, f"{field}={top}: the vocabulary has {vocab} tokens", param=field)
     return LogprobRequest(input_start=start, top=top)
 
-def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, default_max: int | None) -> int:
+def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, default_max: int | None, *,
+                 field: str = "max_new_tokens/max_tokens") -> int:
     """Validate prompt length against the context; returns max_new_tokens to use."""
     context = state.context_length
     if not ids:
@@ -287,24 +320,55 @@ def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, 
                 400,
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
                 f"You requested a total of {len(ids) + requested_max} tokens: {len(ids)} tokens from the input "
-                f"and {requested_max} tokens for the completion. Reduce the prompt or max_new_tokens/max_tokens.",
+                f"and {requested_max} tokens for the completion. Reduce the prompt or {field}.",
             )
         return requested_max
     if default_max is None:
         return room if room is not None else proto.DEFAULT_GENERATE_MAX_NEW_TOKENS
     return min(default_max, room) if room is not None else default_max
 
-def sampling(req: proto._SamplingMixin, max_new_tokens: int, seed: int | None) -> SamplingParams:
-    return SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=-1 if req.top_k is None else req.top_k,
-        max_new_tokens=max_new_tokens,
-        stop=req.stop_list(),
-        stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos,
-        seed=seed,
-    )
+def sampling(state: ServerState, req: proto._SamplingFields, *, max_new_tokens: int, min_new_tokens: int,
+             seed: int | None, grammar: Any = None) -> SamplingParams:
+    """The engine's SamplingParams for one job, checked as SGLang's SamplingParams.verify checks them."""
+    if min_new_tokens > max_new_tokens:
+        raise proto.ApiError(400, f"min_new_tokens must be in [0, max_new_tokens({max_new_tokens})], got {min_new_tokens}.",
+                             param="min_tokens" if isinstance(req, proto._OpenAIRequest) else "min_new_tokens")
+    kwargs = req.sampling_kwargs()
+    vocab = state.vocab_size
+    for token in kwargs["logit_bias"]:
+        if vocab and not 0 <= token < vocab:
+            raise proto.ApiError(400, f"logit_bias must has keys in [0, {vocab - 1}], got {token}.", param="logit_bias")
+    return SamplingParams(**kwargs, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, seed=seed, grammar=grammar)
+
+
+def sample_seed(seed: int | None, sample: int) -> int | None:
+    """The seed of a prompt's `sample`-th of n samples: reproducible, and different from its
+    siblings' (the same seed for all n would give n equal samples)."""
+    return None if seed is None else seed + sample
+
+
+async def compile_grammar(state: ServerState, req: proto._SamplingFields, cache: dict | None = None) -> Any:
+    """The request's grammar (regex / json_schema / ebnf / response_format), compiled off the
+    event loop; one that does not compile is a 400 with SGLang's message, before any work."""
+    constraint = req.constraint()
+    if constraint is None:
+        return None
+    if cache is not None and constraint in cache:
+        return cache[constraint]
+    kind, source = constraint
+    from sparkit.engines.embedded.grammar import GrammarError
+
+    engine = require_ready(state).engine
+    try:
+        grammar = await asyncio.to_thread(lambda: engine.grammar_compiler.compile(kind, source))
+    except GrammarError as exc:
+        raise proto.ApiError(400, str(exc), param=kind) from None
+    except ImportError:
+        raise proto.ApiError(400, f"{kind}: constrained decoding needs the xgrammar package, which this server "
+                             "does not have (pip install 'sparkit[embedded]')", param=kind) from None
+    if cache is not None:
+        cache[constraint] = grammar
+    return grammar
 
 # -- routes (one function per endpoint, as SGLang's serving_* files; the shared state is the app's)
 
@@ -329,31 +393,54 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=200)
 
 async def generate(request: Request) -> Response:
+    """SGLang's /generate: one prompt (an object back) or a batch / n samples (a list back, in
+    order, each with its own meta_info; streamed, each chunk carries its "index")."""
     state = _state(request)
     ignored: list[str] = []
     req: proto.GenerateRequest = await parse(request, state, proto.GenerateRequest, "/generate", ignored)
-    worker = require_ready(state)
-    sp = req.sampling_params
-    ids = list(req.input_ids) if req.input_ids is not None else await encode(state, req.text, "text")
-    max_new = check_prompt(state, ids, sp.max_new_tokens, proto.DEFAULT_GENERATE_MAX_NEW_TOKENS)
-    # SGLang: logprob_start_len -1 (its default) means no prompt positions
-    start = None if req.logprob_start_len == -1 else req.logprob_start_len
-    logprobs = logprob_request(state, req.return_logprob, start, req.top_logprobs_num, len(ids), "top_logprobs_num")
-    view = proto.LogprobView(req.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None) if logprobs else None
-    job = new_job(ids, sampling(sp, max_new, sp.sampling_seed), sp.stop_list(), no_stop_trim=sp.no_stop_trim, skip_special=sp.skip_special_tokens, stream=req.stream, rid=req.rid, logprobs=logprobs)
+    require_ready(state)
+    items = req.items()
+    single = req.is_single
+    field = "input_ids" if req.input_ids is not None else "text"
+    listed = isinstance(req.text, list) or (req.input_ids is not None and isinstance(req.input_ids[0], list))
+    prompt_ids: dict[int, list[int]] = {}
+    grammars: dict = {}
+    jobs, views = [], []
+    for item in items:
+        ids = prompt_ids.get(item.prompt_index)
+        if ids is None:
+            where = f"{field}.{item.prompt_index}" if listed else field
+            ids = list(item.prompt) if isinstance(item.prompt, list) else await encode(state, item.prompt, where)
+            prompt_ids[item.prompt_index] = ids
+        sp = item.sampling
+        max_new = check_prompt(state, ids, sp.max_new_tokens, proto.DEFAULT_GENERATE_MAX_NEW_TOKENS)
+        # SGLang: logprob_start_len -1 (its default) means no prompt positions
+        start = None if item.logprob_start_len == -1 else item.logprob_start_len
+        logprobs = logprob_request(state, item.return_logprob, start, item.top_logprobs_num, len(ids), "top_logprobs_num")
+        views.append(proto.LogprobView(item.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None)
+                     if logprobs else None)
+        params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=sp.min_new_tokens or 0,
+                          seed=sample_seed(sp.sampling_seed, item.sample), grammar=await compile_grammar(state, sp, grammars))
+        jobs.append(new_job(ids, params, sp.stop_list(), no_stop_trim=sp.no_stop_trim, skip_special=sp.skip_special_tokens,
+                            stream=req.stream, rid=item.rid, logprobs=logprobs))
     if not req.stream:
-        return with_ignored(JSONResponse(proto.generate_response(await run_to_end(state, job, request), logprobs=view)), ignored)
-    state.submit(job)
+        results = await run_all(state, jobs, request)
+        bodies = [proto.generate_response(progress, logprobs=view) for progress, view in zip(results, views)]
+        return with_ignored(JSONResponse(bodies[0] if single else bodies), ignored)
+    state.submit_all(jobs)
 
     async def body():
         try:
-            async for progress in updates(state, job):
-                yield proto.sse(proto.generate_response(progress, streaming=True, logprobs=view))
+            async for index, progress in updates_of_all(state, jobs):
+                chunk = proto.generate_response(progress, streaming=True, logprobs=views[index])
+                if not single:
+                    chunk["index"] = index
+                yield proto.sse(chunk)
         except proto.ApiError as exc:
             yield proto.sse(exc.body())
         yield proto.SSE_DONE
 
-    return with_ignored(JobStream(body(), job), ignored)
+    return with_ignored(JobStream(body(), jobs), ignored)
 
 def check_model(state: ServerState, name: str | None) -> None:
     if not state.accepts_model(name):
@@ -401,111 +488,272 @@ async def render_chat(state: ServerState, messages_in: list[Any], chat_template_
         raise proto.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
 
 
-async def chat_completions(request: Request) -> Response:
-    state = _state(request)
-    ignored: list[str] = []
-    req: proto.ChatCompletionRequest = await parse(request, state, proto.ChatCompletionRequest, "/v1/chat/completions", ignored)
-    check_model(state, req.model)
-    require_ready(state)
-    if req.input_ids is not None:  # SGLang's extension: the prompt's ids, the template skipped
-        ids = list(req.input_ids)
-    else:
-        ids = await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=True)
-    max_new = check_prompt(state, ids, req.requested_max_tokens(), None)
-    logprobs = logprob_request(state, req.logprobs, None, req.top_logprobs_num, len(ids), "top_logprobs")
-    return with_ignored(await openai_response(state, "chat", req, ids, max_new, request, logprobs), ignored)
+# -- the OpenAI endpoints: one responder each over a shared template (SGLang's serving_base.py) --------
 
-async def completions(request: Request) -> Response:
-    state = _state(request)
-    ignored: list[str] = []
-    req: proto.CompletionRequest = await parse(request, state, proto.CompletionRequest, "/v1/completions", ignored)
-    check_model(state, req.model)
-    require_ready(state)
-    prompt = req.prompt_text_or_ids()
-    ids = list(prompt) if isinstance(prompt, list) else await encode(state, prompt, "prompt")
-    max_new = check_prompt(state, ids, req.max_tokens, proto.DEFAULT_COMPLETION_MAX_TOKENS)
-    # echo + logprobs: the prompt's logprobs too (what loglikelihood evaluation reads), as SGLang
-    start = 0 if req.echo and req.logprobs is not None else None
-    logprobs = logprob_request(state, req.logprobs is not None, start, req.logprobs or 0, len(ids), "logprobs")
-    return with_ignored(await openai_response(state, "completion", req, ids, max_new, request, logprobs), ignored)
 
-async def openai_response(state: ServerState, kind: str, req: Any, ids: list[int], max_new: int, request: Request,
-                          logprobs: LogprobRequest | None) -> Response:
-    model = state.served_name
-    created = proto.now_created()
-    texts = state.token_texts
-    top = logprobs.top if logprobs else 0
-    echo = ""
-    if kind == "completion" and req.echo:
-        prompt = req.prompt_text_or_ids()
-        echo = prompt if isinstance(prompt, str) else state.tokenizer.decode(ids)
-    job = new_job(ids, sampling(req, max_new, req.seed), req.stop_list(), no_stop_trim=req.no_stop_trim, skip_special=req.skip_special_tokens, stream=req.stream, rid=req.rid, logprobs=logprobs)
-    if kind == "chat":
-        job.rid = "chatcmpl-" + job.rid if not req.rid else job.rid
-    else:
-        job.rid = "cmpl-" + job.rid if not req.rid else job.rid
+@dataclass
+class OpenAIRun:
+    """One OpenAI request on its way: its prompts' ids, its jobs (each prompt x n samples,
+    prompt-major: job k is prompt k // n) and what its response needs."""
 
-    def shaped_logprobs(progress: Any, start: int, end: int | None, offset: int) -> tuple[dict | None, int]:
-        """The logprobs of output positions start:end (with echo, the prompt's before the first)."""
-        if logprobs is None:
-            return None, offset
-        part = proto.slice_logprobs(progress.output_logprobs, start, end)
-        if kind == "chat":
-            return proto.chat_logprobs(part, texts, top), offset
-        parts = [progress.input_logprobs] if start == 0 and progress.input_logprobs is not None else []
-        return proto.completion_logprobs(parts + [part], texts, top, offset)
+    req: Any
+    prompt_ids: list[list[int]]
+    jobs: list[Job]
+    logprobs: list[LogprobRequest | None]
+    rid: str
+    created: int
+    model: str
 
-    if not req.stream:
-        progress = await run_to_end(state, job, request)
-        shown, _ = shaped_logprobs(progress, 0, None, 0)
-        if kind == "chat":
-            return JSONResponse(proto.chat_completion(progress, model, created, req.return_spec_tokens_details, logprobs=shown))
-        return JSONResponse(proto.completion(progress, model, created, req.return_spec_tokens_details, logprobs=shown, echo=echo))
-    state.submit(job)
+    @property
+    def n(self) -> int:
+        return self.req.samples
 
-    # stream_options.continuous_usage_stats: SGLang puts the cumulative usage on every
-    # chunk, which is how a client counts the several tokens of a speculative chunk.
-    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
-    def content(progress: Any, delta: str | None, finish: Any, shown: dict | None = None) -> bytes:
-        chunk = _content_chunk(kind, job.rid, model, created, delta, finish, shown)
-        if continuous and progress is not None:
-            chunk["usage"] = proto.usage(progress)
-        return proto.sse(chunk)
+class OpenAIServing:
+    """One OpenAI endpoint: parse, check the model, the prompts' ids (`prompt_ids`), one job per
+    prompt and sample, then the whole response (`choice` per job, usage over all) or its stream
+    (`stream_chunks` per snapshot, `closing` at the end). Subclasses say what differs."""
 
-    async def body():
-        sent = ""
-        sent_logprobs, offset = 0, len(echo)
-        first = True
+    path: str
+    request_model: type
+    id_prefix: str
+    object_name: str
+    chunk_object: str
+    default_max_tokens: int | None
+
+    async def handle(self, request: Request) -> Response:
+        """The route handler (the template)."""
+        state = _state(request)
+        ignored: list[str] = []
+        req = await parse(request, state, self.request_model, self.path, ignored)
+        check_model(state, req.model)
+        require_ready(state)
+        run = await self.plan(state, req)
+        if req.stream:
+            state.submit_all(run.jobs)
+            return with_ignored(JobStream(self.stream(state, run), run.jobs), ignored)
+        results = await run_all(state, run.jobs, request)
+        return with_ignored(JSONResponse(self.response(state, run, results)), ignored)
+
+    async def prompt_ids(self, state: ServerState, req: Any) -> list[list[int]]:
+        raise NotImplementedError
+
+    def requested_max_tokens(self, req: Any) -> int | None:
+        return req.max_tokens
+
+    def logprob_request(self, state: ServerState, req: Any, ids: list[int]) -> LogprobRequest | None:
+        raise NotImplementedError
+
+    async def plan(self, state: ServerState, req: Any) -> OpenAIRun:
+        prompts = await self.prompt_ids(state, req)
+        grammar = await compile_grammar(state, req)
+        rid = req.rid or self.id_prefix + proto.new_request_id()
+        jobs, logprobs = [], []
+        for i, ids in enumerate(prompts):
+            max_new = check_prompt(state, ids, self.requested_max_tokens(req), self.default_max_tokens)
+            want = self.logprob_request(state, req, ids)
+            for j in range(req.samples):
+                params = sampling(state, req, max_new_tokens=max_new, min_new_tokens=req.min_tokens,
+                                  seed=sample_seed(req.seed, j), grammar=grammar)
+                job_rid = rid if len(prompts) * req.samples == 1 else f"{rid}_{i * req.samples + j}"
+                jobs.append(new_job(ids, params, req.stop_list(), no_stop_trim=req.no_stop_trim,
+                                    skip_special=req.skip_special_tokens, stream=req.stream, rid=job_rid, logprobs=want))
+                logprobs.append(want)
+        return OpenAIRun(req, prompts, jobs, logprobs, rid, proto.now_created(), state.served_name)
+
+    # -- the whole response
+    def response(self, state: ServerState, run: OpenAIRun, results: list[proto.RequestProgress]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": run.rid, "object": self.object_name, "created": run.created, "model": run.model,
+            "choices": [self.choice(state, run, k, progress) for k, progress in enumerate(results)],
+            "usage": proto.total_usage(results, run.n),
+        }
+        ext = proto.sglext_of(results, run.req.return_spec_tokens_details, run.n)
+        if ext:
+            body["sglext"] = ext
+        return body
+
+    def choice(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- the stream
+    async def stream(self, state: ServerState, run: OpenAIRun):
+        req = run.req
+        # stream_options.continuous_usage_stats: SGLang puts the choice's cumulative usage on
+        # every chunk, which is how a client counts the several tokens of a speculative chunk.
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        sent: dict[int, StreamState] = {}
+        finished: dict[int, proto.RequestProgress] = {}
         try:
-            if kind == "chat":
-                yield proto.sse(proto.chat_chunk(job.rid, model, created, {"role": "assistant", "content": ""}))
-            elif echo:
-                yield content(None, echo, None)
-            async for progress in updates(state, job):
-                delta = progress.text[len(sent):] if progress.text.startswith(sent) else ""
-                sent = progress.text if delta else sent
-                shown = None
-                if logprobs is not None:
-                    have = len(progress.output_logprobs.token_ids) if progress.output_logprobs else 0
-                    if have > sent_logprobs or (first and progress.input_logprobs is not None):
-                        start = 0 if first else sent_logprobs
-                        shown, offset = shaped_logprobs(progress, start, have, 0 if first and kind == "completion" and echo else offset)
-                        sent_logprobs = have
-                first = False
+            async for index, progress in updates_of_all(state, run.jobs):
+                track = sent.setdefault(index, StreamState())
+                for chunk in self.stream_chunks(state, run, index, progress, track):
+                    if continuous and chunk["choices"]:
+                        chunk["usage"] = proto.usage(progress)
+                    yield proto.sse(chunk)
                 if progress.finished:
-                    if delta or shown:
-                        yield content(progress, delta, None, shown)
-                    yield content(progress, None, progress.finish_reason)
-                    for chunk in proto.closing_chunks(kind, progress, model, created, include_usage=req.include_usage, want_spec=req.return_spec_tokens_details):
-                        yield proto.sse(chunk)
-                elif delta or shown:
-                    yield content(progress, delta, None, shown)
+                    finished[index] = progress
+            for chunk in self.closing(run, [finished[k] for k in sorted(finished)]):
+                yield proto.sse(chunk)
         except proto.ApiError as exc:
             yield proto.sse(exc.body())
         yield proto.SSE_DONE
 
-    return JobStream(body(), job)
+    def stream_chunks(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+                      track: "StreamState") -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def closing(self, run: OpenAIRun, results: list[proto.RequestProgress]) -> list[dict[str, Any]]:
+        """After the last choice: SGLang's choice-less sglext chunk, then usage."""
+        chunks = []
+        ext = proto.sglext_of(results, run.req.return_spec_tokens_details, run.n)
+        if ext:
+            chunks.append(self._chunk(run, [], sglext=ext))
+        if run.req.include_usage:
+            chunks.append(self._chunk(run, [], usage=proto.total_usage(results, run.n)))
+        return chunks
+
+    def _chunk(self, run: OpenAIRun, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": run.rid, "object": self.chunk_object, "created": run.created, "model": run.model,
+                "choices": choices, **extra}
+
+    def new_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+                     track: "StreamState") -> dict[str, Any] | None:
+        """The logprobs of the output positions this snapshot adds (the prompt's before the
+        first, for completions' echo)."""
+        if run.logprobs[index] is None:
+            return None
+        have = len(progress.output_logprobs.token_ids) if progress.output_logprobs else 0
+        first = not track.started
+        if have <= track.logprobs and not (first and progress.input_logprobs is not None):
+            return None
+        shown = self.shaped_logprobs(state, run, index, progress, 0 if first else track.logprobs, have, track)
+        track.logprobs = have
+        return shown
+
+    def shaped_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+                        start: int, end: int | None, track: "StreamState | None" = None) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+
+@dataclass
+class StreamState:
+    """What a stream has sent of one choice."""
+
+    offset: int = 0  # completions: the text offset of the next token's logprob (the echo's first)
+    text: str = ""
+    logprobs: int = 0
+    started: bool = False
+
+
+class ChatServing(OpenAIServing):
+    """/v1/chat/completions (SGLang's serving_chat.py)."""
+
+    path = "/v1/chat/completions"
+    request_model = proto.ChatCompletionRequest
+    id_prefix = "chatcmpl-"
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    default_max_tokens = None
+
+    async def prompt_ids(self, state: ServerState, req: Any) -> list[list[int]]:
+        if req.input_ids is not None:  # SGLang's extension: the prompt's ids, the template skipped
+            return [list(req.input_ids)]
+        return [await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=True)]
+
+    def requested_max_tokens(self, req: Any) -> int | None:
+        return req.requested_max_tokens()
+
+    def logprob_request(self, state: ServerState, req: Any, ids: list[int]) -> LogprobRequest | None:
+        return logprob_request(state, req.logprobs, None, req.top_logprobs_num, len(ids), "top_logprobs")
+
+    def shaped_logprobs(self, state, run, index, progress, start, end, track=None):
+        if run.logprobs[index] is None:
+            return None
+        part = proto.slice_logprobs(progress.output_logprobs, start, end)
+        return proto.chat_logprobs(part, state.token_texts, run.logprobs[index].top)
+
+    def choice(self, state, run, index, progress):
+        return proto.chat_choice(progress, index, logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+
+    def stream_chunks(self, state, run, index, progress, track):
+        chunks = []
+        if not track.started:
+            chunks.append(self._chunk(run, [proto.chat_stream_choice(index, {"role": "assistant", "content": ""})]))
+        shown = self.new_logprobs(state, run, index, progress, track)
+        track.started = True
+        delta = progress.text[len(track.text):] if progress.text.startswith(track.text) else ""
+        track.text = progress.text if delta else track.text
+        if delta or shown:
+            chunks.append(self._chunk(run, [proto.chat_stream_choice(index, {"content": delta}, logprobs=shown)]))
+        return chunks
+
+    def closing(self, run, results):
+        """SGLang sends every choice's finish_reason after the last one finished, then the rest."""
+        finishes = [self._chunk(run, [proto.chat_stream_choice(k, {}, progress.finish_reason)])
+                    for k, progress in enumerate(results)]
+        return finishes + super().closing(run, results)
+
+
+class CompletionServing(OpenAIServing):
+    """/v1/completions (SGLang's serving_completions.py): one prompt or a batch of them, texts or
+    token ids; with echo, each choice starts with its prompt."""
+
+    path = "/v1/completions"
+    request_model = proto.CompletionRequest
+    id_prefix = "cmpl-"
+    object_name = "text_completion"
+    chunk_object = "text_completion"
+    default_max_tokens = proto.DEFAULT_COMPLETION_MAX_TOKENS
+
+    async def prompt_ids(self, state: ServerState, req: Any) -> list[list[int]]:
+        prompts = req.prompts()
+        out = []
+        for i, prompt in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            out.append(list(prompt) if isinstance(prompt, list) else await encode(state, prompt, where))
+        return out
+
+    def logprob_request(self, state: ServerState, req: Any, ids: list[int]) -> LogprobRequest | None:
+        # echo + logprobs: the prompt's logprobs too (what loglikelihood evaluation reads), as SGLang
+        start = 0 if req.echo and req.logprobs is not None else None
+        return logprob_request(state, req.logprobs is not None, start, req.logprobs or 0, len(ids), "logprobs")
+
+    def echo(self, state: ServerState, run: OpenAIRun, index: int) -> str:
+        """The prompt of choice `index`, as SGLang echoes it (token ids decoded without specials)."""
+        if not run.req.echo:
+            return ""
+        prompt = run.req.prompts()[index // run.n]
+        return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt, skip_special_tokens=True)
+
+    def shaped_logprobs(self, state, run, index, progress, start, end, track=None):
+        want = run.logprobs[index]
+        if want is None:
+            return None
+        part = proto.slice_logprobs(progress.output_logprobs, start, end)
+        parts = [progress.input_logprobs] if start == 0 and progress.input_logprobs is not None else []
+        shown, after = proto.completion_logprobs(parts + [part], state.token_texts, want.top, track.offset if track else 0)
+        if track is not None:
+            track.offset = after
+        return shown
+
+    def choice(self, state, run, index, progress):
+        return proto.completion_choice(progress, index, echo=self.echo(state, run, index),
+                                       logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+
+    def stream_chunks(self, state, run, index, progress, track):
+        echo = "" if track.started else self.echo(state, run, index)
+        shown = self.new_logprobs(state, run, index, progress, track)
+        track.started = True
+        delta = progress.text[len(track.text):] if progress.text.startswith(track.text) else ""
+        track.text = progress.text if delta else track.text
+        if echo or delta or shown or progress.finished:  # the finish rides on the choice's last chunk, as SGLang's
+            return [self._chunk(run, [proto.completion_stream_choice(index, echo + delta, progress.finish_reason, logprobs=shown)])]
+        return []
+
+
+chat_completions = ChatServing().handle
+completions = CompletionServing().handle
 
 def model_card(state: ServerState, name: str) -> dict[str, Any]:
     """SGLang's ModelCard."""
@@ -530,14 +778,16 @@ async def retrieve_model(request: Request) -> Response:
 
 async def abort_request(request: Request) -> Response:
     """SGLang's /abort_request: {"rid": ..., "abort_all": bool}; 200 with an empty body, a rid that
-    is not running included (SGLang does the same)."""
+    is not running included (SGLang does the same). A batch's items are aborted by its rid."""
     state = _state(request)
     body = await parse(request, state, proto.AbortRequest, "/abort_request", [])
     if body.abort_all and not state.api_key:  # with a key, BearerAuth let only its holders this far
         raise proto.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
                              f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
                              param="abort_all")
-    targets = list(state.live_jobs.values()) if body.abort_all else [state.live_jobs[body.rid]] if body.rid in state.live_jobs else []
+    # SGLang's scheduler aborts every request whose rid starts with the one given: a batch's rid_i
+    # and a prompt's samples go together (an empty rid aborts nothing here, not everything)
+    targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and rid.startswith(body.rid))]
     for job in targets:
         job.cancel.set()
     return Response(status_code=200)
@@ -671,13 +921,139 @@ async def stop_profile(request: Request) -> Response:
     return PlainTextResponse("Stop profiling. This will take some time.\n")
 
 
+# -- Ollama's API, as SGLang 0.5.23 serves it (sglang/srt/entrypoints/ollama/serving.py) -------------
+
+
+async def ollama_chat(request: Request) -> Response:
+    state = _state(request)
+    ignored: list[str] = []
+    req: proto.OllamaChatRequest = await parse(request, state, proto.OllamaChatRequest, "/api/chat", ignored)
+    require_ready(state)
+    ids = await render_chat(state, req.messages, None, add_generation_prompt=True)
+    return with_ignored(await ollama_respond(state, "chat", req, ids, request), ignored + req.unread())
+
+
+async def ollama_generate(request: Request) -> Response:
+    state = _state(request)
+    ignored: list[str] = []
+    req: proto.OllamaGenerateRequest = await parse(request, state, proto.OllamaGenerateRequest, "/api/generate", ignored)
+    require_ready(state)
+    prompt = f"{req.system}\n\n{req.prompt}" if req.system else req.prompt
+    if not prompt.strip():  # SGLang: the Ollama CLI sends an empty request when it starts; done at once
+        body = proto.ollama_reply("generate", state.served_name, "", done=True, whole=not req.stream)
+        if req.stream:
+            return with_ignored(Response(json.dumps(body) + "\n", media_type="application/x-ndjson"), ignored + req.unread())
+        return with_ignored(JSONResponse(body), ignored + req.unread())
+    ids = await encode(state, prompt, "prompt")
+    return with_ignored(await ollama_respond(state, "generate", req, ids, request), ignored + req.unread())
+
+
+async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int], request: Request) -> Response:
+    sp = req.sampling_params()
+    max_new = check_prompt(state, ids, sp.max_new_tokens, None, field="options.num_predict")
+    params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=0, seed=None)
+    job = new_job(ids, params, sp.stop_list(), no_stop_trim=False, skip_special=True, stream=req.stream, rid=None)
+    model = state.served_name
+    started = time.time_ns()
+    if not req.stream:
+        progress = await run_to_end(state, job, request)
+        return JSONResponse(proto.ollama_reply(kind, model, progress.text, done=True, whole=True, progress=progress,
+                                               total_ns=time.time_ns() - started))
+    state.submit(job)
+
+    async def body():
+        sent = ""
+        try:
+            async for progress in updates(state, job):
+                delta = progress.text[len(sent):] if progress.text.startswith(sent) else ""
+                sent = progress.text if delta else sent
+                # SGLang's last line is `done` with no text, dropping the final step's delta; it
+                # goes in a line of its own here, so that the streamed text is the whole reply
+                if delta:
+                    yield (json.dumps(proto.ollama_reply(kind, model, delta, done=False)) + "\n").encode()
+                if progress.finished:
+                    yield (json.dumps(proto.ollama_reply(kind, model, "", done=True)) + "\n").encode()
+        except proto.ApiError as exc:
+            yield (json.dumps({"error": exc.message}) + "\n").encode()
+
+    return JobStream(body(), job, media_type="application/x-ndjson")
+
+
+OLLAMA_DIGEST = "sha256:sglang0000000000000000000000000000000000000000000000000000000000"
+
+
+async def ollama_tags(request: Request) -> Response:
+    state = _state(request)
+    name = state.served_name
+    family = name.split("/")[-1]
+    return JSONResponse({"models": [{"name": name, "model": name, "modified_at": proto.ollama_timestamp(), "size": 0,
+                                     "digest": OLLAMA_DIGEST,
+                                     "details": {"format": "sglang", "family": family, "parameter_size": "unknown"}}]})
+
+
+async def ollama_show(request: Request) -> Response:
+    """SGLang's /api/show: whatever model is named, described by the served one's context length."""
+    state = _state(request)
+    req: proto.OllamaShowRequest = await parse(request, state, proto.OllamaShowRequest, "/api/show", [])
+    family = req.model.split("/")[-1]
+    for suffix in ("-Instruct", "-Chat", "-Base"):
+        if family.endswith(suffix):
+            family = family[: -len(suffix)]
+            break
+    context = state.context_length
+    return JSONResponse({
+        "license": "", "modelfile": f"FROM {req.model}\nPARAMETER num_ctx {context}\n", "parameters": f"num_ctx {context}",
+        "template": "", "modified_at": proto.ollama_timestamp(),
+        "details": {"parent_model": "", "format": "sglang", "family": family, "families": [family],
+                    "parameter_size": "unknown", "quantization_level": ""},
+        "model_info": {"general.architecture": family, "general.name": req.model, "general.parameter_count": 0,
+                       f"{family}.context_length": context, f"{family}.block_count": 0,
+                       f"{family}.embedding_length": 0, f"{family}.attention.head_count": 0},
+        "capabilities": ["completion"],
+    })
+
+
+# -- the rest of SGLang's small routes ----------------------------------------------------------------
+
+
+async def root(request: Request) -> Response:
+    """GET and HEAD /: SGLang's answer (a JSON string)."""
+    return JSONResponse("SGLang is running")
+
+
+async def ping(request: Request) -> Response:
+    """SageMaker's health check, as SGLang serves it: 200 when the engine is up, else 503."""
+    worker = _state(request).worker
+    return Response(status_code=200 if worker is not None and worker.ready else 503)
+
+
+async def embeddings(request: Request) -> Response:
+    """/v1/embeddings and /encode: tiny-ling is a generation model, and SGLang refuses an
+    embedding request to one (its BailingMoe classes have no pooler, --is-embedding or not)."""
+    state = _state(request)
+    await read_body(request, state)
+    raise proto.ApiError(400, "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+                         "when launching the server or try another model. (SGLang's answer for this model; tiny-ling "
+                         "is a causal LM with no pooling head, so the embedded engine serves no embeddings.)",
+                         param="input")
+
+
 ROUTES = [
+    Route("/", root, methods=["GET", "HEAD"]),
+    Route("/ping", ping, methods=["GET"]),
     Route("/health", health, methods=["GET", "HEAD"]),
     Route("/health_generate", health_generate, methods=["GET"]),
     Route("/ready", health, methods=["GET"]),
     Route("/generate", generate, methods=["POST", "PUT"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/invocations", chat_completions, methods=["POST"]),  # SageMaker's name for it, as in SGLang
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/encode", embeddings, methods=["POST", "PUT"]),
+    Route("/api/chat", ollama_chat, methods=["POST"]),
+    Route("/api/generate", ollama_generate, methods=["POST"]),
+    Route("/api/tags", ollama_tags, methods=["GET"]),
+    Route("/api/show", ollama_show, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/abort_request", abort_request, methods=["POST"]),
@@ -697,14 +1073,57 @@ ROUTES = [
 ]
 
 
+def _not_served(reason: str, *paths: str) -> dict[str, str]:
+    return {path: reason for path in paths}
+
+
+# The routes SGLang 0.5.23 serves (sglang/srt/entrypoints/http_server.py) that this server does not,
+# and why (a 404 here). tests/embedded_server/test_routes_in_process.py reads the installed sglang's
+# routes and fails on one that is neither served nor listed.
+SGLANG_ROUTES_NOT_SERVED: dict[str, str] = {
+    **_not_served("RL weight sync and remote weight transfer: the engine loads its checkpoint once",
+                  "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+                  "/update_weights_from_ipc", "/init_weights_update_group", "/destroy_weights_update_group",
+                  "/begin_weight_update", "/end_weight_update", "/update_weight_version", "/get_weights_by_name",
+                  "/weights_checker", "/release_memory_occupation", "/resume_memory_occupation",
+                  "/init_weights_send_group_for_remote_instance", "/send_weights_to_remote_instance",
+                  "/get_remote_instance_transfer_engine_info", "/remote_instance_transfer_engine_info"),
+    **_not_served("no LoRA adapters (lora_path is a 400)", "/load_lora_adapter", "/load_lora_adapter_from_tensors",
+                  "/unload_lora_adapter"),
+    **_not_served("no session KV cache (session_params is a 400)", "/open_session", "/close_session"),
+    **_not_served("profiling and debugging hooks of SGLang's scheduler processes", "/start_profile", "/stop_profile",
+                  "/set_trace_level", "/freeze_gc", "/configure_logging", "/slow_down", "/dumper/{method}",
+                  "/start_expert_distribution_record", "/stop_expert_distribution_record",
+                  "/dump_expert_distribution_record"),
+    **_not_served("no hierarchical or prefix cache, no retrieval corpora", "/hicache/storage-backend",
+                  "/hicache/storage-backend/clear", "/get_hicache_l3_cache_layout", "/add_external_corpus",
+                  "/remove_external_corpus", "/list_external_corpora"),
+    **_not_served("one process: no prefill/decode disaggregation, pausing or live reconfiguration", "/pd_role_switch",
+                  "/pause_generation", "/continue_generation", "/set_internal_state"),
+    **_not_served("tool-call and reasoning parsers: tiny-ling has neither (tools are a 400)", "/parse_function_call",
+                  "/separate_reasoning"),
+    **_not_served("the Responses API keeps tool and reasoning state the engine does not have", "/v1/responses",
+                  "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"),
+    **_not_served("the Anthropic Messages API: not asked for", "/v1/messages", "/v1/messages/count_tokens"),
+    **_not_served("scoring APIs over label-token logprobs: not asked for (/generate's logprobs give the same numbers)",
+                  "/v1/score", "/v1/decisions", "/v1/systemone"),
+    **_not_served("need a cross-encoder or classification head, which tiny-ling does not have", "/v1/rerank",
+                  "/v1/classify", "/classify"),
+    **_not_served("need an audio model", "/v1/audio/transcriptions", "/v1/realtime"),
+    **_not_served("Vertex AI's wrapper of /generate: not asked for", "/vertex_generate"),
+}
+
+
 async def api_error(request: Request, exc: Exception) -> Response:
-    return error(exc)  # type: ignore[arg-type]
+    return error(exc, request.url.path)  # type: ignore[arg-type]
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kinds = {404: "NotFoundError", 405: "MethodNotAllowed"}
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return JSONResponse(proto.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError")), status_code=exc.status_code)
+    body = proto.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError"),
+                            nested=request.url.path in NESTED_ERROR_PATHS)
+    return JSONResponse(body, status_code=exc.status_code)
 
 async def client_gone(request: Request, exc: Exception) -> Response:
     """The client closed the connection mid-body: nobody to answer, nothing to log."""
@@ -712,7 +1131,9 @@ async def client_gone(request: Request, exc: Exception) -> Response:
 
 async def internal_error(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
-    return JSONResponse(proto.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError"), status_code=500)
+    body = proto.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError",
+                            nested=request.url.path in NESTED_ERROR_PATHS)
+    return JSONResponse(body, status_code=500)
 
 
 def create_app(state: ServerState, inner: Any = None) -> Any:
@@ -726,14 +1147,6 @@ def create_app(state: ServerState, inner: Any = None) -> Any:
     app.state.sparkit = state
     served = inner(app) if inner is not None else app
     return BearerAuth(served, state.api_key) if state.api_key else served
-
-
-def _content_chunk(kind: str, rid: str, model: str, created: int, text: str | None, finish: dict | None,
-                   logprobs: dict | None = None) -> dict:
-    if kind == "chat":
-        delta = {"content": text} if text is not None else {}
-        return proto.chat_chunk(rid, model, created, delta, finish, logprobs=logprobs)
-    return proto.completion_chunk(rid, model, created, text or "", finish, logprobs=logprobs)
 
 
 class BearerAuth:

@@ -80,6 +80,12 @@ class EngineConfig:
         "tensor (reproduces SGLang 0.5.23's shared-head trap)", choices=LM_HEAD_SHARING, flag_default=None)
     context_length: int | None = setting(None, "unset = the model's max_position_embeddings", type=int)
     seed: int = setting(0, type=int)
+    # SGLang's JSON-constraint knobs (xgrammar backend): a model that likes whitespace can pad a
+    # constrained JSON answer with it until max_tokens; these bound it, as they do in SGLang.
+    constrained_json_disable_any_whitespace: bool = setting(False, "compact JSON under a json_schema / response_format "
+                                                            "constraint (no free whitespace)", store_true=True)
+    constrained_json_max_whitespace_cnt: int | None = setting(None, "at most N consecutive whitespace characters in "
+                                                              "constrained JSON (unset = unbounded)", type=int, metavar="N")
     # A deliberately broken kernel, for proving the known-answer check (recipes/tiny/tiny-broken-kernel.yaml):
     # fp8 experts 0 and 1 decoded from each other's weights (quant.Fp8ExpertWeights). Reported in the
     # resolved args and the activation report's notes.
@@ -112,6 +118,8 @@ class EngineConfig:
             out.append(f"{name('lm_head_exact_top_k')} must be an integer >= 0")
         if self.context_length is not None and self.context_length < 2:
             out.append(f"{name('context_length')} must be >= 2")
+        if self.constrained_json_max_whitespace_cnt is not None and self.constrained_json_max_whitespace_cnt < 0:
+            out.append(f"{name('constrained_json_max_whitespace_cnt')} must be >= 0")
         if self.debug_corrupt_expert_dequant and self.expert_weights != "fp8":
             out.append(f"{name('debug_corrupt_expert_dequant')} corrupts fp8 expert decoding: it needs "
                        f"{name('expert_weights')} fp8")
@@ -145,6 +153,9 @@ class EngineConfig:
             "speculative_draft_model_path": self.speculative_draft_model_path if spec else None,
             "draft_lm_head_sharing": self.draft_lm_head_sharing if spec else None,
             "debug_corrupt_expert_dequant": self.debug_corrupt_expert_dequant,
+            "grammar_backend": "xgrammar",
+            "constrained_json_disable_any_whitespace": self.constrained_json_disable_any_whitespace,
+            "constrained_json_max_whitespace_cnt": self.constrained_json_max_whitespace_cnt,
         }
 
 

@@ -26,7 +26,7 @@ def is_greedy(params) -> bool:
 
 
 def logits_to_probs(logits, params):
-    """Temperature, top-k, top-p (nucleus), softmax. logits [N, V] float32 -> probs [N, V]."""
+    """Temperature, top-k, top-p (nucleus), softmax, min-p. logits [N, V] float32 -> probs [N, V]."""
     logits = logits / max(params.temperature, GREEDY_EPS)
     if params.top_k is not None and params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
@@ -43,6 +43,10 @@ def logits_to_probs(logits, params):
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
+    if getattr(params, "min_p", 0.0):
+        from sparkit.engines.embedded.logits import min_p_filter
+
+        probs = min_p_filter(probs, params.min_p)
     return probs
 
 

@@ -94,11 +94,19 @@ class EngineWorker:
         return self.state == "ready"
 
     def submit(self, job: Job) -> None:
-        if self.state != "ready" and not job.internal:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue one request's jobs (a batch, n samples) together, in order: all of them or none.
+        Called from the event loop only, so the room checked is the room there is."""
+        if self.state != "ready" and not all(job.internal for job in jobs):
             raise proto.ApiError(503, f"the engine is not ready (state: {self.state}); retry when /health answers 200", type="ServiceUnavailableError")
-        if self.max_queued is not None and self._jobs.qsize() >= self.max_queued:
-            raise proto.ApiError(503, f"the request queue is full ({self.max_queued} queued; --max-queued-requests)", type="ServiceUnavailableError")
-        self._jobs.put(job)
+        if self.max_queued is not None and self._jobs.qsize() + len(jobs) > self.max_queued:
+            what = f"{len(jobs)} more would not fit" if len(jobs) > 1 else "full"
+            raise proto.ApiError(503, f"the request queue is {what} ({self._jobs.qsize()} queued, at most {self.max_queued}; "
+                                 "--max-queued-requests)", type="ServiceUnavailableError")
+        for job in jobs:
+            self._jobs.put(job)
         with self.metrics.lock:
             self.metrics.num_queue_reqs = self._jobs.qsize()
 
@@ -169,7 +177,7 @@ class EngineWorker:
             progress.finish_reason = {"type": "abort", "message": "client disconnected before the request started"}
             progress.e2e_latency = started - job.arrived
             if not job.internal:  # counted before the client hears of it: /metrics never lags a reply
-                self.metrics.record_request(progress, started - job.arrived, aborted=True)
+                self.metrics.record_request(progress, started - job.arrived, aborted=True, **_labels(job))
             job.publish(progress)
             return
         with self.metrics.lock:
@@ -235,7 +243,7 @@ class EngineWorker:
         progress.e2e_latency = time.perf_counter() - job.arrived
         if not job.internal:  # counted before the client hears of it: /metrics never lags a reply
             aborted = progress.finish_reason.get("type") == "abort"
-            self.metrics.record_request(progress, started - job.arrived, aborted=aborted)
+            self.metrics.record_request(progress, started - job.arrived, aborted=aborted, **_labels(job))
         job.publish(progress)
 
     def _commit(self, job: Job, progress: proto.RequestProgress, new_ids: list[int], longest_stop: int) -> dict | None:
@@ -261,9 +269,16 @@ class EngineWorker:
         return None
 
     def _final_text(self, job: Job, progress: proto.RequestProgress) -> str:
-        if progress.finish_reason and progress.finish_reason.get("type") == "stop" and isinstance(progress.finish_reason.get("matched"), str):
+        """SGLang's trim_matched_stop: the text ends before a matched stop string or stop token
+        (EOS, stop_token_ids, a grammar's end) unless no_stop_trim; output_ids keep the token."""
+        finish = progress.finish_reason or {}
+        matched = finish.get("matched") if finish.get("type") == "stop" else None
+        if isinstance(matched, str):
             return progress.text  # already trimmed at the stop string
-        return self._decode(progress.output_ids, job.skip_special_tokens)
+        ids = progress.output_ids
+        if isinstance(matched, int) and not job.no_stop_trim and ids:
+            ids = ids[:-1]
+        return self._decode(ids, job.skip_special_tokens)
 
     def _track_decode_step(self, progress: proto.RequestProgress, step: Any, n_tokens: int, gap: float) -> None:
         with self.metrics.lock:  # a verify step's tokens share its gap, as bench_serving spreads ITL
@@ -287,6 +302,11 @@ class EngineWorker:
                 f"{accept_part}gen throughput (token/s): {throughput:.2f}, #queue-req: {self._jobs.qsize()}"
             )
             self._window = DecodeWindow()
+
+
+def _labels(job: Job) -> dict[str, bool]:
+    """What SGLang's request metrics are split or counted by."""
+    return {"streaming": job.stream, "grammar": job.params.grammar is not None}
 
 
 def _snapshot(progress: proto.RequestProgress) -> proto.RequestProgress:
