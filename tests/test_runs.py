@@ -185,6 +185,39 @@ def test_api_key_reaches_the_engine_but_never_argv_or_plan(sparkit_home, stand_i
         stop(run, grace=5)
 
 
+@pytest.mark.parametrize("engine", ["embedded", "sglang"])
+def test_an_exported_key_does_not_reach_an_engine_whose_recipe_names_none(sparkit_home, stand_in, monkeypatch, engine):
+    # $SPARKIT_API_KEY is the clients' variable for a --url server and the embedded engine's own:
+    # exported in the shell, it must not make a keyless recipe's server demand it.
+    monkeypatch.setenv("SPARKIT_API_KEY", "exported-for-clients")
+    run = launch(make_plan(stand_in, engine=engine), timeout=60)
+    try:
+        log = run.log_path.read_text()
+        assert "env key=None" in log and "exported-for-clients" not in log
+        assert "--config" not in log  # nor a key file for SGLang
+        assert run.api_key is None
+    finally:
+        stop(run, grace=5)
+
+
+def test_a_run_sends_its_recipes_key_and_an_option_wins_over_it(sparkit_home, stand_in, monkeypatch):
+    monkeypatch.setenv("MY_SPARKIT_KEY", "s3cret-value")
+    monkeypatch.setenv("SPARKIT_API_KEY", "exported-for-clients")
+    run = launch(make_plan(stand_in, api_key_env="MY_SPARKIT_KEY"), timeout=60)
+    try:
+        assert "env key=s3cret-value" in run.log_path.read_text()  # the recipe's key, not the exported one
+        assert resolve_server().api_key == "s3cret-value"
+        assert resolve_server(url=run.url).api_key == "s3cret-value"  # a --url that is this run's
+        assert resolve_server(api_key="typed").api_key == "typed"
+        # a server sparkit did not start: the option, else $SPARKIT_API_KEY
+        assert resolve_server(url="http://127.0.0.1:9").api_key == "exported-for-clients"
+        assert resolve_server(url="http://127.0.0.1:9", api_key="typed").api_key == "typed"
+        monkeypatch.delenv("MY_SPARKIT_KEY")  # this shell lacks the recipe's variable: no key, not another
+        assert resolve_server().api_key is None
+    finally:
+        stop(run, grace=5)
+
+
 def test_sglang_api_key_goes_through_a_private_config_file(sparkit_home, stand_in, monkeypatch):
     monkeypatch.setenv("MY_SPARKIT_KEY", "s3cret-value")
     seen = {}

@@ -139,7 +139,7 @@ def bench(
     ctx: typer.Context,
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     recipe_ref: Optional[str] = typer.Option(None, "--recipe", help="The recipe the --url server runs (for its bandwidth limit; a run knows its own)."),
     set_: list[str] = typer.Option([], "--set", help="Override a key of --recipe (KEY=VALUE, as for plan)."),
     input_len: int = typer.Option(8192, "--input-len", help="Prompt tokens per request (random dataset)."),
@@ -312,7 +312,7 @@ def profile(
 def steps(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Profile this server instead of a run (it must run on this machine)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     num_steps: int = typer.Option(32, "--steps", min=2, help="Forward passes to trace (the prefill is one)."),
     input_len: int = typer.Option(64, "--input-len", min=1, help="Prompt tokens of the traced request."),
     stage: str = typer.Option("DECODE", "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative)."),

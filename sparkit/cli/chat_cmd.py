@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
         model: Optional[str] = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
         system: Optional[str] = typer.Option(None, "--system", help="System prompt for new chats."),
-        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer token, if the server needs one."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
         open_id: Optional[int] = typer.Option(None, "--open", help="Reopen a saved chat by id (see the history panel, Ctrl+O)."),
     ) -> None:
         """Chat in the terminal with live decode tok/s, TTFT and accept length.

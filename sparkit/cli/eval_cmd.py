@@ -70,7 +70,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
 def gsm8k(
     run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
     url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="Bearer key for the server."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: the copy shipped with sparkit (offline)."),
     from_hub: bool = typer.Option(False, "--from-hub", help="Download openai/gsm8k from the Hugging Face hub once (cached) instead of the shipped copy."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),

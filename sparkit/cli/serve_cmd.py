@@ -493,7 +493,7 @@ def check(
     url: str = typer.Option(None, "--url", help="Check any live server at this URL instead of a run."),
     recipe: str = typer.Option(None, "--recipe", help="With --url: the recipe whose expectations to check."),
     set_: list[str] = typer.Option([], "--set", help="With --recipe: override a recipe value (repeatable)."),
-    api_key: str = typer.Option(None, "--api-key", envvar="SPARKIT_API_KEY", help="API key for --url."),
+    api_key: str = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Run the activation checks again against a live server."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sparkit.api_key import engine_environ, recipe_key
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError, StateError
 from sparkit.paths import ensure_dir, open_output, open_state, write_error
@@ -51,7 +52,7 @@ def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tupl
     adapter knows: an environment variable, or a private file)."""
     if not plan.api_key_env:
         return {}, []
-    secret = os.environ.get(plan.api_key_env)
+    secret = recipe_key(plan.api_key_env)
     if not secret:
         raise LaunchError(
             f"the recipe asks for an API key from ${plan.api_key_env}, which is not set",
@@ -117,8 +118,8 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     """Start the engine of `plan` in its own process group and wait until /health answers.
 
     Preflight is the caller's job (sparkit.runs.pipeline.up does it). The engine's stdout+stderr
-    go to the run's server.log; its environment is os.environ + plan.env +
-    SPARKIT_REPORT_DIR=<run dir>. On any failure the process group is stopped before the error
+    go to the run's server.log; its environment is os.environ (less the variables the engine
+    reads a key from, sparkit.api_key) + plan.env + SPARKIT_REPORT_DIR=<run dir> + the recipe's key. On any failure the process group is stopped before the error
     propagates, so nothing is left running.
 
     `detach` False records a foreground run (it lives as long as this process: `sparkit status`
@@ -170,7 +171,9 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
         _save_if_possible(run)
         raise
-    env = {**os.environ, **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
+    # The engine's key is the recipe's or none (sparkit.api_key): a key variable the engine would
+    # read by itself is dropped from what it inherits, then the recipe's key is delivered.
+    env = {**engine_environ(os.environ, adapter.key_env), **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
     env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
     argv = list(plan.argv) + extra_argv
     emit("starting", " ".join(argv[1:4])[:100])
@@ -312,7 +315,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
 
     phases = STARTUP_PHASES
     deadline = t0 + timeout
-    key = os.environ.get(plan.api_key_env) if plan.api_key_env else None
+    key = recipe_key(plan.api_key_env)
     state = {"phase": 0, "last_emit": 0.0, "last_line": "", "pending": ""}  # pending: a partial last line
 
     def read_phases(log) -> None:

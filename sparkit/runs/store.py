@@ -26,6 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from sparkit.api_key import client_key, recipe_key
 from sparkit.errors import EngineError, UsageError
 from sparkit.paths import check_private_dir, open_state, runs_dir, write_atomic
 from sparkit.runs.processes import ProcessIdentity, engine_alive
@@ -176,7 +177,7 @@ class Run:
     @property
     def api_key(self) -> str | None:
         """The key its server wants, read from the environment variable the recipe named."""
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
+        return recipe_key(self.api_key_env)
 
     @property
     def live(self) -> bool:
@@ -402,15 +403,18 @@ class Server:
 
 def resolve_server(run: str | None = None, url: str | None = None, api_key: str | None = None) -> Server:
     """--url wins, else a run (select_run). A --url that is a live run's own URL is that run (its
-    recipe, its startup checks, its key)."""
+    recipe, its startup checks, its key). `api_key` is the command's --api-key option; the key
+    sent follows sparkit.api_key's precedence."""
     if url:
         url = url.rstrip("/")
         same = [r for r in live_runs() if r.url.rstrip("/") == url]
         if not same:
-            return Server(url=url, api_key=api_key)
-        return Server(url=url, api_key=api_key or same[-1].api_key, run=same[-1])
+            return Server(url=url, api_key=client_key(api_key, started_by_sparkit=False))
+        found = same[-1]
+        return Server(url=url, api_key=client_key(api_key, started_by_sparkit=True, api_key_env=found.api_key_env), run=found)
     found = select_run(run)
-    return Server(url=found.url, api_key=api_key or found.api_key, run=found)
+    return Server(url=found.url, api_key=client_key(api_key, started_by_sparkit=True, api_key_env=found.api_key_env),
+                  run=found)
 
 
 def mark_stale() -> list[Run]:

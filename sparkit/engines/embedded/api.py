@@ -6,7 +6,7 @@ ONE worker thread (batch 1, requests queued), so the engine needs no locking.
 
 Launch flags: declared once in settings.py (EngineConfig, ServerOptions); `python -m
 sparkit.engines.embedded --help` lists them. sparkit passes an API key through the SPARKIT_API_KEY
-environment variable, never argv.
+environment variable, never argv, and only when the recipe names one (sparkit.api_key).
 The activation report goes to $SPARKIT_REPORT_DIR/activation-tp0.json (sparkit.engines.activation).
 
 Log lines (stdout, one per line, SGLang's wording so that one parser reads both engines):

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import inspect
 import json
-import os
 import shlex
 import sys
 import time
@@ -22,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from sparkit.api_key import engine_key
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
 from sparkit.engines.embedded.gate import OFF_LOOP_BYTES
@@ -42,7 +42,7 @@ class ServerState:
         self.model_path = Path(args.model_path)
         self.served_name = args.served_model_name or self.model_path.name
         self.config = engine_config(args, self.served_name)
-        self.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        self.api_key = engine_key(args.api_key)
         self.speculative = self.config.speculative
         self.started_at = time.time()
         self.metrics = ServerMetrics(

@@ -13,9 +13,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from collections.abc import Callable
 from typing import Any
 
+from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
-API_KEY_ENV = "SPARKIT_API_KEY"
 ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
 HOSTS_ENV = "SPARKIT_ALLOWED_HOSTS"
 
