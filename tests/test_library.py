@@ -9,6 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import sparkit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +30,7 @@ def test_importing_sparkit_imports_nothing_heavy():
     assert out == "[]"
 
 
+@pytest.mark.slow
 def test_load_compile_start_check_talk_stop(sparkit_home):
     loaded = sparkit.load_recipe("tiny")
     from sparkit.runs import free_port

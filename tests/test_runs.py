@@ -325,6 +325,7 @@ def test_follow_log_streams_and_ends_when_the_engine_is_gone(sparkit_home, stand
     assert "The server is fired up and ready to roll!" in drained
 
 
+@pytest.mark.slow
 def test_cli_with_no_runs(sparkit_home):
     import subprocess
 

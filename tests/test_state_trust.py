@@ -101,6 +101,7 @@ FORGE = """
 """
 
 
+@pytest.mark.slow
 @root_only
 def test_a_home_another_user_made_is_refused_and_down_signals_nobody(shared_dir, victim):
     """The attack: nobody makes SPARKIT_HOME (mode 777) and forges a run record naming a process of

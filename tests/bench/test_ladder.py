@@ -109,6 +109,7 @@ def test_resume_refuses_another_ladder_or_settings(tmp_path):
     assert "another settings" in info.value.message
 
 
+@pytest.mark.slow
 def test_the_cli_reports_usage_and_file_errors_with_their_exit_codes(tmp_path):
     home = tmp_path / "home"
     missing = sparkit("ladder", "no-such-ladder-or-recipe", home=home)

@@ -92,6 +92,7 @@ def test_a_gzipped_trace_reads_and_bad_files_are_data_errors(tmp_path):
         summarise(load_trace(raw), stage="VERIFY")
 
 
+@pytest.mark.slow
 def test_bench_steps_profiles_a_live_embedded_server(start_embedded_server, tmp_path):
     """`sparkit bench steps --url`: SGLang's /start_profile request to a real server process (the
     embedded engine), its trace written in a private directory, summarised; --keep-trace keeps it."""

@@ -44,6 +44,7 @@ def test_the_readme_table_lists_exactly_the_codes_of_the_error_classes():
     assert documented == classes | {0, errors.EXIT_INTERRUPTED}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("assignment", ["stack.nonexistent=1", "notakey", "nonexistent.x=1", "stack.lm_head.x=1",
                                         "stack.speculative.nonexistent=1", "extends=tiny"])
 def test_a_bad_set_path_is_usage_exit_2(sparkit_home, assignment):
@@ -59,6 +60,7 @@ def test_a_bad_value_for_a_real_key_stays_a_recipe_error_exit_3_naming_the_key(s
     assert "error: --set stack.lm_head: 'fp16' is not one of bf16, fp32, fp8" in done.stderr
 
 
+@pytest.mark.slow
 def test_no_server_found_reads_the_same_for_every_command_that_needs_one(sparkit_home):
     outcomes = {}
     for command in (["chat"], ["bench"], ["eval", "gsm8k", "--data", str(GSM8K_DIR), "--limit", "1"], ["check"]):
@@ -69,6 +71,7 @@ def test_no_server_found_reads_the_same_for_every_command_that_needs_one(sparkit
     assert outcomes["chat"] == "error: no running server found\nhint: start one with `sparkit up`, or pass --url URL\n"
 
 
+@pytest.mark.slow
 def test_a_url_where_nothing_listens_is_exit_7_saying_no_server_answered(sparkit_home, tmp_path):
     url = dead_url()
     commands = {

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from sparkit.recipes.load import shipped_recipes
 
 
@@ -17,6 +19,7 @@ def piped(home, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_doctor_piped_keeps_every_recipe_name_and_the_store_path_whole(tmp_path):
     done = piped(tmp_path, "doctor", "--bandwidth", "--bandwidth-mib", "16")
     assert done.returncode == 0, done.stderr

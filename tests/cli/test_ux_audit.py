@@ -214,6 +214,7 @@ def _readme_tour() -> list[str]:
     return [line.split("#", 1)[0].strip() for line in tour.strip().splitlines()]
 
 
+@pytest.mark.slow
 def test_readme_tour_commands_that_need_no_server_work_as_written(sparkit_home):
     import shlex
 

@@ -80,6 +80,7 @@ def test_another_models_checkpoint_on_the_embedded_engine_names_its_architecture
     assert "a model of architecture Qwen2ForCausalLM" in words(done.stderr)
 
 
+@pytest.mark.slow
 def test_recipes_validate_without_an_argument_validates_every_shipped_recipe(tmp_path):
     from sparkit.recipes.load import shipped_recipes
 

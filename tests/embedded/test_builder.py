@@ -46,6 +46,7 @@ def test_the_shipped_build_is_the_default_spec_and_passed_the_gate():
     assert quality["unanswered_greetings"] == [] and quality["greetings"] > 50
 
 
+@pytest.mark.slow
 def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
     """The first TRAJECTORY_STEPS[0] steps of the default build, bit for bit: a change to the model,
     the corpus, the tokenizer or the training that was not followed by a rebuild (and a
@@ -91,6 +92,7 @@ def test_a_trainer_whose_numerics_are_not_portable_is_refused(tmp_path, monkeypa
     assert not (tmp_path / checkpoint.WEIGHTS).exists()
 
 
+@pytest.mark.slow
 def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_path):
     """Steps and seed define the build: the same spec with a CPU-bound process beside the
     builder gives the same bytes; another seed does not."""
@@ -110,6 +112,7 @@ def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_pa
     assert (tmp_path / "idle" / checkpoint.MARKER).read_text() != ""
 
 
+@pytest.mark.slow
 def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
     target = tmp_path / "weak"
     with pytest.raises(builder.WeakModelError, match="too weak") as info:
@@ -121,6 +124,7 @@ def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
     assert info.value.exit_code == 5
 
 
+@pytest.mark.slow
 def test_a_build_killed_mid_way_is_removed_by_the_next_build_whatever_its_pid(tmp_path):
     """SIGKILL a real builder while it trains; the next build in that directory removes what it
     left. Whether a leftover is dead is told by its lock, not its pid: one named after a live
@@ -163,6 +167,7 @@ def test_a_build_killed_mid_way_is_removed_by_the_next_build_whatever_its_pid(tm
     assert not at_work.exists()
 
 
+@pytest.mark.slow
 def test_autotokenizer_loads_the_build_and_round_trips_any_utf8(quick_build):
     from transformers import AutoTokenizer
 
@@ -213,6 +218,7 @@ def test_an_existing_complete_build_is_reused(quick_build):
     assert messages == [f"using existing build at {path}"]
 
 
+@pytest.mark.slow
 def test_a_build_of_another_spec_or_version_is_rebuilt(quick_build, tmp_path):
     path = tmp_path / "old"
     shutil.copytree(quick_build[0], path)
@@ -276,6 +282,7 @@ def test_weights_that_do_not_match_the_config_are_named(quick_build, tmp_path):
         checkpoint.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_make_tiny_cli_builds_and_reports_json(tmp_path):
     from typer.testing import CliRunner
 

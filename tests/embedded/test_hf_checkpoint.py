@@ -80,6 +80,7 @@ def test_the_embedded_engine_reads_the_export_back_with_the_same_numbers(export,
         assert torch.equal(native.logits(native.forward_hidden(ids)), from_hf.logits(from_hf.forward_hidden(ids)))
 
 
+@pytest.mark.slow
 def test_a_server_serves_the_export(export, start_embedded_server):
     import httpx
 

@@ -257,6 +257,7 @@ def test_widths_the_layout_cannot_tile_are_refused_naming_the_tensor_and_the_wid
         checkpoint.export_hf(source, tmp_path / "out2", "bfloat16", "bf16", damaged_scale=True)
 
 
+@pytest.mark.slow
 def test_export_hf_cli_writes_the_layout_and_says_so(quant_model_dir, tmp_path):
     import subprocess
     import sys

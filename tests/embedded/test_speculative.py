@@ -107,6 +107,7 @@ def test_greedy_equality_holds_with_quantised_weights_and_a_draft_that_often_hit
 # ---------------------------------------------------------------- engine: sampling
 
 
+@pytest.mark.slow
 def test_speculative_sampling_keeps_the_target_distribution_end_to_end(untrained_model_dir, make_engine):
     """The second generated token (the first one decided by a verify step) has the same
     distribution with and without speculation (two-sample chi-square)."""

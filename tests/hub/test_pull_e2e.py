@@ -73,6 +73,7 @@ def test_each_layout_pulls_exactly_the_files_the_engine_reads_each_once(hub, hub
         assert "model-00001-of-00002.safetensors" in skipped  # the stale layout beside the index
 
 
+@pytest.mark.slow
 def test_transformers_and_huggingface_hub_find_the_pulled_model_offline(hub, hub_env):
     assert run_sparkit(hub_env, "pull", "sparkit-test/tiny-ling-sharded").returncode == 0
     code = ("import json, transformers, huggingface_hub\n"
@@ -106,6 +107,7 @@ def test_a_second_pull_fetches_nothing_and_plain_progress_has_a_line_per_file_an
     assert all(f["state"] == "present" for f in json.loads(again.stdout)["repos"][0]["files"])
 
 
+@pytest.mark.slow
 def test_the_page_cache_holds_none_of_the_pulled_files(hub, hub_env, tmp_path):
     from sparkit.memory.pagecache import evict, resident_bytes
 
@@ -171,6 +173,7 @@ def test_a_recipe_pulls_its_model_and_its_separate_draft_model_and_one_without_h
     assert json.loads(nothing.stdout)["repos"] == []
 
 
+@pytest.mark.slow
 def test_a_recipe_that_cannot_fit_is_refused_before_a_byte_of_weights_moves(hub, hub_env):
     sets = ["--set", "server.max_running_requests=64"]  # 64 requests at 256K tokens: no Spark holds that KV cache
     done = run_sparkit(hub_env, "pull", "ling-3.0-flash/spark-optimized", *sets, timeout=900)

@@ -193,6 +193,7 @@ def test_a_file_the_hub_serves_damaged_every_time_is_an_error_naming_it_and_the_
     assert sum(f["state"] == "present" for f in json.loads(again.stdout)["repos"][0]["files"]) == 6
 
 
+@pytest.mark.slow
 def test_a_blob_damaged_or_truncated_on_disk_is_found_by_check_and_refetched_by_pull(hub, hub_env):
     first = run_sparkit(hub_env, "pull", "sparkit-test/tiny-ling-sharded", "--json")
     assert first.returncode == 0, first.stderr
@@ -282,6 +283,7 @@ def test_a_disk_that_fills_mid_file_names_the_file_keeps_the_rest_and_resumes(hu
 
 # ------------------------------------------------------------------------------ the hub says no
 
+@pytest.mark.slow
 def test_hub_refusals_are_one_error_each_with_what_to_do(hub, hub_env):
     missing = one_error(run_sparkit(hub_env, "pull", "sparkit-test/no-such-model"), 9)
     assert f"no repository sparkit-test/no-such-model on {hub.url}" in missing and "HF_TOKEN" in missing
@@ -313,6 +315,7 @@ def test_hf_token_opens_a_gated_repository_and_never_lands_in_a_file_or_leaves_t
     assert not any(r["token"] for r in requests if r["cdn"])  # the signed CDN addresses did not
 
 
+@pytest.mark.slow
 def test_offline_and_no_network_are_errors_naming_the_repository_and_a_complete_copy_needs_neither(hub, hub_env):
     offline = one_error(run_sparkit({**hub_env, "HF_HUB_OFFLINE": "1"}, "pull", "sparkit-test/tiny-ling"), 9)
     assert "offline (HF_HUB_OFFLINE=1)" in offline and "sparkit-test/tiny-ling" in offline

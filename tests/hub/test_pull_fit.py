@@ -24,6 +24,7 @@ def source_dir(hub, repo: str) -> Path:
     return Path(hub.root / spec["commits"][spec["refs"]["main"]])
 
 
+@pytest.mark.slow
 def test_plan_of_the_shipped_spark_recipe_reads_ling_s_headers_from_the_hub_and_fits_as_the_local_copy(hub, hub_env):
     remote = run_sparkit(hub_env, "plan", "ling-3.0-flash/spark-optimized", "--json", timeout=900)
     assert remote.returncode == 0, remote.stderr
@@ -69,6 +70,7 @@ def test_tiny_ling_layouts_fit_from_the_hub_as_from_disk(hub, hub_env, repo, tmp
     assert any(p["provider"] == "sparkit-pull" and f"`sparkit pull {repo}`" in p["detail"] for p in doc["provisions"])
 
 
+@pytest.mark.slow
 def test_offline_with_nothing_kept_the_fit_is_the_declared_profile_said_so_and_a_draft_without_one_is_unknown(hub_env):
     env = {**hub_env, "HF_HUB_OFFLINE": "1"}
     spark = run_sparkit(env, "plan", "ling-3.0-flash/spark-optimized", "--json", timeout=900)

@@ -63,6 +63,7 @@ MLA_KV_PER_TOKEN = (512 + 64) * 2
 KDA_STATE = (4 - 1) * 3 * HEADS * HEAD_DIM * 2 + HEADS * HEAD_DIM * HEAD_DIM * 4  # conv bf16 + fp32 state, a layer
 
 
+@pytest.mark.slow
 def test_spark_optimized_terms_on_the_ling_fp4_headers(ling_fp4):
     fit = fit_of("ling-3.0-flash/spark-optimized", ling_fp4, basis=spark())
     assert fit.checkpoint == str(ling_fp4)
@@ -145,6 +146,7 @@ def test_tp4_bf16_is_per_gpu_and_without_a_gpu_here_a_requirement(ling_bf16):
     assert compute_fit(plan, memory_basis(plan, Host(gpus=small, nvml_status="ok"))).verdict == "does-not-fit"
 
 
+@pytest.mark.slow
 def test_a_hub_id_is_read_from_the_hugging_face_cache_else_its_declared_profile_else_unreadable(ling_fp4, tmp_path,
                                                                                                 monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

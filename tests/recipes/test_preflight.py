@@ -57,6 +57,7 @@ def ling_fp4(tmp_path_factory):
     return module.write_checkpoint(tmp_path_factory.mktemp("ling-fp4"), "fp4")
 
 
+@pytest.mark.slow
 def test_gb10_recipe_on_gb10_fits_unified_memory(ling_fp4):
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={ling_fp4}"]), port=free_port())
     results = by_name(run_preflight(plan, gb10_host(ram=120 * GIB)))
@@ -140,6 +141,7 @@ def test_engine_packages(monkeypatch):
     assert result.status == Status.FAIL and result.fix == "pip install sglang"
 
 
+@pytest.mark.slow
 def test_speculative_sglang_without_flashinfer_warns_that_sampled_requests_crash():
     """Seen on the H200: SGLang 0.5.23's NEXTN verify imports flashinfer for temperature > 0
     (flashinfer is not installed in the test environment; with it, the pair is judged on its

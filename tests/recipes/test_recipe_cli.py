@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from sparkit.cli.main import app
@@ -16,6 +17,7 @@ from sparkit.errors import RecipeError
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_plan_prints_the_exact_command_env_provisions_and_expectations():
     result = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized"])
     assert result.exit_code == 0, result.output
@@ -42,6 +44,7 @@ def test_plan_json_with_set_and_port():
     assert plan["model_builds"][0]["name"] == "tiny-ling"
 
 
+@pytest.mark.slow
 def test_plan_shows_the_memory_fit_computed_from_the_checkpoint_headers(tmp_path, monkeypatch):
     import importlib.util
 
@@ -218,6 +221,7 @@ def _sparkit_without_sglang(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _WITHOUT_SGLANG, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_plan_without_sglang_prints_the_plan_with_a_note_and_strict_fails_with_exit_4():
     done = _sparkit_without_sglang("plan", "ling-3.0-flash/spark-optimized")
     assert done.returncode == 0, done.stderr

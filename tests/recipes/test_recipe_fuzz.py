@@ -238,6 +238,7 @@ def recipes():
     return [(name, path, path.read_text()) for name, path in shipped_recipes()]
 
 
+@pytest.mark.slow
 def test_mutated_recipes_are_plans_or_located_errors(recipes, tmp_path, capsys):
     rng = random.Random(SEED)
     shipped_files = {display_path(path) for _, path, _ in recipes}

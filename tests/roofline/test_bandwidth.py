@@ -18,6 +18,7 @@ def sparkit(home, *args):
     return subprocess.run([sys.executable, "-m", "sparkit", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_doctor_measures_the_cpu_stores_it_and_plans_use_it(tmp_path):
     done = sparkit(tmp_path, "doctor", "--bandwidth", "--bandwidth-mib", "32", "--json")
     assert done.returncode == 0, done.stderr
@@ -92,6 +93,7 @@ def test_a_measurement_beside_busy_processes_says_the_machine_was_busy(sparkit_h
     assert m.rounds == 3 and m.load_avg_1m is not None and "a busy machine" in m.conditions()
 
 
+@pytest.mark.slow
 def test_doctor_warns_when_busy_and_every_roofline_line_says_when_and_under_what_load(tmp_path):
     import math
 

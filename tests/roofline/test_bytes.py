@@ -52,6 +52,7 @@ def spark_optimized(ling_dir):
     return load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={ling_dir}"]).recipe
 
 
+@pytest.mark.slow
 def test_a_decode_step_reads_attention_experts_head_and_caches_at_their_stored_dtypes(ling_dir):
     r = estimate(spark_optimized(ling_dir), context=CTX, bandwidth=SPARK)
     assert r.layout_source == "checkpoint"
@@ -97,6 +98,7 @@ def test_the_verify_step_reads_the_experts_its_tokens_touch_and_the_draft_reads_
     assert r.tok_s(accept) == pytest.approx(accept * 273e9 / cycle)
 
 
+@pytest.mark.slow
 def test_mtp_breaks_even_where_its_speed_meets_plain_decoding_and_pays_above(ling_dir):
     r = estimate(spark_optimized(ling_dir), context=CTX, bandwidth=SPARK)
     even = r.break_even_accept()
@@ -105,6 +107,7 @@ def test_mtp_breaks_even_where_its_speed_meets_plain_decoding_and_pays_above(lin
     assert r.tok_s(even + 0.2) > r.tok_s() > r.tok_s(even - 0.2)
 
 
+@pytest.mark.slow
 def test_the_declared_profile_reads_what_the_real_headers_say(ling_dir):
     """Without a local checkpoint the hub id's declared profile must price a step exactly like a
     checkpoint with Ling-3.0-flash-fp4's real names, dtypes and shapes."""
@@ -134,6 +137,7 @@ def test_the_declared_profile_matches_the_published_sizes():
     assert LING3_FLASH_CONFIG["num_experts"] == 512
 
 
+@pytest.mark.slow
 def test_tensor_parallel_splits_the_sharded_weights_and_keeps_routers_and_mla_kv_whole(ling_dir):
     tp1 = estimate(load_recipe("ling-3.0-flash/tp4-baseline", [f"model.path={ling_dir}", "stack.tp=1"]).recipe,
                    context=CTX, bandwidth=SPARK)

@@ -55,6 +55,7 @@ def test_the_declaration_is_the_published_config_class_s_defaults():
     assert defaults["num_local_experts"] == LING3_FLASH_CONFIG["num_experts"]
 
 
+@pytest.mark.slow
 def test_the_sparse_generator_derives_from_the_declaration(tmp_path):
     gen = _generator()
     for weights in ("bf16", "fp8", "mxfp4"):

@@ -54,6 +54,7 @@ def test_plan_json_carries_the_arithmetic():
     assert 1.5 < even < 2.5
 
 
+@pytest.mark.slow
 def test_a_local_checkpoint_is_read_from_its_headers(ling_dir):
     declared = plan_json("ling-3.0-flash/spark-optimized")
     local = plan_json("ling-3.0-flash/spark-optimized", "--set", f"model.path={ling_dir}")
@@ -61,6 +62,7 @@ def test_a_local_checkpoint_is_read_from_its_headers(ling_dir):
     assert local["step_bytes"] == pytest.approx(declared["step_bytes"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_fp8_head_halves_the_head_and_the_context_grows_the_kv_reads():
     bf16 = plan_json("ling-3.0-flash/spark-humming")  # fp32 head: SGLang reads the bf16 weight
     fp8 = plan_json("ling-3.0-flash/spark-humming-fp8head")
@@ -109,6 +111,7 @@ def test_the_roofline_imports_no_torch_or_sglang():
     assert "HEAVY=\n" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_hub_id_in_the_hugging_face_cache_is_read_from_its_headers(tmp_path, monkeypatch):
     repo = tmp_path / "hub" / "models--inclusionAI--Ling-3.0-flash-fp4"
     snapshot = repo / "snapshots" / ("0123abcd" * 5)  # a commit hash, as huggingface_hub names it

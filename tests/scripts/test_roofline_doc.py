@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from _shared import REPO_DIR
 
 
+@pytest.mark.slow
 def test_the_roofline_doc_is_up_to_date():
     proc = subprocess.run([sys.executable, str(REPO_DIR / "scripts" / "gen_roofline_table.py"), "--check"],
                           capture_output=True, text=True, timeout=120)
