@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from _shared import GSM8K_DIR
 
 
@@ -36,6 +37,7 @@ def test_unreachable_server_is_an_engine_error_and_keeps_the_header(tmp_path):
     assert json.loads(out.read_text().splitlines()[0])["type"] == "header"
 
 
+@pytest.mark.slow
 def test_resume_into_a_file_made_with_other_settings_is_refused(tmp_path):
     out = tmp_path / "r.jsonl"
     sparkit("eval", "gsm8k", "--url", "http://127.0.0.1:9", "--data", str(GSM8K_DIR / "test.jsonl"),

@@ -87,6 +87,7 @@ def test_spark_optimized_terms_on_the_ling_fp4_headers(ling_fp4):
     assert term(fit, "OS floor") == int(128 * 10**9 * 0.05)
 
 
+@pytest.mark.slow
 def test_the_shipped_spark_fraction_is_checked_not_trusted(ling_fp4):
     fit = fit_of("ling-3.0-flash/spark-optimized", ling_fp4, basis=spark())
     from sparkit.memory.fit import CUDA_CONTEXT_BYTES, SGLANG_PROCESSES_BYTES

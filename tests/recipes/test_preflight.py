@@ -129,6 +129,7 @@ def test_model_path_missing_fails_and_a_hub_id_not_here_fails_with_the_pull_comm
     assert by_name(run_preflight(plan, gb10_host()))["model"].status == Status.FAIL
 
 
+@pytest.mark.slow
 def test_engine_packages(monkeypatch):
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-baseline"), port=free_port())
     assert by_name(run_preflight(plan, gb10_host()))["engine_packages"].status == Status.PASS

@@ -76,6 +76,7 @@ def test_a_decode_step_reads_attention_experts_head_and_caches_at_their_stored_d
     assert r.tok_s() == pytest.approx(273e9 / sum(expected.values()))
 
 
+@pytest.mark.slow
 def test_the_verify_step_reads_the_experts_its_tokens_touch_and_the_draft_reads_the_nextn_layer(ling_dir):
     r = estimate(spark_optimized(ling_dir), context=CTX, bandwidth=SPARK)
     n = 4  # NEXTN 3/1/4 verifies 4 positions
