@@ -122,7 +122,8 @@ def up(
     from sparkit.runs import stop
 
     signals_as_interrupt()
-    started, plan = start(recipe, list(set_), port, detach=detach, timeout=timeout, keep_on_fail=keep_on_fail)
+    started, plan = start(recipe, list(set_), port, detach=detach, timeout=timeout, keep_on_fail=keep_on_fail,
+                          pull_first=pull_first)
     run = started.run
     if detach:
         report_started(started, plan, json_out, keep_on_fail, detach)
@@ -140,7 +141,7 @@ def up(
 
 
 def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool, timeout: float,
-          keep_on_fail: bool = False) -> tuple[Any, Any]:
+          keep_on_fail: bool = False, pull_first: bool = False) -> tuple[Any, Any]:
     """Load, preflight, build, launch and check a recipe's server, showing each step on stderr:
     what `up` and `run` share. Returns (Started, LaunchPlan); the startup checks' report is the
     caller's to show (`report_started`)."""
