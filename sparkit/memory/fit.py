@@ -456,6 +456,30 @@ def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
     return fit
 
 
+_PARTITIONS: dict[tuple[int, int], tuple[list, list, list, list, list]] = {}
+
+
+def _partition(tensors: list, layers: int) -> tuple[list, list, list, list, list]:
+    """(lm_head, NextN layers, the rest, its routed experts, its others), in one pass (a Ling
+    checkpoint has 127k tensors); kept per process for a declared profile's tensors, built once."""
+    key = (id(tensors), layers)
+    declared = any(tensors is d for d in _DECLARED.values())
+    if declared and key in _PARTITIONS:
+        return _PARTITIONS[key]
+    head, nextn, body, experts, others = [], [], [], [], []
+    for t in tensors:
+        if _is_lm_head(t.name):
+            head.append(t)
+        elif _is_draft_layer(t.name, layers):
+            nextn.append(t)
+        else:
+            body.append(t)
+            (experts if _EXPERT.search(t.name) else others).append(t)
+    if declared:
+        _PARTITIONS[key] = (head, nextn, body, experts, others)
+    return head, nextn, body, experts, others
+
+
 def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None,
                   basis: MemoryBasis | None, tp: int) -> dict[str, Any]:
     """Adds the terms; returns what the verdict needs besides them."""
@@ -467,15 +491,7 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
     layers = ckpt.shape.num_hidden_layers if ckpt.shape else int(ckpt.config.get("num_hidden_layers", 0))
     rank = f" / tp {tp}" if tp > 1 else ""
 
-    head, nextn, body, experts, others = [], [], [], [], []  # one pass: a Ling checkpoint has 127k tensors
-    for t in ckpt.tensors:
-        if _is_lm_head(t.name):
-            head.append(t)
-        elif _is_draft_layer(t.name, layers):
-            nextn.append(t)
-        else:
-            body.append(t)
-            (experts if _EXPERT.search(t.name) else others).append(t)
+    head, nextn, body, experts, others = _partition(ckpt.tensors, layers)
     fit.terms.append(FitTerm("weights", "routed experts", sum(_per_gpu(t, tp) for t in experts),
                              _describe(experts, ckpt.origin) + rank))
     fit.terms.append(FitTerm("weights", "attention, dense layers, embeddings, norms",
