@@ -290,7 +290,10 @@ fi
 if has quant; then
   stamp "quant: waiting for the quantised-export servers"
   qurls=""
-  [ -n "${URL:-}" ] && qurls="bf16=$URL"  # the main server: the bf16 export, the same stack
+  # the main server (the bf16 export, the same stack), while it still runs: the main step stops it
+  # when it is done (session 7 interleaved nothing because of that)
+  [ -n "${URL:-}" ] && python3 -c "import sys,urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=5)" \
+    "$URL" 2>/dev/null && qurls="bf16=$URL"
   for q in $QUANT; do
     label=${q%%:*}
     # `up --detach` writes its JSON, then exits: its exit code is the last line of its .err

@@ -57,15 +57,16 @@ _ANNOTATION_CATEGORIES = {"lm_head": "lm_head", "logits": "logits", "sampling": 
 _NAMED: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("lm_head", re.compile(r"fp8_(?:dot|cc|tma|packed|ccr|stream)_kernel|_rescore_kernel|prescale_rows|row_exponent|"
                          r"fold_tile_keys|lm_head")),
-    ("kda_attention", re.compile(r"kda|gla|delta_rule|fused_recurrent|causal_conv1d|conv1d_update|short_conv|"
+    ("kda_attention", re.compile(r"kda|(?<![a-z])gla|delta_rule|fused_recurrent|causal_conv1d|conv1d_update|short_conv|"
                                  r"chunk_(?:fwd|bwd|local|scaled)|l2norm|mamba|ssm|gated_delta")),
     ("mla_attention", re.compile(r"mla|_fwd_grouped_kernel|_fwd_kernel_stage|decode_attention")),
     ("moe", re.compile(r"moe|expert|grouped_topk|biased_grouped|topk_softmax|align_block|count_and_sort|"
                        r"router|gate_matvec|routing")),
+    # before attention: flashinfer's FusedAddRMSNorm is a norm (the blocks' separator), not attention
+    ("norm", re.compile(r"rms_?norm|layer_?norm|norm_kernel")),
     ("attention", re.compile(r"attention|flash_?attn|flashinfer|rotary|rope|sdpa")),
     ("sampling", re.compile(r"argmax|argmin|multinomial|top_?k_top_?p|top_p|sampl|softmax|cumsum|radix_sort|"
                             r"sort_kernel|exponential")),
-    ("norm", re.compile(r"rms_?norm|layer_?norm|norm_kernel")),
 )
 _ACTIVATION = re.compile(r"silu|gelu|act_and_mul|swiglu|_and_mul")
 _GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|splitk|sm\d\d_|ampere|hopper|wgmma|addmm|aten::mm|"

@@ -305,14 +305,27 @@ def _open_checkpoint(location: Any, recipe: dict, tp: int, role: str) -> tuple[_
     return _checkpoint_of(remote.label, remote.tensors, remote.config, tp), remote.source
 
 
+_DECLARED: dict[tuple[str, str], list] = {}
+
+
+def _declared_tensors(profile: Any, weights: str) -> list:
+    """A declared profile's tensors, built once per process (127k of them for Ling-3.0-flash)."""
+    from sparkit.roofline.profiles import tensor_infos
+
+    key = (profile.family, weights)
+    if key not in _DECLARED:
+        _DECLARED[key] = list(tensor_infos(profile.tensors(weights)).values())
+    return _DECLARED[key]
+
+
 def _declared_checkpoint(location: Any, recipe: dict, tp: int) -> _Checkpoint | None:
-    from sparkit.roofline.profiles import VARIANTS, find_profile, tensor_infos
+    from sparkit.roofline.profiles import VARIANTS, find_profile
 
     profile = find_profile(location.hub.repo)
     weights = str((recipe.get("stack") or {}).get("weights", "bf16"))
     if profile is None or weights not in VARIANTS:
         return None
-    tensors = list(tensor_infos(profile.tensors(weights)).values())
+    tensors = _declared_tensors(profile, weights)
     declared = _checkpoint_of(f"{profile.title}{VARIANTS[weights][0]} ({VARIANTS[weights][1]})", tensors,
                               dict(profile.config), tp)
     declared.origin = "sparkit's declared profile"
@@ -454,13 +467,17 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
     layers = ckpt.shape.num_hidden_layers if ckpt.shape else int(ckpt.config.get("num_hidden_layers", 0))
     rank = f" / tp {tp}" if tp > 1 else ""
 
-    head = [t for t in ckpt.tensors if _is_lm_head(t.name)]
-    nextn = [t for t in ckpt.tensors if _is_draft_layer(t.name, layers)]
-    body = [t for t in ckpt.tensors if not _is_lm_head(t.name) and not _is_draft_layer(t.name, layers)]
-    experts = [t for t in body if _EXPERT.search(t.name)]
+    head, nextn, body, experts, others = [], [], [], [], []  # one pass: a Ling checkpoint has 127k tensors
+    for t in ckpt.tensors:
+        if _is_lm_head(t.name):
+            head.append(t)
+        elif _is_draft_layer(t.name, layers):
+            nextn.append(t)
+        else:
+            body.append(t)
+            (experts if _EXPERT.search(t.name) else others).append(t)
     fit.terms.append(FitTerm("weights", "routed experts", sum(_per_gpu(t, tp) for t in experts),
                              _describe(experts, ckpt.origin) + rank))
-    others = [t for t in body if not _EXPERT.search(t.name)]
     fit.terms.append(FitTerm("weights", "attention, dense layers, embeddings, norms",
                              sum(_per_gpu(t, tp) for t in others), _describe(others, ckpt.origin) + rank))
     head_bytes = sum(_per_gpu(t, tp) for t in head)

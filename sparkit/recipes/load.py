@@ -650,6 +650,9 @@ def apply_override(data: dict[str, Any], origins: dict[KeyPath, Origin], assignm
     except yaml.YAMLError as exc:
         raise UsageError(f"--set {assignment!r}: value is not valid YAML ({getattr(exc, 'problem', exc)})",
                          hint="quote strings that contain ':' or '#'") from None
+    except ValueError:  # YAML's int() of more than sys.get_int_max_str_digits() digits
+        raise UsageError(f"--set {key}: the number has too many digits to be read ({len(raw.strip())} characters)",
+                         hint="give a value the key can take (`sparkit plan RECIPE --json` shows the current one)") from None
     target = data
     for i, part in enumerate(parts[:-1]):
         nxt = target.get(part)

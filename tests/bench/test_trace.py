@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -179,3 +181,22 @@ def test_every_triton_kernel_of_the_fp8_head_is_named_lm_head():
     assert len(kernels) >= 6
     for name in kernels:
         assert _named_category(name) == "lm_head", name
+
+
+def test_real_sglang_traces_at_ling_widths_put_the_head_and_the_blocks_where_they_are():
+    """Two torch.profiler traces SGLang 0.5.23 wrote on the H200 through /start_profile (Ling widths,
+    6 layers, dummy weights, decode CUDA graphs; benchmarks/ling_width.py, H200 session 7): the same
+    model with sparkit's FP8 head and with the bf16 head. flashinfer's FusedAddRMSNorm is a norm (the
+    blocks' separator), so the bf16 head's cuBLAS GEMM after the final norm is the lm_head, not MoE;
+    and `sglang::` kernels are not KDA because "sglang" contains "gla"."""
+    from sparkit.bench.trace import summarise_file
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200" / "traces"
+    fp8 = summarise_file(fixtures / "ling-L6-fp8head-decode.trace.json.gz")
+    bf16 = summarise_file(fixtures / "ling-L6-bf16head-decode.trace.json.gz")
+    head = {name: b.categories["lm_head"]["us_per_step"] for name, b in (("fp8", fp8), ("bf16", bf16))}
+    assert 100 < head["fp8"] < 140 and 170 < head["bf16"] < 200, head  # the kernel's ~100 us + re-scoring vs F.linear's ~184
+    for category in ("moe", "kda_attention", "mla_attention", "dense_mlp"):
+        ours, theirs = fp8.categories[category]["us_per_step"], bf16.categories[category]["us_per_step"]
+        assert ours == pytest.approx(theirs, rel=0.03), category  # the head is the only difference between the two
+    assert not any("sglang::act_and_mul" in k["name"] and k["category"] == "kda_attention" for k in bf16.kernels)

@@ -50,6 +50,7 @@ def mentions(top_level: set[str]) -> list[Mention]:
 
 def expand(command: str) -> list[list[str]]:
     """Tokens of a mention; `a|b` (or `a | b`) at one position is one mention per alternative."""
+    command = re.split(r"\s[<>]\s", command)[0]  # a shell redirection ends the command (`plan - < mine.yaml`)
     tokens = re.sub(r"\s*\|\s*", "|", command).split()
     out: list[list[str]] = [[]]
     for token in tokens:

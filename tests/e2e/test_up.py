@@ -220,7 +220,7 @@ def test_a_quantised_export_passes_and_its_damaged_scale_fails_only_the_known_an
 def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_embedded_server):
     """Real SGLang 0.5.23 on the H200 (bf16 weights, FP8 head through the plugin, NEXTN) scored
     the reference text through `sparkit up`'s known-answer check (its checks.json:
-    tests/fixtures/sglang-0.5.23-h200/checks-tiny-sglang-session3.json), and an earlier capture
+    tests/fixtures/sglang-0.5.23-h200/checks-tiny-sglang-session7.json), and the same session's capture
     holds its token logprobs of the first passage (known-answer-passage1.json). The same
     checkpoint here, on the CPU, through the same requests: every passage within 1%, the pooled
     perplexity within 0.5%, the first passage's token count equal."""
@@ -236,7 +236,7 @@ def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_em
         "the known-answer captures are of another tiny-ling build: re-capture them on the H200 "
         "(benchmarks/sglang_h200/session.sh, step main) and update tests/fixtures/sglang-0.5.23-h200/")
     capture = json.loads((fixtures / "known-answer-passage1.json").read_text())
-    real = next(r for r in json.loads((fixtures / "checks-tiny-sglang-session3.json").read_text())["results"]
+    real = next(r for r in json.loads((fixtures / "checks-tiny-sglang-session7.json").read_text())["results"]
                 if r["name"] == "known_answer")["data"]
     server = start_embedded_server(lm_head_dtype="fp8", expert_weights="fp8")
     first = asyncio.run(score_reference(server.url, passages=reference_passages()[:1]))

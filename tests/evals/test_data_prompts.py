@@ -94,8 +94,10 @@ def test_malformed_data_is_reported_with_file_and_line(tmp_path, content, messag
         core.load_split(path)
 
 
-def test_offline_download_is_a_clear_data_error(sparkit_home):
-    # A port nothing listens on: the same failure as being offline.
+def test_offline_download_is_a_clear_data_error(sparkit_home, monkeypatch):
+    # A port nothing listens on: the same failure as being offline (the suite's HF_HUB_OFFLINE=1
+    # would refuse before any connection: tests/evals/test_hub.py covers that case).
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DataError) as info:
         core.ensure_downloaded("http://127.0.0.1:9/rows", timeout=2)
     assert "cannot download" in info.value.message and "--data" in info.value.hint

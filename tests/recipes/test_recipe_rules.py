@@ -49,6 +49,10 @@ CASES = [
     ("embedded-speculative-nextn-only", "error", "tiny",
      ["stack.speculative={method: dspark, draft_model: sparkit:tiny-ling:seed=1}"], ["stack.speculative=none"]),
     ("embedded-speculative-nextn-only", "error", "tiny", ["stack.tp=2"], ["stack.tp=1"]),
+    ("builtin-layout-is-the-weights", "error", "tiny",
+     ["model.path=sparkit:tiny-ling@mxfp4", "stack.weights=fp8"], ["model.path=sparkit:tiny-ling@mxfp4", "stack.weights=mxfp4"]),
+    ("code-env-needs-opt-in", "error", "tiny",
+     ["server.env.PYTHONPATH=/tmp/x"], ["server.env.PYTHONPATH=/tmp/x", "server.allow_code_env=[PYTHONPATH]"]),
 ]
 
 

@@ -1091,7 +1091,7 @@ SGLANG_ROUTES_NOT_SERVED: dict[str, str] = {
     **_not_served("no LoRA adapters (lora_path is a 400)", "/load_lora_adapter", "/load_lora_adapter_from_tensors",
                   "/unload_lora_adapter"),
     **_not_served("no session KV cache (session_params is a 400)", "/open_session", "/close_session"),
-    **_not_served("profiling and debugging hooks of SGLang's scheduler processes", "/start_profile", "/stop_profile",
+    **_not_served("profiling and debugging hooks of SGLang's scheduler processes",
                   "/set_trace_level", "/freeze_gc", "/configure_logging", "/slow_down", "/dumper/{method}",
                   "/start_expert_distribution_record", "/stop_expert_distribution_record",
                   "/dump_expert_distribution_record"),
