@@ -399,11 +399,13 @@ def test_up_refuses_before_starting_anything_when_preflight_fails(sparkit_home, 
     assert list_runs() == []  # no run directory, no process
 
 
-def test_a_transient_server_is_stopped_however_its_block_ends(sparkit_home, stand_in):
+def test_a_transient_server_is_stopped_however_its_block_ends(sparkit_home, stand_in, tiny_model_dir):
     from sparkit.runs import transient_server
 
     plan = make_plan(stand_in, "fork")
-    plan.model = "sparkit-tests/stand-in"  # passes preflight's model check as a hub id
+    # A checkpoint the embedded engine serves passes preflight's model check (it downloads
+    # nothing, so a hub id no longer would); the stand-in is what actually runs.
+    plan.model = str(tiny_model_dir)
     with pytest.raises(RuntimeError):
         with transient_server(plan, timeout=60) as started:
             assert started.run.live and started.server.url == started.plan.url

@@ -101,6 +101,8 @@ def open_chat(target: Any, *, store: Any, model: str | None = None, system: str 
     app = create_app(target.url, api_key=target.api_key, model=model, system_prompt=system, run=target.run,
                      open_conversation=open_id, store=store)
     app.run()
+    if store.failure is not None:  # the history failed while the screen was up: exit 8, before the rest
+        raise store.failure
     if app.interrupted_by is not None:  # SIGINT, SIGTERM or SIGHUP: exit 130, what was said is kept
         _say_interrupted(app, store)
         raise KeyboardInterrupt

@@ -75,6 +75,16 @@ def prepared(tmp_path):
     return store_path, cid, run
 
 
+@pytest.fixture(autouse=True)
+def steady_cursor(monkeypatch):
+    """An Input's cursor blinks on a 0.5 s timer, so a screen that takes longer to settle (a busy
+    machine) was caught with it off, another time on. Drawn steadily, as on focus, every snapshot
+    is the same however long the screen took."""
+    from textual.widgets import Input
+
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+
+
 def app_for(tmp_path, *, open_conversation: bool = True):
     store_path, cid, run = prepared(tmp_path)
     return create_app(DEAD_URL, model="ling-3.0-flash", run=run, store_path=store_path, health_interval=None,
