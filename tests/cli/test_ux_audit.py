@@ -103,12 +103,28 @@ def test_ctrl_c_in_logs_follow_exits_130_without_a_traceback(live_run):
     home, _ = live_run
     proc = subprocess.Popen([sys.executable, "-m", "sparkit", "logs", "-f"], env=sparkit_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(3)
+    # Ctrl-C once it follows (the log's tail printed), not at a fixed time: on a busy machine the
+    # command may still be importing after 3 s, where Python's own KeyboardInterrupt is not ours
+    import threading
+
+    lines: list[str] = []
+    following = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "ready" in line:
+                following.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert following.wait(120), "".join(lines)  # the log's tail was printed first
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends to the foreground group
-    out, err = proc.communicate(timeout=30)
+    err = proc.stderr.read()
+    proc.wait(timeout=30)
+    reader.join(10)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Aborted" not in err
-    assert "ready" in out  # the log's tail was printed first
 
 
 @pytest.mark.e2e
