@@ -6,7 +6,7 @@ Repositories (what each test expects the engine to read is written out in the te
 - sparkit-test/tiny-ling         main: the bf16 export, one model.safetensors, plus files the
                                  engine never reads (README.md, .gitattributes, pytorch_model.bin,
                                  consolidated.safetensors, original/model.safetensors, an image);
-                                 v0: the float32 export (15 MB: a file over huggingface_hub's 10 MiB
+                                 v0: the float32 export (10.1 MiB: a file over huggingface_hub's 10 MiB
                                  write chunk, for resuming mid-file)
 - sparkit-test/tiny-ling-sharded the bf16 export in 3 shards + their index, beside a stale shard of
                                  an older 2-shard layout the index does not name

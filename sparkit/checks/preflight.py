@@ -142,32 +142,18 @@ def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
     """The checkpoints are on this machine: a built-in model (built before the launch), a local
     directory, or a hub model pulled into the Hugging Face cache (`sparkit pull`; the engine is
     given the snapshot and never downloads). A hub model not here refuses the launch with the
-    exact pull command."""
+    exact pull command. An engine with its own model check (the embedded engine's `model_check`)
+    is given this pull verdict and judges what it would load: the pulled snapshot, not the id."""
     from sparkit.engines.base import get_adapter
 
+    pulled = pulls_check(plan)
     engine_check = getattr(get_adapter(plan.engine), "model_check", None)
     if engine_check is not None:
-        return engine_check(plan)
-
+        return engine_check(plan, pulled)
+    if pulled is not None:
+        return pulled
     model = plan.model
     title = "model"
-    pulls = list(plan.model_pulls or [])
-    missing = [p for p in pulls if not p.get("local")]
-    if missing:
-        refs = " ".join(p["ref"] for p in missing)
-        return CheckResult("model", title, Status.FAIL,
-                           "; ".join(f"{p['ref']} ({p['role']}) is not here: {p['detail']}" for p in missing),
-                           evidence=[f"{p['key']}: {p['ref']}" for p in pulls],
-                           cause="the engine is given a local copy and never downloads inside a launch",
-                           fix=f"`sparkit pull {refs}` (or `sparkit up --pull ...` pulls it first)")
-    if pulls:
-        unverified = [p for p in pulls if p.get("state") != "verified"]
-        detail = "; ".join(f"{p['ref']}: {p['local']} ({p['state']})" for p in pulls)
-        if unverified:
-            refs = " ".join(p["ref"] for p in unverified)
-            return CheckResult("model", title, Status.WARN, detail, evidence=[p["detail"] for p in unverified],
-                               fix=f"`sparkit pull --check {refs}` verifies it against the hub's hashes")
-        return CheckResult("model", title, Status.PASS, detail, evidence=[p["detail"] for p in pulls])
     if model.startswith("sparkit:"):
         builds = ", ".join(b["dir"] for b in plan.model_builds)
         return CheckResult("model", title, Status.PASS, f"built-in {model}, built before launch if missing",
@@ -180,6 +166,31 @@ def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
         return CheckResult("model", title, Status.PASS, f"local checkpoint {model}")
     return CheckResult("model", title, Status.FAIL, f"{model} is neither a local directory nor a hub id",
                        fix="fix model.path (a directory, or org/name[@revision] on the hub)")
+
+
+def pulls_check(plan: LaunchPlan) -> CheckResult | None:
+    """The hub models of a plan (its model_pulls), whatever the engine: all here and verified
+    (pass), here but not verified by sparkit (warn), or one not here (fail, with the exact
+    `sparkit pull`). None for a plan that names no hub model."""
+    title = "model"
+    pulls = list(plan.model_pulls or [])
+    if not pulls:
+        return None
+    missing = [p for p in pulls if not p.get("local")]
+    if missing:
+        refs = " ".join(p["ref"] for p in missing)
+        return CheckResult("model", title, Status.FAIL,
+                           "; ".join(f"{p['ref']} ({p['role']}) is not here: {p['detail']}" for p in missing),
+                           evidence=[f"{p['key']}: {p['ref']}" for p in pulls],
+                           cause="the engine is given a local copy and never downloads inside a launch",
+                           fix=f"`sparkit pull {refs}` (or `sparkit up --pull ...` pulls it first)")
+    unverified = [p for p in pulls if p.get("state") != "verified"]
+    detail = "; ".join(f"{p['ref']}: {p['local']} ({p['state']})" for p in pulls)
+    if unverified:
+        refs = " ".join(p["ref"] for p in unverified)
+        return CheckResult("model", title, Status.WARN, detail, evidence=[p["detail"] for p in unverified],
+                           fix=f"`sparkit pull --check {refs}` verifies it against the hub's hashes")
+    return CheckResult("model", title, Status.PASS, detail, evidence=[p["detail"] for p in pulls])
 
 
 def packages_check(adapter) -> CheckResult:

@@ -23,7 +23,16 @@ from _hub import NOT_GRANTED, TOKEN, run_sparkit, served_files
 
 MiB = 1024 * 1024
 CHUNK = 10 * MiB  # huggingface_hub's http_get writes what it receives in chunks of this size
-V0 = "sparkit-test/tiny-ling@v0"  # its model.safetensors (float32, ~15 MB) spans two chunks
+V0 = "sparkit-test/tiny-ling@v0"  # its model.safetensors (float32, ~10.1 MiB) spans two chunks
+
+
+def v0_weights(hub) -> tuple[int, int]:
+    """(size of v0's model.safetensors, a byte inside its second write chunk): where a fault cuts
+    it, so that one whole chunk was written and the bytes after it were in flight. From the file,
+    not a figure: tiny-ling's size follows its declaration (experts of width 128: 10.1 MiB)."""
+    size = source(hub, "sparkit-test/tiny-ling", "v0", "model.safetensors").stat().st_size
+    assert size > CHUNK + 64 * 1024, f"v0's weights ({size} bytes) no longer span two {CHUNK}-byte chunks"
+    return size, CHUNK + (size - CHUNK) // 2
 
 
 def source(hub, repo: str, rev: str, path: str) -> Path:
@@ -96,8 +105,7 @@ def wait_for_partial(env: dict, repo: str, at_least: int, proc: subprocess.Popen
 
 def test_kill_9_mid_file_then_the_next_pull_resumes_it_fetching_again_only_what_was_in_flight(hub, hub_env):
     weights = source(hub, "sparkit-test/tiny-ling", "v0", "model.safetensors")
-    size, block_at = weights.stat().st_size, 12_000_000
-    assert size > block_at > CHUNK
+    size, block_at = v0_weights(hub)
     hub.control(op="block", path="model.safetensors", after=block_at)
     pulling = Pulling(hub_env, V0, "--workers", "1")
     partial = wait_for_partial(hub_env, "sparkit-test/tiny-ling", CHUNK, pulling.proc)
@@ -125,8 +133,8 @@ def test_kill_9_mid_file_then_the_next_pull_resumes_it_fetching_again_only_what_
 
 
 def test_ctrl_c_mid_file_exits_130_says_what_is_kept_and_resumes(hub, hub_env):
-    size = source(hub, "sparkit-test/tiny-ling", "v0", "model.safetensors").stat().st_size
-    hub.control(op="block", path="model.safetensors", after=12_000_000)
+    size, block_at = v0_weights(hub)
+    hub.control(op="block", path="model.safetensors", after=block_at)
     pulling = Pulling(hub_env, V0, "--workers", "1")
     wait_for_partial(hub_env, "sparkit-test/tiny-ling", CHUNK, pulling.proc)
     pulling.proc.send_signal(signal.SIGINT)
@@ -134,7 +142,7 @@ def test_ctrl_c_mid_file_exits_130_says_what_is_kept_and_resumes(hub, hub_env):
     hub.control(op="release")  # the connection drops; the download sees Ctrl-C at its next chunk
     text = pulling.wait()
     assert pulling.proc.returncode == 130, text
-    assert "6 of 7 files verified and kept; model.safetensors kept at 10.0 MiB of 14.3 MiB" in text
+    assert f"6 of 7 files verified and kept; model.safetensors kept at 10.0 MiB of {size / MiB:.1f} MiB" in text
     assert f"`sparkit pull {V0}` resumes" in text and "Traceback" not in text
     resumed = run_sparkit(hub_env, "pull", V0)
     assert resumed.returncode == 0, resumed.stderr
@@ -142,19 +150,19 @@ def test_ctrl_c_mid_file_exits_130_says_what_is_kept_and_resumes(hub, hub_env):
 
 
 def test_a_connection_dropped_mid_body_is_resumed_by_huggingface_hub_within_the_same_pull(hub, hub_env):
-    size = source(hub, "sparkit-test/tiny-ling", "v0", "model.safetensors").stat().st_size
-    hub.control(op="cut", path="model.safetensors", after=12_000_000, times=1)
+    size, cut_at = v0_weights(hub)
+    hub.control(op="cut", path="model.safetensors", after=cut_at, times=1)
     done = run_sparkit(hub_env, "pull", V0, "--workers", "1")
     assert done.returncode == 0, done.stderr
     assert "model.safetensors: the connection dropped at 10.0 MiB; continuing from there" in done.stderr
     twice = served_files(hub, "sparkit-test/tiny-ling")["model.safetensors"] - size
-    assert 0 < twice == 12_000_000 - CHUNK
+    assert 0 < twice == cut_at - CHUNK
     ranges = [r["range"] for r in hub.stats()["requests"] if r["cdn"] and r["method"] == "GET"]
     assert f"bytes={CHUNK}-" in ranges
 
 
 def test_a_network_that_stays_down_is_one_error_keeping_the_partial_file_for_the_next_pull(hub, hub_env):
-    hub.control(op="cut", path="model.safetensors", after=12_000_000, times=-1)
+    hub.control(op="cut", path="model.safetensors", after=v0_weights(hub)[1], times=-1)
     done = run_sparkit(hub_env, "pull", V0, "--workers", "1")
     text = one_error(done, 9)
     assert f"the connection to {hub.url} dropped while downloading sparkit-test/tiny-ling@v0: model.safetensors" in text
@@ -254,7 +262,7 @@ def test_a_disk_that_cannot_hold_the_model_is_refused_before_anything_moves(hub,
     fill(small_disk, leave=4 * MiB)
     done = run_sparkit(env, "pull", "sparkit-test/tiny-ling")
     text = one_error(done, 4)
-    assert "not enough disk for sparkit-test/tiny-ling: 7.2 MiB left to fetch (7 files)" in text
+    assert "not enough disk for sparkit-test/tiny-ling: 5.1 MiB left to fetch (7 files)" in text
     assert f"free on {small_disk}" in text and "short by" in text and "HF_HUB_CACHE=" in text
     assert set(served_files(hub, "sparkit-test/tiny-ling")) <= {"config.json"}  # only what sizing the pull reads
     assert not (small_disk / "hub" / "models--sparkit-test--tiny-ling" / "blobs").exists()

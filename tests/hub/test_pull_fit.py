@@ -34,7 +34,12 @@ def test_plan_of_the_shipped_spark_recipe_reads_ling_s_headers_from_the_hub_and_
     assert terms(remote.stdout) == terms(local.stdout)
     fit = json.loads(remote.stdout)["memory_fit"]
     assert fit["verdict"] == json.loads(local.stdout)["memory_fit"]["verdict"] == "fits"
-    assert 59 * 1024**3 < sum(t[2] for t in terms(remote.stdout) if t[0] == "weights") < 66 * 1024**3
+    # The target's weights as the checkpoint stores them (not sparkit's FP8 head copy, nor the NextN
+    # draft's layer and the embedding and lm_head it holds until shared): the -fp4 target's
+    # published ~64-65 GB (SGLang's load log on a DGX Spark: "mem usage=64.88 GB").
+    target = sum(t[2] for t in terms(remote.stdout) if t[0] == "weights"
+                 and not t[1].startswith(("NextN", "FP8 lm_head copy")))
+    assert 63 * 1024**3 < target < 66 * 1024**3
     assert f"read from {hub.url} by range requests" in fit["checkpoint_note"]
     assert fit["checkpoint"].startswith("inclusionAI/Ling-3.0-flash-fp4@")
     # the roofline read the same headers (not the declared profile)

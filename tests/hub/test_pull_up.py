@@ -36,6 +36,18 @@ def test_up_refuses_a_hub_model_that_is_not_here_with_the_exact_pull_command(hub
                    and str(tmp_path) in " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"]))
 
 
+def test_up_of_a_hub_model_the_hub_cannot_describe_says_what_serves_it_and_the_pull_for_a_tiny_ling_export(hub, hub_env, tmp_path):
+    # Offline, the embedded engine cannot tell what the hub model is: it names the engine that
+    # serves other models and, should it be tiny-ling's export, the pull.
+    recipe = hub_recipe(tmp_path, "sparkit-test/tiny-ling@v0")
+    done = run_sparkit({**hub_env, "HF_HUB_OFFLINE": "1"}, "up", str(recipe), "--port", "auto", "--detach")
+    assert done.returncode == 4, done.stderr
+    text = " ".join(done.stderr.split())
+    assert "error: preflight failed: model: sparkit-test/tiny-ling@v0: not a local directory, and the embedded engine downloads nothing" in text
+    assert "hint: SGLang serves it (engine: sglang" in text and "a tiny-ling export on the hub: `sparkit pull sparkit-test/tiny-ling@v0` first" in text
+    assert served_files(hub, "sparkit-test/tiny-ling") == {}
+
+
 def test_up_pull_pulls_then_serves_the_local_snapshot_offline_and_the_token_is_written_nowhere(hub, hub_env, tmp_path):
     repo = "sparkit-test/tiny-ling-gated"
     env = {**hub_env, "HF_TOKEN": TOKEN}

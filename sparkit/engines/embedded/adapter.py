@@ -108,11 +108,16 @@ class EmbeddedAdapter(SGLangLogAdapter):
 
         return [packages_check(self)]
 
-    def model_check(self, plan):
+    def model_check(self, plan, pulled=None):
         """The preflight's model check for this engine: it serves tiny-ling (sparkit's builds and
-        their Hugging Face exports) and downloads nothing, so a hub id or another model's
-        checkpoint fails here, saying which engine and recipe would serve it, rather than later
-        as an unreadable checkpoint."""
+        their Hugging Face exports) and downloads nothing, so another model's checkpoint fails
+        here, saying which engine and recipe would serve it, rather than later as an unreadable
+        checkpoint. A hub model is judged by what the engine would load: its pulled snapshot
+        (`pulled`, the preflight's verdict on the plan's pulls, then stands), or, not here, the
+        config.json the memory fit read from the hub: a tiny-ling export gets the exact
+        `sparkit pull`, another model the engine that serves it."""
+        from dataclasses import replace
+
         from sparkit.checks.results import CheckResult, Status
         from sparkit.engines.embedded.formats import recognise
 
@@ -121,20 +126,37 @@ class EmbeddedAdapter(SGLangLogAdapter):
             builds = ", ".join(b["dir"] for b in plan.model_builds)
             return CheckResult("model", title, Status.PASS, f"built-in {model}, built before launch if missing",
                                evidence=[builds] if builds else [])
-        path = Path(model).expanduser()
+        target = next((p for p in plan.model_pulls or [] if p.get("role") == "target"), None)
+        if target is not None and not target.get("local"):
+            found = _hub_recognised(target["ref"])
+            if found is not None and found.servable:
+                return pulled  # the pull command (a tiny-ling export: this engine serves it once here)
+            if found is None:
+                return CheckResult("model", title, Status.FAIL, f"{model}: {not_servable_reason(model)}",
+                                   fix=serve_elsewhere_hint(model) + f"; a tiny-ling export on the hub: "
+                                   f"`sparkit pull {target['ref']}` first")
+            return CheckResult("model", title, Status.FAIL, f"{model} (on the hub) holds {found.what}, and the embedded "
+                               f"engine {SERVES.removeprefix('it ')}",
+                               evidence=[f"architectures: {', '.join(found.architectures) or 'none'}"],
+                               fix=serve_elsewhere_hint(model))
+        path = Path(target["local"] if target is not None else model).expanduser()
+        named = f"{model} ({path})" if target is not None else model
         if not path.exists():
             return CheckResult("model", title, Status.FAIL, f"{model}: {not_servable_reason(model)}",
                                fix=serve_elsewhere_hint(model))
         if not path.is_dir() or not (path / "config.json").is_file():
-            return CheckResult("model", title, Status.FAIL, f"{model} is not a checkpoint directory (no config.json)",
+            return CheckResult("model", title, Status.FAIL, f"{named} is not a checkpoint directory (no config.json)",
                                fix="point model.path at a tiny-ling checkpoint (`sparkit model make-tiny DIR` builds one)")
         found = recognise(path)
         if found.servable is False:
-            return CheckResult("model", title, Status.FAIL, f"{model} holds {found.what}, and the embedded engine {SERVES.removeprefix('it ')}",
+            return CheckResult("model", title, Status.FAIL, f"{named} holds {found.what}, and the embedded engine {SERVES.removeprefix('it ')}",
                                evidence=[f"architectures: {', '.join(found.architectures) or 'none'}"],
                                fix=serve_elsewhere_hint(model))
+        if pulled is not None and (not pulled.ok or found.servable):
+            # the pulls' verdict stands (a draft not here, a snapshot sparkit has not verified), saying what it holds
+            return replace(pulled, detail=f"{pulled.detail}: {found.what}") if pulled.ok else pulled
         if found.servable is None:
-            return CheckResult("model", title, Status.WARN, f"{model}: {found.what}", evidence=[f"the embedded engine: {SERVES}"])
+            return CheckResult("model", title, Status.WARN, f"{named}: {found.what}", evidence=[f"the embedded engine: {SERVES}"])
         return CheckResult("model", title, Status.PASS, f"local checkpoint {model}: {found.what}")
 
     def prepare(self, plan, progress) -> None:
@@ -253,6 +275,22 @@ class EmbeddedAdapter(SGLangLogAdapter):
 # What the embedded engine serves, in the words every message about it uses.
 SERVES = ("it serves tiny-ling only: sparkit's builds (`sparkit:tiny-ling`, `sparkit model make-tiny DIR`) "
           "and their Hugging Face exports (`sparkit model export-hf DIR`)")
+
+
+def _hub_recognised(ref: str):
+    """What a hub model not here is, from its config.json (read for the memory fit in the same
+    preflight, so kept; no weights are read): None when the hub cannot tell."""
+    from sparkit.engines.embedded.formats import recognise_config
+    from sparkit.errors import SparkitError
+    from sparkit.hub.remote import remote_checkpoint
+
+    hub_ref = model_hub_ref(ref)
+    if hub_ref is None:
+        return None
+    try:
+        return recognise_config(remote_checkpoint(hub_ref).config)
+    except SparkitError:
+        return None
 
 
 def not_servable_reason(model: str) -> str:

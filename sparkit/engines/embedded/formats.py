@@ -36,13 +36,20 @@ def recognise(directory: str | Path) -> Recognised:
         return Recognised(None, f"{config_path} is unreadable ({getattr(exc, 'strerror', None) or exc})")
     if not isinstance(config, dict):
         return Recognised(None, f"{config_path} is not a JSON object")
+    return recognise_config(config, built=(directory / BUILD_MARKER).is_file(),
+                            exported=(directory / EXPORT_MARKER).is_file())
+
+
+def recognise_config(config: dict, *, built: bool = False, exported: bool = False) -> Recognised:
+    """A checkpoint read for what it is from its config.json (a local directory's, or one read
+    from the hub before anything is pulled); `built`/`exported`: sparkit's marker files are there
+    (a hub copy has no markers: its config's own `sparkit` key says it was exported)."""
     architectures = tuple(str(a) for a in (config.get("architectures") or []) if isinstance(a, str))
     named = ", ".join(architectures) or "none"
     if MODEL_CLASS in architectures:
-        built = " (built by sparkit)" if (directory / BUILD_MARKER).is_file() else ""
-        return Recognised(True, f"a tiny-ling checkpoint{built}", architectures)
+        return Recognised(True, f"a tiny-ling checkpoint{' (built by sparkit)' if built else ''}", architectures)
     if HF_ARCHITECTURE in architectures:
-        if (directory / EXPORT_MARKER).is_file() or isinstance(config.get("sparkit"), dict):
+        if exported or isinstance(config.get("sparkit"), dict):
             return Recognised(True, "tiny-ling's Hugging Face export (sparkit model export-hf)", architectures)
         return Recognised(None, f"a {HF_ARCHITECTURE} checkpoint sparkit did not export: the embedded engine computes "
                           "this architecture but at tiny-ling's scale; a real Ling model belongs on SGLang", architectures)
