@@ -332,7 +332,7 @@ def launch_lock(root: Path | None = None, *, wait_s: float = 120.0) -> Iterator[
 
     root = root or runs_dir()
     ensure_dir(root)
-    handle = os.fdopen(os.open(root / RunFiles.LAUNCH_LOCK, os.O_RDWR | os.O_CREAT, 0o600), "r+")  # private, as all state
+    handle = os.fdopen(os.open(root / RunFiles.LAUNCH_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")  # private, as all state
     deadline = time.monotonic() + wait_s
     held = False
     try:

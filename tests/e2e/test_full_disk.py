@@ -99,7 +99,7 @@ def test_a_full_disk_keeps_records_true_and_names_the_file(full_home):
     no_internal_error(again)
     assert again.returncode == 4 and "disk space for the run" in again.stderr, again.stderr
     assert "df -h" in again.stderr
-    assert sorted(p.name for p in (full_home / "runs").iterdir()) == [run_id]
+    assert sorted(p.name for p in (full_home / "runs").iterdir() if not p.name.startswith(".")) == [run_id]
 
     down = sparkit(full_home, "down")
     no_internal_error(down)

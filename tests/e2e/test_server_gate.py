@@ -217,7 +217,7 @@ def test_abort_all_from_another_client_aborts_nothing_without_the_key(start_embe
     time.sleep(0.3)
     other = httpx.post(server.url + "/abort_request", json={"abort_all": True}, timeout=30)
     client.join(300)
-    assert other.status_code == 403 and "API key" in other.json()["error"]["message"]
+    assert other.status_code == 403 and "API key" in other.json()["message"]  # SGLang's flat error shape, as every route but /generate
     assert out["finish"]["type"] == "length"  # not aborted
     assert httpx.post(server.url + "/abort_request", json={"rid": "nobody-runs-this"}).status_code == 200
 

@@ -421,7 +421,7 @@ def test_prune_during_a_build_keeps_the_run_being_set_up(sparkit_home, tmp_path)
         wait_for(lambda: list(models.glob(".tiny-ling-s3-n30.building-*")), "the build to start", proc)
         psutil.Process(proc.pid).suspend()  # mid-build, for as long as the test needs
         try:
-            (run_dir,) = (sparkit_home / "runs").iterdir()
+            (run_dir,) = [p for p in (sparkit_home / "runs").iterdir() if not p.name.startswith(".")]  # .launch.lock beside them
             assert json.loads((run_dir / "meta.json").read_text())["pid"] is None
             pruned = run_sparkit(sparkit_home, "status", "--prune", "--json")
             assert pruned.returncode == 0, pruned.stderr
