@@ -29,6 +29,7 @@ SMALLER = {
     ("bench",): ["--num-prompts", "2", "--input-len", "64", "--output-len", "32"],
     ("tune",): ["--num-prompts", "2", "--warmup", "0"],
     ("bench", "profile"): ["--kinds", "chat,math", "--prompts", "2"],
+    ("bench", "steps"): ["--steps", "8"],
     ("verify",): ["--num-prompts", "2", "--max-new-tokens", "32"],
 }
 
