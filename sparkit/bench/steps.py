@@ -29,7 +29,7 @@ class StepsConfig:
     num_steps: int = 32  # forward passes to trace (the prefill is one of them)
     input_len: int = 64
     output_len: int | None = None  # default: num_steps + 16, so that every traced step decodes
-    stage: str = "DECODE"  # DECODE for plain decoding, VERIFY with speculative decoding
+    stage: str | None = None  # DECODE for plain decoding, VERIFY with speculative decoding; None: whichever the trace has
     activities: tuple[str, ...] = ("CPU", "GPU")
     wait_s: float = 180.0  # for the trace file once the request finished
     keep_trace: Path | None = None  # copy the raw trace here

@@ -202,8 +202,9 @@ def _steps(events: list[dict[str, Any]]) -> list[tuple[float, float, str, int | 
     return sorted(spans)
 
 
-def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trace: str = "") -> StepBreakdown:
-    """The breakdown of the trace's `stage` steps (DECODE: plain decoding; VERIFY with NEXTN)."""
+def summarise(doc: dict[str, Any], *, stage: str | None = None, top: int = 15, trace: str = "") -> StepBreakdown:
+    """The breakdown of the trace's `stage` steps (DECODE: plain decoding; VERIFY with NEXTN; None:
+    DECODE, or VERIFY for a trace of a server that decodes speculatively and so has no DECODE step)."""
     events = _complete(doc["traceEvents"])
     spans = _steps(events)
     if not spans:
@@ -285,6 +286,9 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
         if k.outside and k.category in ("other", "norm"):
             k.category = "outside_forward"
 
+    if stage is None:
+        have_stages = {s[2] for s in spans}
+        stage = "VERIFY" if "DECODE" not in have_stages and "VERIFY" in have_stages else "DECODE"
     wanted = [i for i, s in enumerate(spans) if s[2] == stage]
     if not wanted:
         have = sorted({s[2] for s in spans})
@@ -372,7 +376,7 @@ def summarise(doc: dict[str, Any], *, stage: str = "DECODE", top: int = 15, trac
     )
 
 
-def summarise_file(path: str | Path, *, stage: str = "DECODE", top: int = 15) -> StepBreakdown:
+def summarise_file(path: str | Path, *, stage: str | None = None, top: int = 15) -> StepBreakdown:
     return summarise(load_trace(path), stage=stage, top=top, trace=str(path))
 
 

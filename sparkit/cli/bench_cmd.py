@@ -315,7 +315,7 @@ def steps(
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     num_steps: int = typer.Option(32, "--steps", min=2, help="Forward passes to trace (the prefill is one)."),
     input_len: int = typer.Option(64, "--input-len", min=1, help="Prompt tokens of the traced request."),
-    stage: str = typer.Option("DECODE", "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative)."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative); default: DECODE, or VERIFY for a server that decodes speculatively."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Summarise this trace file (a .trace.json[.gz] from /start_profile) instead of profiling a server."),
     keep_trace: Optional[Path] = typer.Option(None, "--keep-trace", help="Also copy the raw trace into this directory."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the breakdown JSON here."),
@@ -329,8 +329,8 @@ def steps(
     from sparkit.paths import write_atomic
     from sparkit.runs import resolve_server
 
-    stage = stage.upper()
-    if stage not in ("DECODE", "VERIFY", "EXTEND", "DRAFT"):
+    stage = stage.upper() if stage is not None else None
+    if stage is not None and stage not in ("DECODE", "VERIFY", "EXTEND", "DRAFT"):
         raise UsageError(f"--stage {stage!r}: one of DECODE, VERIFY, EXTEND, DRAFT")
     out_path = writable_file(out, "--out")
     keep = writable_dir(keep_trace, "--keep-trace")

@@ -166,6 +166,8 @@ def test_a_nextn_cycle_is_a_verify_step_and_the_draft_steps_after_it(tmp_path):
     assert b.stage == "VERIFY" and b.steps + b.left_out == 5
     assert b.categories["draft"]["us_per_step"] > 0
     assert sum(r["per_step"] for r in b.kernels if r["category"] == "draft" and r["name"] == "aten::linear") == 2
+    # with no --stage, a speculative server's trace (no DECODE step) is read as its VERIFY steps
+    assert summarise_file(path).to_dict() == b.to_dict()
 
 
 def test_every_triton_kernel_of_the_fp8_head_is_named_lm_head():
