@@ -76,7 +76,7 @@ def test_sglangs_unmet_requirements_are_one_note_and_the_tests_run(tmp_path):
     resolving = resolving_installs()
     assert len(notes) == 1 and f"listed {resolving * per_install} unmet requirement(s) of sglang" in notes[0], done.stderr
     assert len(done.stderr.splitlines()) == 2  # "installing ..." and the note
-    assert "pytest ran: -m pytest -q -q tests/x" in done.stdout
+    assert "pytest ran: -m pytest -q -n 2 --dist loadfile -q tests/x" in done.stdout  # two workers by default
     assert (repo / ".venv" / ".sparkit-test-deps").exists()
 
 
