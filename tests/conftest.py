@@ -43,3 +43,14 @@ def sparkit_home(tmp_path, monkeypatch) -> Path:
     """A fresh SPARKIT_HOME for one test (runs, caches, histories isolated)."""
     monkeypatch.setenv("SPARKIT_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker ignores SIGINT, and a child process inherits an ignored signal: every
+    `sparkit` the tests start would then ignore the Ctrl-C the tests send it. The default handler
+    here, so that children start with SIGINT as a terminal gives it."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+

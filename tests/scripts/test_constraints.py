@@ -5,6 +5,7 @@ and the file pins each name once."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from importlib import metadata
 
 from _shared import REPO_DIR
@@ -34,7 +35,10 @@ def _public(version: str) -> str:
 
 def test_every_installed_distribution_is_pinned_at_its_installed_version():
     pinned = pins()
-    installed = {_normal(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    # setuptools' own vendored copies (setuptools/_vendor/*.dist-info) show up once something in this
+    # process put that folder on sys.path (pkg_resources does): they are setuptools', not installed
+    installed = {_normal(d.metadata["Name"]): d.version for d in metadata.distributions()
+                 if d.metadata["Name"] and "_vendor" not in Path(str(getattr(d, "_path", ""))).parts}
     installed.pop("sparkit", None)
     for tool in ("pip", "setuptools", "wheel"):  # the venv's own tools, not installed by scripts/test
         installed.pop(tool, None)
