@@ -68,3 +68,18 @@ def run_in_pty(args: list[str], env: dict[str, str], columns: int, timeout: floa
             proc.kill()
     assert proc.wait(timeout=10) == 0, b"".join(chunks).decode(errors="replace")[-2000:]
     return ANSI.sub("", b"".join(chunks).decode(errors="replace")).replace("\r", "")
+
+
+def fill_disk(directory: Path, leave: int = 0, *, chunk: int = 4096) -> Path:
+    """Fill the file system `directory` is on (a small tmpfs in the tests), then free `leave` bytes
+    (tmpfs counts whole pages). Returns the filler file: unlink it to free the disk."""
+    filler = Path(directory) / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while handle.write(b"\0" * chunk):
+                pass
+        except OSError:
+            pass
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+

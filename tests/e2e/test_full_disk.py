@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _shared import fill_disk
 
 pytestmark = pytest.mark.e2e
 
@@ -46,15 +47,7 @@ def sparkit(home: Path, *args: str, timeout: float = 300) -> subprocess.Complete
 
 def fill(home: Path, leave: int = 0) -> Path:
     """Fill the file system, then free `leave` bytes (tmpfs counts whole pages)."""
-    filler = home / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while handle.write(b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-    os.truncate(filler, max(0, filler.stat().st_size - leave))
-    return filler
+    return fill_disk(home, leave)
 
 
 def no_internal_error(proc: subprocess.CompletedProcess) -> None:

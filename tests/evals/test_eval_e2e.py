@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from _shared import GSM8K_DIR
+from _shared import GSM8K_DIR, fill_disk
 
 pytestmark = pytest.mark.e2e
 
@@ -198,15 +198,7 @@ def tiny_disk(tmp_path):
 
 def _fill(disk, leave: int):
     """Fill the disk, then free `leave` bytes (whole pages: tmpfs counts pages)."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while handle.write(b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-    os.truncate(filler, max(0, filler.stat().st_size - leave))
-    return filler
+    return fill_disk(disk, leave)
 
 
 def test_a_full_disk_mid_run_names_the_file_and_resume_finishes(embedded_server, tmp_path, tiny_disk):

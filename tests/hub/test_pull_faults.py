@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from _shared import fill_disk
 
 from _hub import NOT_GRANTED, TOKEN, run_sparkit, served_files
 
@@ -246,15 +247,7 @@ def small_disk(tmp_path):
 
 
 def fill(disk: Path, leave: int) -> Path:
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while handle.write(b"\0" * 65536):
-                pass
-        except OSError:
-            pass
-    os.truncate(filler, max(0, filler.stat().st_size - leave))
-    return filler
+    return fill_disk(disk, leave, chunk=65536)
 
 
 def test_a_disk_that_cannot_hold_the_model_is_refused_before_anything_moves(hub, hub_env, small_disk):
