@@ -97,8 +97,8 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
     import triton
-
     from fp8_lm_head import make_inputs
+
     from sparkit.kernels import fp8_gemv_triton as fk
     from sparkit.kernels import fp8_linear as api
     from sparkit.kernels import fp8_tune

@@ -173,10 +173,9 @@ def main(argv=None):
     global GRAPHS
     GRAPHS = not args.eager
 
+    import fp8_kernel_variants as sweep  # beside this script
     import torch
     import torch.nn.functional as F
-
-    import fp8_kernel_variants as sweep  # beside this script
 
     from sparkit.kernels import fp8_gemv_triton as fk
     from sparkit.kernels.fp8_linear import quantize_fp8_per_row

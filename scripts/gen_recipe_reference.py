@@ -70,8 +70,8 @@ def _section(model, prefix: str, lines: list[str]) -> None:
 def render() -> str:
     sys.path.insert(0, str(REPO))
     from sparkit.engines.base import registry
-    from sparkit.recipes.rules import RULES
     from sparkit.recipes.load import MAX_EXTENDS_DEPTH
+    from sparkit.recipes.rules import RULES
     from sparkit.recipes.schema import CODE_LOADING_ENV, CODE_LOADING_ENV_PREFIXES, TARGETS, Recipe
 
     lines = [

@@ -32,7 +32,6 @@ def _estimate(recipe_name: str, overrides: tuple[str, ...], context: int, gb_s: 
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.bandwidth import Bandwidth
     from sparkit.roofline.estimate import estimate
-
     from sparkit.roofline.profiles import declared_layout, find_profile
 
     recipe = load_recipe(recipe_name, list(overrides)).recipe
@@ -66,7 +65,7 @@ def _recipe(figure) -> str:
     return name + "".join(f" `--set {o}`" for o in figure.overrides)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _published_estimates():
     """(figure, roofline) for every published figure, at the spec bandwidth of its target."""
     from sparkit.recipes.load import load_recipe

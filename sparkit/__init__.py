@@ -76,7 +76,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from sparkit.checks.runner import run_activation_checks
     from sparkit.client import EngineClient
     from sparkit.errors import (
-        CheckFailed, DataError, EngineError, LaunchError, PreflightError, RecipeError, SparkitError, UsageError,
+        CheckFailed,
+        DataError,
+        EngineError,
+        LaunchError,
+        PreflightError,
+        RecipeError,
+        SparkitError,
+        UsageError,
     )
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import LoadedRecipe, load_recipe

@@ -154,7 +154,7 @@ class EngineClient:
             transport=transport,
         )
 
-    async def __aenter__(self) -> "EngineClient":
+    async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,9 +8,10 @@ import struct
 
 import pytest
 
-from _checkpoints import write_safetensors, write_sharded
 from sparkit.checkpoint import read_safetensors_header, read_safetensors_index
 from sparkit.errors import DataError
+
+from _checkpoints import write_safetensors, write_sharded
 
 TENSORS = {
     "a.weight": ("BF16", (3, 5)),

@@ -28,8 +28,8 @@ def _json(path: Path):
 
 
 def run_section(run: Path) -> list[str]:
-    from sparkit.engines.sglang.log import parse_log, phase_timeline
     from sparkit.engines.activation import load_reports
+    from sparkit.engines.sglang.log import parse_log, phase_timeline
 
     meta = _json(run / "meta.json") or {}
     plan = _json(run / "plan.json") or {}

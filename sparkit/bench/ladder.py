@@ -210,7 +210,7 @@ class StepRecord:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def published_figure(recipe_name: str, overrides: list[str]) -> dict[str, Any] | None:

@@ -102,7 +102,7 @@ class RequestTimeline:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RequestTimeline":
+    def from_dict(cls, data: dict[str, Any]) -> RequestTimeline:
         return cls(
             t_start=data["t_start"],
             t_end=data["t_end"],
@@ -114,7 +114,7 @@ class RequestTimeline:
         )
 
     @classmethod
-    def from_generation(cls, generation: Any) -> "RequestTimeline":
+    def from_generation(cls, generation: Any) -> RequestTimeline:
         """From a sparkit.client.Generation (streamed)."""
         return cls(
             t_start=generation.t_start,
@@ -162,7 +162,7 @@ class Distribution:
     n: int
 
     @classmethod
-    def of_seconds(cls, values: list[float]) -> "Distribution":
+    def of_seconds(cls, values: list[float]) -> Distribution:
         ms = [v * 1000.0 for v in values]
         return cls(
             mean_ms=mean(ms),
@@ -214,7 +214,7 @@ class BenchMetrics:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BenchMetrics":
+    def from_dict(cls, data: dict[str, Any]) -> BenchMetrics:
         data = dict(data)
         for key in ("ttft", "tpot", "itl", "e2e_latency", "step_time_per_request_ms"):
             data[key] = Distribution(**data[key])

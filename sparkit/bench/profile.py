@@ -201,8 +201,8 @@ def expected_speedup(recipe: Any | None, context: int, accept: float | None, cac
     if recipe is None or accept is None:
         return None
     if context not in cache:
-        from sparkit.roofline.estimate import NoLayout, estimate
         from sparkit.roofline.bandwidth import Bandwidth
+        from sparkit.roofline.estimate import NoLayout, estimate
 
         try:
             cache[context] = estimate(recipe, context=context, bandwidth=Bandwidth(None, 1, "unknown", "ratio only"))
@@ -235,7 +235,7 @@ def run_profile(recipe_ref: str, config: ProfileConfig, *, overrides: list[str] 
     for kind in config.kinds:
         passages(kind)  # an unknown kind is a usage error before anything starts
     doc: dict[str, Any] = {
-        "kind": PROFILE_KIND, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "kind": PROFILE_KIND, "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "recipe": loaded_on.name, "overrides": overrides, "config": asdict(config),
         "speculative": loaded_on.recipe.stack.speculative.model_dump(), "cells": [], "verdicts": [],
         "servers": {}, "complete": False,

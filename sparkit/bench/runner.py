@@ -294,7 +294,7 @@ async def run_bench(
         doc: dict[str, Any] = {
             "kind": BENCH_KIND,
             "format": BENCH_FORMAT,
-            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "config": asdict(config),
             "workload": None,
             "server": {
@@ -423,7 +423,7 @@ async def run_interleaved(
         for t, info, model in zip(targets, infos, models):
             docs.append({
                 "kind": BENCH_KIND, "format": BENCH_FORMAT,
-                "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 "config": asdict(config),
                 "workload": {"dataset": workload.dataset, "synthetic": workload.synthetic,
                              "description": workload.description + f"; interleaved with {len(targets) - 1} other server(s)",

@@ -16,9 +16,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparkit.bench.trace import StepBreakdown, summarise_file
 from sparkit.errors import EngineError

@@ -282,13 +282,13 @@ def run_tune(
     interleave: bool = True,
 ) -> dict[str, Any]:
     """Run the sweep; return the sweep document (also kept up to date at `out_path`)."""
-    from sparkit.bench.runner import run_bench
-    from sparkit.recipes.compile import compile_plan
-    from sparkit.recipes.load import load_recipe
     import asyncio
     import contextlib
 
     from sparkit import runs
+    from sparkit.bench.runner import run_bench
+    from sparkit.recipes.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
 
     params = parse_params(param_specs)
     base_overrides = list(base_overrides or [])

@@ -17,9 +17,9 @@ from typing import Any
 
 from sparkit.checks.evidence import ServerInfo
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT, KnownAnswerScore
-from sparkit.engines.sglang.log import LogEvidence
 from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.activation import ActivationReport, MoeLayerReport
+from sparkit.engines.sglang.log import LogEvidence
 from sparkit.recipes.plan import LaunchPlan
 
 
@@ -40,7 +40,7 @@ class ProbeResult:
     error: str | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
         """What to_dict() wrote (probe.json in a run directory); derived figures are recomputed."""
         names = {f.name for f in fields(ProbeRequest)}
         return cls(requests=[ProbeRequest(**{k: v for k, v in r.items() if k in names}) for r in data.get("requests", [])],

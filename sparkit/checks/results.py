@@ -35,7 +35,7 @@ class CheckResult:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
+    def from_dict(cls, data: dict[str, Any]) -> CheckResult:
         data = dict(data)
         data["status"] = Status(data["status"])
         return cls(**data)

@@ -10,6 +10,7 @@ so that `sparkit status` can show the last measured tok/s and accept length.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
 from pathlib import Path
 
 from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
@@ -137,9 +138,9 @@ def run_activation_checks(
 
 
 def _record(run_dir: Path, results: list[CheckResult], ev: ServerEvidence) -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    now = datetime.now(timezone.utc).isoformat()
+    now = datetime.now(UTC).isoformat()
     write_json_atomic(run_dir / RunFiles.CHECKS, {"checked_at": now, "results": [r.to_dict() for r in results]})
     if ev.probe is not None:
         write_json_atomic(run_dir / RunFiles.PROBE, {"measured_at": now, **ev.probe.to_dict()})

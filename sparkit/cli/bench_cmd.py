@@ -8,7 +8,7 @@ import datetime as _dt
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 import typer
@@ -137,10 +137,10 @@ def render_bench(doc: dict[str, Any]) -> None:
 @bench_app.callback()
 def bench(
     ctx: typer.Context,
-    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
-    recipe_ref: Optional[str] = typer.Option(None, "--recipe", help="The recipe the --url server runs (for its bandwidth limit; a run knows its own)."),
+    run: str | None = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: str | None = typer.Option(None, "--url", help="Benchmark this server instead of a run."),
+    api_key: str | None = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
+    recipe_ref: str | None = typer.Option(None, "--recipe", help="The recipe the --url server runs (for its bandwidth limit; a run knows its own)."),
     set_: list[str] = typer.Option([], "--set", help="Override a key of --recipe (KEY=VALUE, as for plan)."),
     input_len: int = typer.Option(8192, "--input-len", help="Prompt tokens per request (random dataset)."),
     output_len: int = typer.Option(1024, "--output-len", help="Output tokens per request (ignore_eos)."),
@@ -149,7 +149,7 @@ def bench(
     dataset: str = typer.Option("random", "--dataset", help="random | gsm8k | profile:KIND (code, prose, math, chat, repetitive: sparkit's texts cut to --input-len tokens) | path to a .jsonl/.txt prompt file."),
     warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each repeat."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Result JSON (written as it goes; rerun to resume). Default: under the data dir."),
+    out: Path | None = typer.Option(None, "--out", help="Result JSON (written as it goes; rerun to resume). Default: under the data dir."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the whole benchmark to measure run-to-run noise."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
@@ -265,14 +265,14 @@ def compare(
 def profile(
     recipe: str = typer.Argument(..., help="Recipe with speculative decoding (file or shipped name)."),
     set_: list[str] = typer.Option([], "--set", help="Override a recipe key for both servers (KEY=VALUE)."),
-    kinds: Optional[str] = typer.Option(None, "--kinds", help="Comma-separated kinds of text (default all: code,prose,math,chat,repetitive)."),
-    depths: Optional[str] = typer.Option(None, "--depths", help="Comma-separated prompt lengths in tokens (default 256,2048; tiny-ling 32,96)."),
+    kinds: str | None = typer.Option(None, "--kinds", help="Comma-separated kinds of text (default all: code,prose,math,chat,repetitive)."),
+    depths: str | None = typer.Option(None, "--depths", help="Comma-separated prompt lengths in tokens (default 256,2048; tiny-ling 32,96)."),
     prompts: int = typer.Option(4, "--prompts", min=1, help="Prompts per cell (kind x depth)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default 128; tiny-ling 32)."),
+    output_len: int | None = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default 128; tiny-ling 32)."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Unmeasured requests to each server first."),
     seed: int = typer.Option(0, "--seed", help="Which passages the prompts start at."),
     sequential: bool = typer.Option(False, "--sequential", help="One server after the other instead of both up, interleaved (for a model that fits once)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Profile JSON (default: under the data dir)."),
+    out: Path | None = typer.Option(None, "--out", help="Profile JSON (default: under the data dir)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Where speculative decoding pays: the recipe with and without it over code, prose, math,
@@ -310,15 +310,15 @@ def profile(
 
 @bench_app.command("steps")
 def steps(
-    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Profile this server instead of a run (it must run on this machine)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
+    run: str | None = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: str | None = typer.Option(None, "--url", help="Profile this server instead of a run (it must run on this machine)."),
+    api_key: str | None = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
     num_steps: int = typer.Option(32, "--steps", min=2, help="Forward passes to trace (the prefill is one)."),
     input_len: int = typer.Option(64, "--input-len", min=1, help="Prompt tokens of the traced request."),
-    stage: Optional[str] = typer.Option(None, "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative); default: DECODE, or VERIFY for a server that decodes speculatively."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Summarise this trace file (a .trace.json[.gz] from /start_profile) instead of profiling a server."),
-    keep_trace: Optional[Path] = typer.Option(None, "--keep-trace", help="Also copy the raw trace into this directory."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the breakdown JSON here."),
+    stage: str | None = typer.Option(None, "--stage", help="Which steps to summarise: DECODE (plain decoding) or VERIFY (speculative); default: DECODE, or VERIFY for a server that decodes speculatively."),
+    trace: Path | None = typer.Option(None, "--trace", help="Summarise this trace file (a .trace.json[.gz] from /start_profile) instead of profiling a server."),
+    keep_trace: Path | None = typer.Option(None, "--keep-trace", help="Also copy the raw trace into this directory."),
+    out: Path | None = typer.Option(None, "--out", help="Write the breakdown JSON here."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Where a decode step's time goes, from the server's own profiler (SGLang's /start_profile):
@@ -429,13 +429,13 @@ def tune(
     recipe: str = typer.Argument(..., help="Recipe file or shipped name to sweep."),
     param: list[str] = typer.Option(..., "--param", help="KEY=V1,V2,... e.g. speculative.num_steps=1,2,3,4 (repeatable: a grid)."),
     set_: list[str] = typer.Option([], "--set", help="Extra KEY=VALUE override applied to every point."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
-    write_recipe_dir: Optional[Path] = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; the current directory for a shipped one)."),
+    out: Path | None = typer.Option(None, "--out", help="Sweep JSON (rewritten after each point; rerun to resume)."),
+    write_recipe_dir: Path | None = typer.Option(None, "--recipe-dir", help="Where to write the best recipe (default: beside the recipe; the current directory for a shipped one)."),
     no_recipe: bool = typer.Option(False, "--no-recipe", help="Write no recipe file, only the sweep's results."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: 3/8 of the context the model was made for, at most 1024; tiny-ling 48)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", min=1, help="Output tokens per request (default: half that context, at most 256; tiny-ling 64)."),
+    input_len: int | None = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: 3/8 of the context the model was made for, at most 1024; tiny-ling 48)."),
+    output_len: int | None = typer.Option(None, "--output-len", min=1, help="Output tokens per request (default: half that context, at most 256; tiny-ling 64)."),
     num_prompts: int = typer.Option(8, "--num-prompts", help="Measured requests per point."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="profile:mixed (the default: code, prose, math and chat text in turn) | profile:KIND (e.g. profile:math) | random | gsm8k | FILE."),
+    dataset: str | None = typer.Option(None, "--dataset", help="profile:mixed (the default: code, prose, math and chat text in turn) | profile:KIND (e.g. profile:math) | random | gsm8k | FILE."),
     warmup: int = typer.Option(1, "--warmup", help="Unmeasured requests before each point."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompts."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the interleaved round to measure run-to-run noise."),
@@ -510,7 +510,7 @@ def verify(
     set_: list[str] = typer.Option([], "--set", help="Override for the candidate recipe."),
     against_set: list[str] = typer.Option([], "--against-set", help="Override for the baseline recipe."),
     rounding_changing: list[str] = typer.Option([], "--rounding-changing", help="Declare a rounding-changing optimisation not visible in the recipes (repeatable)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
+    num_prompts: int | None = typer.Option(None, "--num-prompts", help="Use the first N of the fixed prompts (default all 8)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "--max-tokens", help="Greedy tokens per prompt."),
     greedy_only: bool = typer.Option(False, "--greedy-only", help="Send no sampled request: skip the state-pollution re-run (SGLang's NEXTN without flashinfer dies on one)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),

@@ -4,7 +4,7 @@ brought up for a chat and stopped after it."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -12,12 +12,12 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("chat")
     def chat(
-        run: Optional[str] = typer.Argument(None, help="Run id or recipe name (default: the latest live run)."),
-        url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
-        model: Optional[str] = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
-        system: Optional[str] = typer.Option(None, "--system", help="System prompt for new chats."),
-        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
-        open_id: Optional[int] = typer.Option(None, "--open", help="Reopen a saved chat by id (see the history panel, Ctrl+O)."),
+        run: str | None = typer.Argument(None, help="Run id or recipe name (default: the latest live run)."),
+        url: str | None = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
+        model: str | None = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
+        system: str | None = typer.Option(None, "--system", help="System prompt for new chats."),
+        api_key: str | None = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
+        open_id: int | None = typer.Option(None, "--open", help="Reopen a saved chat by id (see the history panel, Ctrl+O)."),
     ) -> None:
         """Chat in the terminal with live decode tok/s, TTFT and accept length.
 
@@ -27,7 +27,6 @@ def register(app: typer.Typer) -> None:
         """
         from sparkit.errors import EngineError, UsageError
         from sparkit.runs import resolve_server
-        from sparkit.tui.history import ChatStore
 
         if run and url:
             raise UsageError("give a RUN or --url, not both", hint="`sparkit chat --url http://127.0.0.1:30000`")
@@ -46,13 +45,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run_cmd(
-        recipe: Optional[str] = typer.Argument(None, help="Recipe file or shipped name (default: the tiny CPU recipe)."),
+        recipe: str | None = typer.Argument(None, help="Recipe file or shipped name (default: the tiny CPU recipe)."),
         set_: list[str] = typer.Option([], "--set", help="Override a recipe value: a.b=c (repeatable)."),
         port: str = typer.Option("auto", "--port", help="'auto' (a free port, the default) or a port number."),
         keep: bool = typer.Option(False, "--keep", help="Leave the server running when the chat closes (`sparkit down` stops it)."),
         timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the server to become healthy."),
-        model: Optional[str] = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
-        system: Optional[str] = typer.Option(None, "--system", help="System prompt for new chats."),
+        model: str | None = typer.Option(None, "--model", help="Model name sent with requests (default: the server's)."),
+        system: str | None = typer.Option(None, "--system", help="System prompt for new chats."),
     ) -> None:
         """Chat with a recipe: a server running it is reused, else one is brought up (preflight,
         startup checks) and stopped when the chat closes (--keep leaves it running)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -35,7 +35,7 @@ def _latest_results() -> Path:
     return files[-1]
 
 
-def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False) -> Any:
+def _load_dataset(data: Path | None, need_train: bool, from_hub: bool = False) -> Any:
     """The dataset, with a progress bar on stderr while a first --from-hub run downloads it."""
     import sys
 
@@ -44,7 +44,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
     from sparkit.cli.common import ProgressLines, err_console, is_terminal
     from sparkit.evals import gsm8k as core
 
-    bar: Optional[Progress] = None
+    bar: Progress | None = None
     lines = None if is_terminal(sys.stderr) else ProgressLines()
 
     def on_download(p: Any) -> None:
@@ -68,22 +68,22 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
 
 @eval_app.command("gsm8k")
 def gsm8k(
-    run: Optional[str] = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: the copy shipped with sparkit (offline)."),
+    run: str | None = typer.Argument(None, help="Run id or recipe name of a started server (default: the latest live run)."),
+    url: str | None = typer.Option(None, "--url", help="Server URL instead of a run, e.g. http://127.0.0.1:30000."),
+    api_key: str | None = typer.Option(None, "--api-key", help="Bearer key to send (default: a run's key, from its recipe's server.api_key_env; else $SPARKIT_API_KEY for a --url server sparkit did not start)."),
+    data: Path | None = typer.Option(None, "--data", help="GSM8K test.jsonl (train.jsonl beside it); default: the copy shipped with sparkit (offline)."),
     from_hub: bool = typer.Option(False, "--from-hub", help="Download openai/gsm8k from the Hugging Face hub once (cached) instead of the shipped copy."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N test questions (default: all 1319)."),
     shots: int = typer.Option(5, "--shots", min=0, help="Few-shot chain-of-thought exemplars, drawn from the train split."),
     fmt: str = typer.Option("chat", "--format", help="chat (chat template, /v1/chat/completions) or completion (base models, /generate)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.6, the published protocol)."),
-    top_p: Optional[float] = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling top_p (default 0.95)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k sampling; -1 means off (default 29)."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.6, the published protocol)."),
+    top_p: float | None = typer.Option(None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling top_p (default 0.95)."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Top-k sampling; -1 means off (default 29)."),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (temperature 0), e.g. for reproducible A/B runs."),
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Max output tokens per question."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests kept in flight."),
     seed: int = typer.Option(0, "--seed", help="Base of the per-question sampling seeds."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Results JSONL (default: under sparkit's data dir)."),
+    out: Path | None = typer.Option(None, "--out", help="Results JSONL (default: under sparkit's data dir)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted results file (same settings required)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
@@ -183,7 +183,14 @@ def gsm8k(
 
 def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     """The terminal's progress bar of a GSM8K run and its callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from sparkit.evals import gsm8k as core
 

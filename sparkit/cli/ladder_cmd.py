@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -32,18 +32,18 @@ def _is_ladder(ref: str) -> bool:
 def ladder_cmd(
     ladder_or_recipes: list[str] = typer.Argument(None, help="A ladder (shipped name or file; default `spark`), or recipes, one step each."),
     set_: list[str] = typer.Option([], "--set", help="Override a recipe key of every step (KEY=VALUE, as for plan). Repeatable."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: the ladder's)."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default: the ladder's)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Measured requests per step (default: the ladder's)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Unmeasured requests before each step's benchmark."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="random | profile:KIND | FILE (default: the ladder's)."),
-    gsm8k: Optional[int] = typer.Option(None, "--gsm8k", min=0, help="Answer the first N GSM8K test questions per step (greedy), McNemar against the first step."),
-    gsm8k_data: Optional[Path] = typer.Option(None, "--gsm8k-data", help="GSM8K test.jsonl (train.jsonl beside it); default: openai/gsm8k from the hub, cached."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Ladder JSON, rewritten after every step (default: under the data dir)."),
+    input_len: int | None = typer.Option(None, "--input-len", min=1, help="Prompt tokens per request (default: the ladder's)."),
+    output_len: int | None = typer.Option(None, "--output-len", min=2, help="Output tokens per request (default: the ladder's)."),
+    num_prompts: int | None = typer.Option(None, "--num-prompts", min=1, help="Measured requests per step (default: the ladder's)."),
+    warmup: int | None = typer.Option(None, "--warmup", min=0, help="Unmeasured requests before each step's benchmark."),
+    dataset: str | None = typer.Option(None, "--dataset", help="random | profile:KIND | FILE (default: the ladder's)."),
+    gsm8k: int | None = typer.Option(None, "--gsm8k", min=0, help="Answer the first N GSM8K test questions per step (greedy), McNemar against the first step."),
+    gsm8k_data: Path | None = typer.Option(None, "--gsm8k-data", help="GSM8K test.jsonl (train.jsonl beside it); default: openai/gsm8k from the hub, cached."),
+    out: Path | None = typer.Option(None, "--out", help="Ladder JSON, rewritten after every step (default: under the data dir)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted ladder (--out FILE, else this ladder's newest file): finished steps are kept."),
     timeout: float = typer.Option(600, "--timeout", min=1, help="Seconds each step's server may take to start."),
     list_: bool = typer.Option(False, "--list", help="List the shipped ladders and exit."),
-    show: Optional[Path] = typer.Option(None, "--show", help="Print the table of a ladder document (finished or not) and exit; runs nothing."),
+    show: Path | None = typer.Option(None, "--show", help="Print the table of a ladder document (finished or not) and exit; runs nothing."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Run a ladder of recipes on this machine, one server at a time: each step with its startup

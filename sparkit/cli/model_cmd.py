@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,9 +17,9 @@ def register(app: typer.Typer) -> None:
 
 @model_app.command("make-tiny")
 def make_tiny(
-    directory: Optional[Path] = typer.Argument(None, help="Where to build it (default: sparkit's cache, models/tiny-ling-s{SEED})."),
+    directory: Path | None = typer.Argument(None, help="Where to build it (default: sparkit's cache, models/tiny-ling-s{SEED})."),
     seed: int = typer.Option(0, "--seed", help="Initialisation and corpus seed (a different seed gives a different model)."),
-    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Optimiser steps (default: the shipped build's; fewer skip the quality gate)."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Optimiser steps (default: the shipped build's; fewer skip the quality gate)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Train tiny-ling (a miniature Ling MoE with an MTP layer) on CPU and save it; reuses a complete build.
@@ -59,9 +58,9 @@ def make_tiny(
 
 @model_app.command("export-hf")
 def export_hf_cmd(
-    directory: Optional[Path] = typer.Argument(None, help="Where to write it (default: sparkit's cache, models/tiny-ling-s{SEED}-hf-{DTYPE}, "
+    directory: Path | None = typer.Argument(None, help="Where to write it (default: sparkit's cache, models/tiny-ling-s{SEED}-hf-{DTYPE}, "
                                                 "or -hf-{WEIGHTS} for a quantised layout)."),
-    source: Optional[Path] = typer.Option(None, "--from", help="A tiny-ling checkpoint directory (default: the built-in build of --seed)."),
+    source: Path | None = typer.Option(None, "--from", help="A tiny-ling checkpoint directory (default: the built-in build of --seed)."),
     seed: int = typer.Option(0, "--seed", help="Which built-in build to export (without --from)."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Dtype of the unquantised tensors: bfloat16 or float32."),
     weights: str = typer.Option("bf16", "--weights", help="Linear weights layout: bf16; fp8 (block-128 FP8, Ling's -fp8); "

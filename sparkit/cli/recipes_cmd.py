@@ -25,12 +25,11 @@ def plan_cmd(
     """Show the exact engine launch a recipe compiles to (no GPU needed), and the decode speed
     the memory bandwidth allows it (its arithmetic with --verbose)."""
     from sparkit.errors import PreflightError
+    from sparkit.host import detect_host
+    from sparkit.memory.fit import compute_fit, memory_basis
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.estimate import roofline_document
-
-    from sparkit.host import detect_host
-    from sparkit.memory.fit import compute_fit, memory_basis
 
     loaded = load_recipe(recipe, list(set_))
     plan = compile_plan(loaded, port=port)
@@ -240,7 +239,6 @@ def doctor_cmd(
     """Host and engine report, which shipped recipe targets this host can run, and its memory bandwidth."""
     from sparkit.engines.base import registry
     from sparkit.host import detect_host, target_fit
-
     from sparkit.memory.picture import memory_picture
 
     host = detect_host()
@@ -323,9 +321,8 @@ def render_compatibility(compatibility: dict) -> None:
 def _measure_bandwidth(host, mib: int | None) -> dict:
     """Measure the CPU and every GPU torch can reach; keep each figure unless a better one of the
     same device is stored. Progress and a busy machine's warning on stderr."""
-    from sparkit.roofline.bandwidth import keep_best, measure_cpu, measure_gpu
-
     from sparkit.errors import UsageError
+    from sparkit.roofline.bandwidth import keep_best, measure_cpu, measure_gpu
 
     size = mib * (1 << 20) if mib else None
     if size and size * 2 > host.ram_available_bytes > 0:
@@ -469,7 +466,6 @@ def _shipped_targets() -> list[tuple[str, str, list[str]]]:
 
 def render_doctor(host, engines, targets, picture=None) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     out = console()
     gib = 1024**3

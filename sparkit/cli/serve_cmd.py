@@ -6,6 +6,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import UTC
 from typing import Any
 
 import typer
@@ -147,7 +148,8 @@ def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool
     caller's to show (`report_started`)."""
     from sparkit.recipes.compile import compile_plan
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
-    from sparkit.runs import free_port, up as start_server
+    from sparkit.runs import free_port
+    from sparkit.runs import up as start_server
     from sparkit.runs.pipeline import host_preflight
 
     wanted_port = _parse_port(port)
@@ -393,10 +395,10 @@ def _print_status_details(out: Any, items: list[tuple[str, str]], styles: dict) 
 
 def _utc(iso: str) -> str:
     """A stored ISO time as people read it: 2026-12-01 22:03:15 UTC."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     try:
-        return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     except ValueError:
         return iso
 

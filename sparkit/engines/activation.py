@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ class MoeReport:
     layers: list[MoeLayerReport] = field(default_factory=list)  # empty in a schema /1 report
 
     @classmethod
-    def of_layers(cls, layers: list[MoeLayerReport]) -> "MoeReport | None":
+    def of_layers(cls, layers: list[MoeLayerReport]) -> MoeReport | None:
         """The summary of `layers` (the most common value of each field), None without layers."""
         from collections import Counter
 
@@ -142,7 +142,7 @@ class ActivationReport:
     tp_rank: int = 0
     tp_size: int = 1
     pid: int = field(default_factory=os.getpid)
-    written_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    written_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     notes: list[str] = field(default_factory=list)
     schema: str = SCHEMA
 
@@ -169,7 +169,7 @@ class ActivationReport:
         return write_atomic(path, json.dumps(self.to_dict(), indent=2))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ActivationReport":
+    def from_dict(cls, data: dict[str, Any]) -> ActivationReport:
         if data.get("schema") not in READABLE_SCHEMAS:
             raise ValueError(f"unknown activation report schema {data.get('schema')!r}")
         models = {}

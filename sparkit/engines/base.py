@@ -56,7 +56,7 @@ class EngineLaunch:
     argv: list[str]  # argv[0] is the executable
     env: dict[str, str]  # only what the engine needs set (merged over os.environ at start)
     served_model_name: str
-    provisions: list["Provision"] = field(default_factory=list)
+    provisions: list[Provision] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # Expectations fields only the engine can state (e.g. speculative_algorithm_reported: SGLang
     # reports NEXTN as EAGLE; server_args: the resolved-args names and values to verify).
@@ -84,7 +84,7 @@ class EngineAdapter(Protocol):
         """Is the engine installed, which version, which optional kernels. Never raises."""
         ...
 
-    def rules(self) -> list["Rule"]:
+    def rules(self) -> list[Rule]:
         """The engine's own recipe rules (what it cannot run), checked with the general ones."""
         ...
 
@@ -93,12 +93,12 @@ class EngineAdapter(Protocol):
     # dict)] of this engine); see SGLangAdapter.compatibility. Found with getattr: an adapter
     # without it has nothing to report.
 
-    def launch(self, loaded: "LoadedRecipe", *, port: int) -> EngineLaunch:
+    def launch(self, loaded: LoadedRecipe, *, port: int) -> EngineLaunch:
         """The engine's part of the launch of a recipe whose rules passed. Raises RecipeError for
         what only the installed engine can reject."""
         ...
 
-    def preflight(self, plan: "LaunchPlan") -> list["CheckResult"]:
+    def preflight(self, plan: LaunchPlan) -> list[CheckResult]:
         """Engine-specific checks of the serving host (its packages and what they imply)."""
         ...
 
@@ -107,7 +107,7 @@ class EngineAdapter(Protocol):
         argv or plan.json."""
         ...
 
-    def prepare(self, plan: "LaunchPlan", progress) -> None:
+    def prepare(self, plan: LaunchPlan, progress) -> None:
         """What must exist before the engine starts (built-in model builds and exports)."""
         ...
 
@@ -115,15 +115,15 @@ class EngineAdapter(Protocol):
         """The furthest startup phase (one of STARTUP_PHASES) the log text shows."""
         ...
 
-    def read_rules(self, recipe: Any, layout: Any, device: str) -> "ReadRules":
+    def read_rules(self, recipe: Any, layout: Any, device: str) -> ReadRules:
         """How the engine reads a checkpoint's bytes per decode step (sparkit.roofline.estimate)."""
         ...
 
-    def read_log(self, log_text: str) -> "LogEvidence":
+    def read_log(self, log_text: str) -> LogEvidence:
         """The evidence lines of the engine's log the startup checks read."""
         ...
 
-    def diagnose(self, log_text: str, returncode: int | None) -> "Diagnosis":
+    def diagnose(self, log_text: str, returncode: int | None) -> Diagnosis:
         """The most likely cause of a failed start, from the engine's log."""
         ...
 

@@ -671,10 +671,10 @@ class _writing:
     """A write error (a full disk, a quota, a vanished mount) while appending to the results
     file becomes one message naming the file, what is saved and how to go on."""
 
-    def __init__(self, out: Path, done: dict[int, Any], request: "EvalRequest") -> None:
+    def __init__(self, out: Path, done: dict[int, Any], request: EvalRequest) -> None:
         self.out, self.done, self.request = out, done, request
 
-    def __enter__(self) -> "_writing":
+    def __enter__(self) -> _writing:
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:

@@ -64,7 +64,7 @@ class KernelConfig:
         return base
 
     @classmethod
-    def from_label(cls, label: str) -> "KernelConfig":
+    def from_label(cls, label: str) -> KernelConfig:
         """The inverse of label(): 'pk16p:n128k256w4s3', 'ps16p:n128k256w4s3p2f64'."""
         m = re.fullmatch(r"([a-z0-9]+):n(\d+)k(\d+)w(\d+)s(\d+)(?:p(\d+)f(\d+))?", label.strip())
         if m is None:

@@ -49,8 +49,8 @@ from typing import Any
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
-from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 from sparkit.memory.units import GIB, MIB, gib
+from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 
 # Estimates of what an engine holds before it measures free memory (so P is that much lower than
 # what the OS reports before the launch): a CUDA context, and on unified memory also SGLang's

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkit.memory.units import GIB
+
 DEFAULT_FLOOR_FRACTION = 0.05
 DEFAULT_FLOOR_MIN_BYTES = 2 * GIB
 

@@ -110,7 +110,7 @@ class LoadGuard:
 
     # -------------------------------------------------------------------- lifecycle
 
-    def start(self) -> "LoadGuard":
+    def start(self) -> LoadGuard:
         m = self._read()
         cached, total = residency(self.files)
         self.summary = GuardSummary(

@@ -104,7 +104,7 @@ class OomWatch:
     counters: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, pid: int) -> "OomWatch":
+    def start(cls, pid: int) -> OomWatch:
         counters = {}
         for path in _cgroup_counter_files(pid):
             count = _oom_kills(path)

@@ -11,10 +11,10 @@ import errno
 import math
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 from sparkit.errors import RecipeError, UsageError
 from sparkit.paths import repo_recipes_dir
@@ -130,7 +130,7 @@ def _inherited_descriptor(text: str) -> int | None:
     return None
 
 
-def _stat(path: Path, shown: str) -> "os.stat_result | None":
+def _stat(path: Path, shown: str) -> os.stat_result | None:
     """os.stat, None when nothing is there; any other failure (a name over NAME_MAX, a path
     through a file, no permission) is a RecipeError naming the file."""
     try:

@@ -116,12 +116,12 @@ class LaunchPlan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LaunchPlan":
+    def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
         data = dict(data)
         data["expectations"] = Expectations(**data.get("expectations", {}))
         data["provisions"] = [Provision(**p) for p in data.get("provisions", [])]
         return cls(**data)
 
     @classmethod
-    def load(cls, path: Path) -> "LaunchPlan":
+    def load(cls, path: Path) -> LaunchPlan:
         return cls.from_dict(json.loads(Path(path).read_text()))

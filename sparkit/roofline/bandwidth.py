@@ -131,7 +131,7 @@ def _when(iso: str) -> str:
         return iso
     if moment.tzinfo is None:  # a bare date (or a time of no known zone): as written
         return iso[:16].replace("T", " ")
-    return moment.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return moment.astimezone(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @dataclass
@@ -257,7 +257,7 @@ class LoadSampler:
     """How busy the machine is over a block: the other processes' CPU use (all CPU time minus this
     process's, threads included) in cores, and the load average at the end."""
 
-    def __enter__(self) -> "LoadSampler":
+    def __enter__(self) -> LoadSampler:
         import psutil
 
         self._me = psutil.Process()
@@ -384,7 +384,7 @@ def _cpu_name() -> str:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 __all__ = ["GPU_SPECS", "TARGET_DEVICES", "Measurement", "Bandwidth", "gpu_spec", "resolve_bandwidth",

@@ -31,9 +31,9 @@ reads. With TP, each GPU reads its shard of the sharded weights and all of the r
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkit.roofline.bandwidth import Bandwidth

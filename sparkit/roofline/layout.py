@@ -68,7 +68,7 @@ class Weights:
             return float(self.stored_bytes)
         return float(self.stored_bytes - self.float_stored_bytes + self.float_numel * float_bytes)
 
-    def merged(self, other: "Weights") -> "Weights":
+    def merged(self, other: Weights) -> Weights:
         return Weights(self.stored_bytes + other.stored_bytes, self.float_numel + other.float_numel,
                        self.float_stored_bytes + other.float_stored_bytes, self.dtypes | other.dtypes,
                        self.tensors + other.tensors)

@@ -12,7 +12,16 @@ from sparkit.runs.launcher import LaunchProgress, free_port, launch, stop
 from sparkit.runs.pipeline import Started, preflight, transient_server, up
 from sparkit.runs.processes import pid_alive
 from sparkit.runs.store import (
-    Run, RunFiles, RunState, Server, follow_log, list_runs, live_runs, mark_stale, prune_runs, resolve_server,
+    Run,
+    RunFiles,
+    RunState,
+    Server,
+    follow_log,
+    list_runs,
+    live_runs,
+    mark_stale,
+    prune_runs,
+    resolve_server,
     select_run,
 )
 

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sparkit.runs.processes as processes
 from sparkit.api_key import engine_environ, recipe_key
 from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
 from sparkit.errors import LaunchError, StateError
 from sparkit.paths import ensure_dir, open_output, open_state, write_error
 from sparkit.recipes.plan import LaunchPlan
-import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
 
 

@@ -35,7 +35,7 @@ class ProcessIdentity:
     cmdline: tuple[str, ...] | None = None
 
     @classmethod
-    def of(cls, pid: int) -> "ProcessIdentity | None":
+    def of(cls, pid: int) -> ProcessIdentity | None:
         """The identity of the live process `pid` now (None when it is gone). Called right after
         Popen it waits for the command line: Popen returns once exec closed its pipe, which the
         kernel does before the new program's arguments are readable in /proc (a few steps)."""
@@ -54,7 +54,7 @@ class ProcessIdentity:
             return None
 
     @classmethod
-    def from_dict(cls, data: Any) -> "ProcessIdentity | None":
+    def from_dict(cls, data: Any) -> ProcessIdentity | None:
         if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
             return None
         cmdline = data.get("cmdline")

@@ -21,7 +21,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -142,12 +142,12 @@ class Run:
         record["state"] = self.state.value
         self.write_json(RunFiles.META, record)
 
-    def reload(self) -> "Run":
+    def reload(self) -> Run:
         """The record as it is on disk now (another process may have stopped the run)."""
         return Run.open(self.path)
 
     @classmethod
-    def open(cls, path: Path) -> "Run":
+    def open(cls, path: Path) -> Run:
         """The run recorded in `path` (raises OSError / ValueError for a missing or torn record,
         StateError for a directory or record another user owns or can write, or a link)."""
         path = Path(path)
@@ -260,7 +260,7 @@ class Run:
         uptime = None
         if live and self.started_at:
             try:
-                uptime = (datetime.now(timezone.utc) - datetime.fromisoformat(self.started_at)).total_seconds()
+                uptime = (datetime.now(UTC) - datetime.fromisoformat(self.started_at)).total_seconds()
             except ValueError:
                 uptime = None
         probe = self.read_json(RunFiles.PROBE) or {}
@@ -517,10 +517,10 @@ def follow_log(run: Run, *, from_start: bool = False, poll: float = 0.2,
 def new_run_id(recipe_name: str) -> str:
     import secrets
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name) or "run"
     return f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()

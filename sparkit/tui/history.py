@@ -97,7 +97,7 @@ def _guarded(method):
     import functools
 
     @functools.wraps(method)
-    def wrapper(self: "ChatStore", *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: ChatStore, *args: Any, **kwargs: Any) -> Any:
         with self._guard():
             return method(self, *args, **kwargs)
 

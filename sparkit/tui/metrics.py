@@ -64,7 +64,7 @@ class ReplyMetrics:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReplyMetrics":
+    def from_dict(cls, data: dict[str, Any]) -> ReplyMetrics:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 

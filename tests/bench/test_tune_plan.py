@@ -94,10 +94,10 @@ def test_tuned_recipe_for_a_shipped_recipe_loads_and_carries_the_winning_depth(t
 
 
 def test_a_tuned_shipped_recipe_goes_to_the_current_directory_and_extends_it_by_name(tmp_path, monkeypatch):
-    from _shared import REPO_DIR
-
     from sparkit.bench.tune import tuned_recipe_dir
     from sparkit.recipes.load import load_recipe
+
+    from _shared import REPO_DIR
 
     before = set(REPO_DIR.iterdir()), set((REPO_DIR / "recipes" / "tiny").iterdir())
     elsewhere = tmp_path / "work"

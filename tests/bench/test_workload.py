@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from _shared import GSM8K_DIR
 from sparkit.bench.workload import Vocabulary, build_workload, file_prompts, gsm8k_prompts, random_prompts
 from sparkit.errors import DataError, UsageError
+
+from _shared import GSM8K_DIR
 
 
 def test_random_prompts_have_exact_length_avoid_specials_and_repeat_with_the_seed():

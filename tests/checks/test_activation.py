@@ -19,13 +19,12 @@ from sparkit.checks.activation import (
     check_lm_head_dtype,
     check_moe_runner,
     check_resolved_args,
-    check_weights,
     check_shared_lm_head,
+    check_weights,
     compare_args,
     evaluate,
 )
 from sparkit.checks.evidence import parse_server_info
-from sparkit.engines.sglang.log import parse_log
 from sparkit.checks.results import Status
 from sparkit.engines.activation import (
     ActivationReport,
@@ -34,6 +33,7 @@ from sparkit.engines.activation import (
     MoeReport,
     SpeculativeReport,
 )
+from sparkit.engines.sglang.log import parse_log
 from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
 
 

@@ -6,7 +6,6 @@ import asyncio
 import json
 import math
 
-from _shared import REPO_DIR
 from sparkit.checks.activation import ServerEvidence, check_known_answer, evaluate
 from sparkit.checks.known_answer import (
     PASSAGE_MAX_BYTES,
@@ -19,6 +18,8 @@ from sparkit.checks.known_answer import (
 from sparkit.checks.results import Status
 from sparkit.recipes.compile import compile_plan
 from sparkit.recipes.load import load_recipe
+
+from _shared import REPO_DIR
 
 SGLANG_PASSAGE1 = REPO_DIR / "tests" / "fixtures" / "sglang-0.5.23-h200" / "known-answer-passage1.json"
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from _shared import REPO_DIR
 from sparkit.checks.activation import (
     ServerEvidence,
     check_acceptance,
@@ -18,9 +17,11 @@ from sparkit.checks.activation import (
     check_shared_lm_head,
 )
 from sparkit.checks.evidence import parse_server_info
-from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
 from sparkit.checks.results import Status
 from sparkit.engines.activation import ActivationReport
+from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
+
+from _shared import REPO_DIR
 
 FIXTURES = REPO_DIR / "tests" / "fixtures" / "sglang-0.5.23-h200"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from _shared import GSM8K_DIR, REPO_DIR
-
 from sparkit import errors
+
+from _shared import GSM8K_DIR, REPO_DIR
 
 
 def sparkit(home: Path, *args: str) -> subprocess.CompletedProcess:

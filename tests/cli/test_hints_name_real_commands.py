@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+
 from _shared import REPO_DIR
 
 PLACEHOLDER = "\x00"  # an f-string's {expression}: any one value

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from _shared import GSM8K_DIR, run_in_pty
-
 from sparkit.cli.common import ProgressLines
+
+from _shared import GSM8K_DIR, run_in_pty
 
 
 def test_progress_lines_step_by_count_and_always_show_the_first_and_the_last():

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _shared import run_in_pty
-
 from sparkit.runs import Run, RunState
+
+from _shared import run_in_pty
 
 # The longest shipped recipe name makes the longest run id: the case that used to be cut.
 LONG_ID = "ling-3.0-flash-spark-humming-fp8head-20261129-171746-04c8"

@@ -10,8 +10,8 @@ import asyncio
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import time
 
 import httpx

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _shared import ANSI
 
 from sparkit.host import detect_host
+
+from _shared import ANSI
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:

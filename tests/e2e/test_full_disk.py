@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from _shared import fill_disk
 
 pytestmark = pytest.mark.e2e

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from _shared import GSM8K_DIR
-
 from sparkit.runs import pid_alive, select_run
+
+from _shared import GSM8K_DIR
 
 pytestmark = pytest.mark.e2e
 

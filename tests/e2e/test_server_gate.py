@@ -13,7 +13,6 @@ real on a real server process over real sockets.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import socket
 import threading
@@ -40,7 +39,7 @@ def raw(server, data: bytes, *, read: bool = True, timeout: float = 60) -> bytes
         while True:
             try:
                 chunk = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break
@@ -59,7 +58,7 @@ def wait_closed(sock: socket.socket, timeout: float) -> bytes | None:
             if not chunk:
                 return data
             data += chunk
-    except socket.timeout:
+    except TimeoutError:
         return None
     except ConnectionResetError:
         return data

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from _shared import ANSI, REPO_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -57,7 +58,7 @@ def clone(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tour")
     clone = root / "sparkit"
     subprocess.run(["git", "clone", "-q", str(REPO_DIR), str(clone)], check=True, timeout=300)
-    assert not (clone.parent / "shared").exists() and not (REPO_DIR.parent in clone.parents)
+    assert not (clone.parent / "shared").exists() and REPO_DIR.parent not in clone.parents
     return clone
 
 

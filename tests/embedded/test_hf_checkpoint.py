@@ -12,8 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.engines.embedded import hf_checkpoint  # noqa: E402
-from sparkit.engines.embedded import checkpoint  # noqa: E402
+from sparkit.engines.embedded import checkpoint, hf_checkpoint  # noqa: E402
 from sparkit.engines.embedded.checkpoint import load_checkpoint  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
 

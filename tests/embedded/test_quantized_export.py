@@ -164,9 +164,9 @@ def test_the_embedded_engine_loads_each_export_back_with_the_checkpoints_own_val
     # and those values are close to the bf16 weights (fp8 block: a few %; mxfp4: e2m1's 2-3 bits)
     bound = {"fp8": 0.07, "mxfp4": 0.35}[weights]
     for k in ("layers.0.mlp.w_gate_up", "layers.3.mlp.w_down", "layers.1.self_attn.o_proj.weight"):
-        err = float(((a[k] - b[k]).abs().amax() / a[k].abs().amax()))
+        err = float((a[k] - b[k]).abs().amax() / a[k].abs().amax())
         assert 0 < err < bound, (k, err)
-    expert_err = float(((a["layers.0.mlp.w_down"] - b["layers.0.mlp.w_down"]).abs().amax() / a["layers.0.mlp.w_down"].abs().amax()))
+    expert_err = float((a["layers.0.mlp.w_down"] - b["layers.0.mlp.w_down"]).abs().amax() / a["layers.0.mlp.w_down"].abs().amax())
     assert expert_err > (0.05 if weights == "mxfp4" else 0)  # the experts really are in the layout's precision
 
 
@@ -190,8 +190,9 @@ def test_the_engine_serves_the_export_and_reports_every_moe_layer_in_its_format(
 
 
 def test_a_scale_of_the_wrong_shape_is_refused_naming_the_tensor(quantized_exports, tmp_path):
-    from safetensors.torch import load_file, save_file
     import shutil
+
+    from safetensors.torch import load_file, save_file
 
     bad = tmp_path / "bad"
     shutil.copytree(quantized_exports["fp8"], bad)

@@ -29,7 +29,7 @@ def accept_length(engine, prompts=12, max_new_tokens=48) -> float:
 
 def test_the_model_has_learned_its_corpus(tiny_model_dir):
     from sparkit.engines.embedded.checkpoint import load_checkpoint
-    from sparkit.engines.embedded.corpus import encode_document, documents
+    from sparkit.engines.embedded.corpus import documents, encode_document
 
     _, model = load_checkpoint(tiny_model_dir)
     docs = documents(seed=999)  # unseen documents of the same distribution

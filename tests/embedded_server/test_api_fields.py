@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 import pytest
+from sglang_plugin._sglang_source import find_class, module_ast
 
 from sparkit.engines.embedded import protocol as proto
-from sglang_plugin._sglang_source import find_class, module_ast
 
 msgspec = pytest.importorskip("msgspec")
 

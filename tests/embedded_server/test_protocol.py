@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from sparkit.client import parse_prometheus
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.metrics import ServerMetrics
 from sparkit.engines.embedded.settings import build_arg_parser, validate_args
-from sparkit.client import parse_prometheus
 
 
 def parse(body, model=proto.GenerateRequest):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from _shared import GSM8K_DIR
 
 from sparkit.errors import DataError
 from sparkit.evals import gsm8k as core
+
+from _shared import GSM8K_DIR
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from _shared import GSM8K_DIR
 
 

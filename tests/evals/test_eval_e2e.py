@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+
 from _shared import GSM8K_DIR, fill_disk
 
 pytestmark = pytest.mark.e2e

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+
 from _shared import GSM8K_DIR
 
 pytestmark = pytest.mark.e2e

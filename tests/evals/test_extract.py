@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _shared import GSM8K_DIR
 
 from sparkit.evals.gsm8k import (
     exemplar_solution,
@@ -15,6 +14,8 @@ from sparkit.evals.gsm8k import (
     normalize_number,
     same_number,
 )
+
+from _shared import GSM8K_DIR
 
 
 def _rows(split: str) -> list[dict]:

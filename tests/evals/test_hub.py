@@ -16,11 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from _shared import GSM8K_DIR
 
 from sparkit.errors import DataError
 from sparkit.evals import gsm8k as core
 from sparkit.evals import hub
+
+from _shared import GSM8K_DIR
 
 SPLITS = {split: [json.loads(line) for line in (GSM8K_DIR / f"{split}.jsonl").read_text().splitlines()] for split in ("test", "train")}
 

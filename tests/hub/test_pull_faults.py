@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from _shared import fill_disk
 
 from _hub import NOT_GRANTED, TOKEN, run_sparkit, served_files
+from _shared import fill_disk
 
 MiB = 1024 * 1024
 CHUNK = 10 * MiB  # huggingface_hub's http_get writes what it receives in chunks of this size

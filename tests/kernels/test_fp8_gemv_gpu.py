@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from _shared import near_tie_states
 
 torch = pytest.importorskip("torch")

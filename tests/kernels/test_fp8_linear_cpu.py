@@ -61,9 +61,9 @@ def test_dispatch_on_cpu_uses_the_reference_and_prepare_declines():
 def test_exact_rescoring_gives_the_bf16_argmax_where_fp8_alone_flips_it():
     """Near-ties (two tokens a few hundredths of a logit apart) flip under per-row e4m3; re-scoring
     the FP8 top candidates exactly from the bf16 weight gives back the bf16 head's choice at every one."""
-    from _shared import near_tie_states
-
     from sparkit.kernels.fp8_linear import fp8_linear, quantize_fp8_per_row
+
+    from _shared import near_tie_states
 
     torch.manual_seed(3)
     n, k = 6000, 256

@@ -17,13 +17,14 @@ import types
 import pynvml
 import pytest
 
-from _shared import REPO_DIR
 from sparkit.checkpoint import read_safetensors_index
 from sparkit.host import detect_host
 from sparkit.memory.fit import CUDA_CONTEXT_BYTES, compute_fit, memory_basis
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES
 from sparkit.recipes.compile import compile_plan
 from sparkit.recipes.load import load_recipe
+
+from _shared import REPO_DIR
 
 GIB = 1024**3
 H200_TOTAL, H200_FREE = 150754820096, 150109880320  # `sparkit doctor` on the lent H200 (session 3)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from sparkit.memory.guard import LoadGuard
-from sparkit.memory.pagecache import evict_files, resident_bytes, residency, weight_files
+from sparkit.memory.pagecache import evict_files, residency, resident_bytes, weight_files
 
 MIB = 1024**2
 

@@ -4,13 +4,13 @@ NVML's real NotSupported error (the only fake: there is no GB10 here)."""
 from __future__ import annotations
 
 import psutil
+from test_host import fake_nvml
 
 from sparkit.engines.embedded.builder import SHIPPED_DIR
 from sparkit.host import detect_host
 from sparkit.memory.meminfo import parse_meminfo, read_meminfo
 from sparkit.memory.pagecache import evict_files, weight_files
 from sparkit.memory.picture import memory_picture
-from test_host import fake_nvml
 
 TINY = SHIPPED_DIR / "tiny-ling-s0"
 

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
+from sparkit.checkpoint import read_safetensors_index as read_index
 from sparkit.engines.embedded.builder import SHIPPED_DIR
 from sparkit.errors import DataError
-from sparkit.checkpoint import read_safetensors_index as read_index
 
 
 def read_safetensors_index(directory):

@@ -11,10 +11,11 @@ import json
 
 import pytest
 
-from _shared import REPO_DIR
 from sparkit.engines.sglang.log import parse_memory
 from sparkit.memory.model_shape import model_shape
 from sparkit.memory.sglang_pool import GIB, PoolInputs, mamba_ratio, size_pools
+
+from _shared import REPO_DIR
 
 FIXTURES = REPO_DIR / "tests" / "fixtures" / "sglang-0.5.23-h200"
 

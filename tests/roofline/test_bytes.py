@@ -11,10 +11,11 @@ import struct
 
 import pytest
 
-from _checkpoints import ling3_flash_fp4_tensors, write_ling3_flash_fp4
 from sparkit.recipes.load import load_recipe
 from sparkit.roofline.bandwidth import Bandwidth
 from sparkit.roofline.estimate import estimate, expected_distinct_experts
+
+from _checkpoints import write_ling3_flash_fp4
 
 SPARK = Bandwidth(273.0, 1, "spec", "test: GB10 spec sheet")
 CTX = 32768
@@ -122,7 +123,7 @@ def test_the_declared_profile_reads_what_the_real_headers_say(ling_dir):
 def test_the_declared_profile_matches_the_published_sizes():
     """124B parameters and 5.1B active (published), the -fp4 target weights at SGLang's loaded
     64.88 GiB within 2%, and MLA KV at the 8066 bytes per token its KV pool implies."""
-    from sparkit.roofline.profiles import LING3_FLASH_CONFIG, declared_layout, PROFILES
+    from sparkit.roofline.profiles import LING3_FLASH_CONFIG, PROFILES, declared_layout
 
     bf16 = declared_layout(PROFILES[0], "bf16")
     params, active = bf16.target_parameters, bf16.active_target_parameters

@@ -14,12 +14,18 @@ import sys
 
 import pytest
 
-from _checkpoints import ling3_flash_fp4_tensors
-from _shared import REPO_DIR
 from sparkit.checkpoint import read_safetensors_index
 from sparkit.roofline.layout import layout_from_checkpoint
-from sparkit.roofline.profiles import (LING3_FLASH_CONFIG, LING3_FLASH_SHAPES, config_only_tensors, ling3_flash_config,
-                                       ling3_flash_tensors)
+from sparkit.roofline.profiles import (
+    LING3_FLASH_CONFIG,
+    LING3_FLASH_SHAPES,
+    config_only_tensors,
+    ling3_flash_config,
+    ling3_flash_tensors,
+)
+
+from _checkpoints import ling3_flash_fp4_tensors
+from _shared import REPO_DIR
 
 
 def _generator():

@@ -8,8 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from _checkpoints import write_ling3_flash_fp4, write_safetensors
 from sparkit.cli.main import app
+
+from _checkpoints import write_ling3_flash_fp4, write_safetensors
 
 runner = CliRunner()
 

@@ -5,8 +5,8 @@ and the file pins each name once."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from importlib import metadata
+from pathlib import Path
 
 from _shared import REPO_DIR
 

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from _shared import REPO_DIR
 from sparkit.recipes.compile import compile_plan
 from sparkit.recipes.load import load_recipe
+
+from _shared import REPO_DIR
 
 
 @pytest.fixture(scope="module")

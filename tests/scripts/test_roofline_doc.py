@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from _shared import REPO_DIR
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import types
-from typing import List, Optional
+from typing import Optional
 
 import pytest
 
@@ -38,7 +38,7 @@ def _set_weight_attrs(weight, attrs):
 
 def _sglang_namespace():
     return {"torch": torch, "F": torch.nn.functional, "Parameter": torch.nn.Parameter,
-            "List": List, "Optional": Optional, "set_weight_attrs": _set_weight_attrs,
+            "List": list, "Optional": Optional, "set_weight_attrs": _set_weight_attrs,
             "nn": torch.nn}
 
 

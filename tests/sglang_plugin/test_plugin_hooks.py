@@ -105,9 +105,9 @@ def test_the_runner_attributes_the_hook_reads_exist():
 
 
 def _src(module, node):
-    from _sglang_source import module_path
-
     import ast
+
+    from _sglang_source import module_path
 
     return ast.get_source_segment(module_path(module).read_text(), node)
 

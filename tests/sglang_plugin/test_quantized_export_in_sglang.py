@@ -22,12 +22,13 @@ import json
 import logging
 import math
 import types
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Optional
 
 import pytest
 
-from _sglang_source import bind_method, exec_functions, find_class, find_function, method_source, module_ast
+from _sglang_source import bind_method, exec_functions, find_class, find_function, module_ast
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
@@ -48,7 +49,7 @@ def _fp8_config_class():
     readers) exec'd from the source."""
     from sglang.srt.environ import envs
 
-    ns = {"torch": torch, "envs": envs, "logger": logging.getLogger("sglang-fp8"), "List": List, "Dict": Dict,
+    ns = {"torch": torch, "envs": envs, "logger": logging.getLogger("sglang-fp8"), "List": list, "Dict": dict,
           "Any": Any, "Optional": Optional, "log_info_on_rank0": lambda logger, msg: None}
     exec_functions(FP8, ["ACTIVATION_SCHEMES"], ns)
     base = type("QuantizationConfig", (), {"get_from_keys": staticmethod(bind_method(BASE, "QuantizationConfig", "get_from_keys", ns))})
@@ -197,7 +198,7 @@ def test_sglang_refuses_an_fp8_block_moe_whose_experts_are_not_whole_blocks():
 def _linear_creator():
     from sglang.srt.layers import parameter
 
-    ns = {"torch": torch, "List": List, "Optional": Optional, "print_warning_once": lambda msg: None,
+    ns = {"torch": torch, "List": list, "Optional": Optional, "print_warning_once": lambda msg: None,
           "ModelWeightParameter": parameter.ModelWeightParameter, "BlockQuantScaleParameter": parameter.BlockQuantScaleParameter,
           "PerTensorScaleParameter": parameter.PerTensorScaleParameter}
     validate = bind_method(FP8, "Fp8LinearMethod", "validate_block_quant_shapes", ns)
@@ -273,7 +274,7 @@ def test_bailing_load_weights_maps_every_export_tensor_to_a_parameter(quantized_
     directory = quantized_exports[weights]
     config = json.loads((directory / "config.json").read_text())
     state = _export_state(directory)
-    ns = {"torch": torch, "Iterable": Iterable, "Tuple": Tuple, "default_weight_loader": None,
+    ns = {"torch": torch, "Iterable": Iterable, "Tuple": tuple, "default_weight_loader": None,
           "PPMissingLayer": type("PPMissingLayer", (), {}), "BailingMoESparseMoeBlock": type("BailingMoESparseMoeBlock", (), {})}
     FusedMoE = _moe_layer_class(weights == "mxfp4")[0]
     FusedMoE.make_expert_params_mapping = classmethod(bind_method(LAYER, "FusedMoE", "make_expert_params_mapping", ns))

@@ -66,7 +66,7 @@ class TokenLogprobs:
     logprobs: list[float | None] = field(default_factory=list)
     top: list[list[tuple[float, int]] | None] | None = None
 
-    def extend(self, other: "TokenLogprobs") -> None:
+    def extend(self, other: TokenLogprobs) -> None:
         self.token_ids += other.token_ids
         self.logprobs += other.logprobs
         if other.top is not None:
@@ -105,7 +105,7 @@ class EngineProtocol(Protocol):
     context_length: int
     model_name: str  # served model name
 
-    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: "CancelFlag",
+    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: CancelFlag,
                  logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
         """Prefill then decode. Yields one StepOutput per step; the last has finished=True.
 
@@ -125,7 +125,7 @@ class EngineProtocol(Protocol):
         moe_runner_backend, quantization, tp_size, ep_size, dtype, device, context_length, ...)."""
         ...
 
-    def activation_report(self) -> "object":
+    def activation_report(self) -> object:
         """A sparkit.engines.activation.ActivationReport built by inspecting the live modules."""
         ...
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from sparkit.engines.embedded.api import CancelFlag, LogprobRequest, SamplingParams, StepOutput, TokenLogprobs
-from sparkit.errors import LaunchError
 from sparkit.engines.embedded.settings import EngineConfig  # noqa: F401 (the engine's configuration, declared there)
+from sparkit.errors import LaunchError
 
 ENGINE_VERSION = "0.1.0"
 
@@ -123,7 +123,7 @@ class EmbeddedEngine:
             raise ValueError(f"logprob_start_len {logprobs.input_start} is outside the prompt (0..{len(input_ids)})")
         return self._steps(_Request(self, list(input_ids), params, generator, logprobs), cancelled)
 
-    def _steps(self, run: "_Request", cancelled: CancelFlag) -> Iterator[StepOutput]:
+    def _steps(self, run: _Request, cancelled: CancelFlag) -> Iterator[StepOutput]:
         try:
             if self.draft is None:
                 yield from run.plain(cancelled)
@@ -148,7 +148,12 @@ class EmbeddedEngine:
 
     def activation_report(self):
         from sparkit.engines.activation import (
-            ActivationReport, LmHeadReport, ModelReport, MoeLayerReport, MoeReport, SpeculativeReport,
+            ActivationReport,
+            LmHeadReport,
+            ModelReport,
+            MoeLayerReport,
+            MoeReport,
+            SpeculativeReport,
         )
         from sparkit.engines.embedded.model import MoE
 

@@ -42,7 +42,6 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sparkit.engines.embedded import protocol as proto
-
 from sparkit.engines.embedded.settings import ORIGINS_ENV
 
 MAX_MESSAGES = 4096
@@ -413,7 +412,7 @@ class BodyGate:
         while True:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.limits.causes.note("body timeout", "server: answered 408 to requests whose body did not arrive "
                                         f"within {self.limits.body_timeout_s:g} s (--body-timeout)")
                 return await _refuse(send, 408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s",

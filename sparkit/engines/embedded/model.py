@@ -81,7 +81,7 @@ class TinyLingConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TinyLingConfig":
+    def from_dict(cls, data: dict) -> TinyLingConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -89,7 +89,7 @@ class TinyLingConfig:
         (Path(directory) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def load(cls, directory: Path) -> "TinyLingConfig":
+    def load(cls, directory: Path) -> TinyLingConfig:
         return cls.from_dict(json.loads((Path(directory) / "config.json").read_text()))
 
 
@@ -418,7 +418,7 @@ def _interleave_rows(weight, num_heads: int, head_dim: int):
 class FastDecoderLayer:
     """One decoder layer's weights laid out for the fast path (plain tensors, not parameters)."""
 
-    def __init__(self, layer: "DecoderLayer"):
+    def __init__(self, layer: DecoderLayer):
         attn, moe = layer.self_attn, layer.mlp
         heads, head_dim = attn.num_heads, attn.head_dim
         inner = heads * head_dim
@@ -446,7 +446,7 @@ class FastDecoderLayer:
         self.down_t_each = [w.T.contiguous() for w in down.detach()] + [shared_down.T.contiguous()]
 
     @staticmethod
-    def supports(layer: "DecoderLayer") -> bool:
+    def supports(layer: DecoderLayer) -> bool:
         moe = layer.mlp
         return (
             moe._all_experts() is not None

@@ -43,7 +43,7 @@ class ProfileRequest:
     profile_prefix: str | None = None
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> "ProfileRequest":
+    def from_body(cls, body: dict[str, Any]) -> ProfileRequest:
         from sparkit.engines.embedded.protocol import ApiError
 
         req = cls(**{k: body.get(k) for k in cls.__dataclass_fields__ if body.get(k) is not None})

@@ -34,6 +34,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -1044,7 +1045,7 @@ class _OllamaRequest(_Lenient):
             names += [f"messages.{i}.images" for i, m in enumerate(self.messages) if m.images]
         return names
 
-    def sampling_params(self) -> "GenerateSamplingParams":
+    def sampling_params(self) -> GenerateSamplingParams:
         """options -> SGLang's sampling parameters, checked as /generate's (errors name the option)."""
         options = dict(self.options or {})
         if "seed" in options:
@@ -1085,9 +1086,9 @@ class OllamaShowRequest(_Lenient):
 
 
 def ollama_timestamp() -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def ollama_reply(kind: Literal["chat", "generate"], model: str, text: str, *, done: bool, whole: bool = False,

@@ -226,7 +226,7 @@ async def run_all(state: ServerState, jobs: list[Job], request: Request) -> list
             while True:
                 try:
                     item = await asyncio.wait_for(job.updates.get(), timeout=0.25)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     item = None
                 if isinstance(item, BaseException):
                     raise item
@@ -600,7 +600,7 @@ class OpenAIServing:
         yield proto.SSE_DONE
 
     def stream_chunks(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
-                      track: "StreamState") -> list[dict[str, Any]]:
+                      track: StreamState) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     def closing(self, run: OpenAIRun, results: list[proto.RequestProgress]) -> list[dict[str, Any]]:
@@ -618,7 +618,7 @@ class OpenAIServing:
                 "choices": choices, **extra}
 
     def new_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
-                     track: "StreamState") -> dict[str, Any] | None:
+                     track: StreamState) -> dict[str, Any] | None:
         """The logprobs of the output positions this snapshot adds (the prompt's before the
         first, for completions' echo)."""
         if run.logprobs[index] is None:
@@ -632,7 +632,7 @@ class OpenAIServing:
         return shown
 
     def shaped_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
-                        start: int, end: int | None, track: "StreamState | None" = None) -> dict[str, Any] | None:
+                        start: int, end: int | None, track: StreamState | None = None) -> dict[str, Any] | None:
         raise NotImplementedError
 
 

@@ -9,8 +9,8 @@ uvicorn: the recipe compiler validates a plan's flags with it.
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, dataclass, field, fields
 from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from

@@ -10,8 +10,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams, TokenLogprobs

@@ -15,13 +15,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, hub_model_path, local_model_provisions, package_version
+from sparkit.engines.base import (
+    EngineInfo,
+    EngineLaunch,
+    flag_value,
+    hub_model_path,
+    local_model_provisions,
+    package_version,
+)
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
-    ENABLE_ENV, EXACT_TOP_K_ENV, FP8_ENV, HUMMING_KEYWORDS_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV,
-    SHARE_ENV, truthy,
+    ENABLE_ENV,
+    EXACT_TOP_K_ENV,
+    FP8_ENV,
+    HUMMING_KEYWORDS_ENV,
+    PLUGIN_ENTRY_POINT,
+    PLUGIN_NAME,
+    PLUGINS_ENV,
+    SHARE_ENV,
+    truthy,
 )
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule

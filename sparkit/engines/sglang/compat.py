@@ -171,7 +171,7 @@ class Stack:
     search_path: list[str] | None = None
 
     @classmethod
-    def detect(cls, search_path: list[str] | None = None) -> "Stack":
+    def detect(cls, search_path: list[str] | None = None) -> Stack:
         out = {}
         for dist, module in PACKAGES:
             package = locate(module, search_path)

@@ -148,7 +148,7 @@ class ParserFacts:
                 "choices": self.choices, "env": sorted(self.env), "verdicts": dict(kept)}
 
     @classmethod
-    def from_record(cls, data: dict[str, Any], key: str, version: str | None) -> "ParserFacts":
+    def from_record(cls, data: dict[str, Any], key: str, version: str | None) -> ParserFacts:
         options = {s: OptionFact(str(v[0]), bool(v[1]), bool(v[2]), v[3] if isinstance(v[3], str) else None)
                    for s, v in data["options"].items()}
         verdicts = {str(k): (None if v is None else str(v)) for k, v in data.get("verdicts", {}).items()}

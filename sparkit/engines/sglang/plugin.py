@@ -257,7 +257,6 @@ def after_load_model(result, runner, *args, **kwargs):
         head = getattr(model, "lm_head", None)
         if fp8_enabled() and head is not None and hasattr(head, "weight"):
             from sparkit.engines.sglang.fp8_lm_head import convert_lm_head_to_fp8
-
             from sparkit.engines.sglang.report import tp_rank_and_size
 
             info = convert_lm_head_to_fp8(head, exact_top_k=exact_top_k())
