@@ -65,7 +65,6 @@ def start_server(model: Path, threads: int, log_dir: Path):
 def decode_tok_s(url: str, tokens: int) -> float:
     import httpx
 
-    started = time.perf_counter()
     first = None
     count = 0
     with httpx.stream("POST", url + "/generate", timeout=300, json={

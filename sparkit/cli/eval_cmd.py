@@ -172,7 +172,7 @@ def gsm8k(
     except KeyboardInterrupt:
         say(err, f"interrupted; finished questions are saved in {out}\n  resume with: "
             f"{resume_command('--out', str(out), '--resume')}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
     if as_json:
         print_json(summary)

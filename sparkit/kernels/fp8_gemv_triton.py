@@ -771,7 +771,7 @@ def _fp8_ccr_kernel(
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for _k0 in range(0, K, BLOCK_K):
         if EVEN_N:
             w = tl.load(w_ptrs)
         else:

@@ -146,7 +146,7 @@ def test_the_report_lists_every_layer_with_its_method_format_runner_and_humming_
     rep = _report(target, draft)
     layers = rep.target.moe.layers
     assert [layer.name for layer in layers] == [f"model.layers.{i}.mlp.experts" for i in range(4)]
-    assert {(l.quant_method, l.expert_weight_format, l.runner) for l in layers} == {("Mxfp4HummingMoEMethod", "mxfp4", "humming")}
+    assert {(layer.quant_method, layer.expert_weight_format, layer.runner) for layer in layers} == {("Mxfp4HummingMoEMethod", "mxfp4", "humming")}
     assert layers[0].weight_schema == "b_dtype=float4e2m1 bs_dtype=float8e8m0 group=32; b_dtype=float4e2m1 bs_dtype=float8e8m0 group=32"
     assert rep.draft.moe.layers[0].weight_schema is None  # the draft's layer had not been prepared
     plan = _plan(MXFP4_HUMMING)
@@ -201,8 +201,8 @@ def test_the_embedded_engine_reports_every_layer(quant_model_dir):
     engine = EmbeddedEngine(EngineConfig(model_path=str(quant_model_dir), expert_weights="mxfp4",
                                          speculative_algorithm="NEXTN"))
     rep = engine.activation_report()
-    assert [l.name for l in rep.target.moe.layers] == ["layers.0.mlp", "layers.1.mlp", "layers.2.mlp", "layers.3.mlp"]
-    assert {(l.quant_method, l.expert_weight_format) for l in rep.target.moe.layers + rep.draft.moe.layers} == {
+    assert [layer.name for layer in rep.target.moe.layers] == ["layers.0.mlp", "layers.1.mlp", "layers.2.mlp", "layers.3.mlp"]
+    assert {(layer.quant_method, layer.expert_weight_format) for layer in rep.target.moe.layers + rep.draft.moe.layers} == {
         ("EmbeddedMxfp4Experts", "mxfp4")}
     plan = _plan("tiny", "stack.weights=mxfp4")
     ev = ServerEvidence("embedded", reports=[rep])

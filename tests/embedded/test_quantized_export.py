@@ -34,7 +34,7 @@ def _config(directory: Path) -> dict:
 def test_the_fp8_export_is_block_128_fp8_with_float32_scales_and_the_rest_bf16(quantized_exports):
     h = _headers(quantized_exports["fp8"])
     c = _config(quantized_exports["fp8"])
-    H, I, S, V = c["hidden_size"], c["moe_intermediate_size"], c["moe_shared_expert_intermediate_size"], c["vocab_size"]
+    H, I, S, V = c["hidden_size"], c["moe_intermediate_size"], c["moe_shared_expert_intermediate_size"], c["vocab_size"]  # noqa: E741 (the shape names)
     assert (H, I, S) == (128, 128, 128)
     nextn = f"model.layers.{c['num_hidden_layers']}"
     for p in ("model.layers.0", "model.layers.3", nextn):
@@ -57,7 +57,7 @@ def test_the_fp8_export_is_block_128_fp8_with_float32_scales_and_the_rest_bf16(q
 def test_the_mxfp4_export_packs_routed_experts_two_per_byte_with_an_e8m0_scale_per_32(quantized_exports):
     h = _headers(quantized_exports["mxfp4"])
     c = _config(quantized_exports["mxfp4"])
-    H, I = c["hidden_size"], c["moe_intermediate_size"]
+    H, I = c["hidden_size"], c["moe_intermediate_size"]  # noqa: E741 (the shape names)
     for p in ("model.layers.0", f"model.layers.{c['num_hidden_layers']}"):
         for e in (0, 7):
             assert h[f"{p}.mlp.experts.{e}.gate_proj.weight"] == ("U8", (I, H // 2))

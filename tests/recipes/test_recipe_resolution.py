@@ -84,7 +84,7 @@ def test_shipped_recipes_extend_their_siblings_from_anywhere(tmp_path, monkeypat
     for name in ("tiny.yaml", "tiny-sglang.yaml", "spark-baseline.yaml", "tp4-baseline.yaml"):
         (tmp_path / name).write_text("this: is not a recipe\n")
     monkeypatch.chdir(tmp_path)
-    for name, path in shipped_recipes():
+    for name, _path in shipped_recipes():
         loaded = load_recipe(name)
         assert all(repo_recipes_dir() in p.parents for p in loaded.chain), (name, loaded.chain)
 

@@ -111,7 +111,7 @@ def test_doctor_warns_when_busy_and_every_roofline_line_says_when_and_under_what
     stored = json.loads((tmp_path / "data" / "bandwidth.json").read_text())["measurements"][0]
     assert stored["others_cpu_cores"] > 0 and stored["load_avg_1m"] is not None and stored["rounds"] == 5
     plan = sparkit(tmp_path, "plan", "tiny", "--set", "target=cpu")
-    line = next(l for l in plan.stdout.splitlines() if l.strip().startswith("bandwidth "))
+    line = next(out for out in plan.stdout.splitlines() if out.strip().startswith("bandwidth "))
     assert f"at load {stored['load_avg_1m']:.1f}" in line and "a busy machine, so the figure may be low" in line
     assert "measured 20" in line and " UTC" in line
 

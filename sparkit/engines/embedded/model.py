@@ -215,7 +215,7 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: TinyLingConfig):
         super().__init__()
-        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size  # noqa: E741 (the shape names of the comments)
         self.num_experts, self.top_k = E, cfg.num_experts_per_tok
         self.gate = nn.Linear(H, E, bias=False)
         self.w_gate_up = nn.Parameter(torch.randn(E, 2 * I, H) * H**-0.5)
