@@ -27,7 +27,6 @@ from sparkit.errors import DataError
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # Tokenizer files that are not JSON, by the names transformers' tokenizers give them.
 TOKENIZER_PATTERNS = ("tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt", "spiece.model",
                       "sentencepiece.bpe.model", "vocab.model", "qwen.tiktoken")

@@ -20,7 +20,6 @@ SUBJECTS = ["the cat", "the dog", "a bird", "the girl", "a boy", "the old man", 
 VERBS = ["sees", "likes", "follows", "helps", "finds", "calls", "watches", "meets"]
 OBJECTS = ["the ball", "a tree", "the river", "a red box", "the house", "the moon", "a small fish", "the garden"]
 PLACES = ["in the park", "at home", "near the lake", "on the hill", "by the road", "in the morning", "at night"]
-COLORS = ["red", "blue", "green", "yellow", "white", "black"]
 THINGS = ["apples", "books", "cups", "stones", "coins", "birds"]
 NAMES = ["Ann", "Bob", "Tom", "Lily", "Sam", "Mia"]
 NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]

@@ -97,11 +97,6 @@ def parser_unavailable() -> str | None:
     return parser_facts().unavailable
 
 
-def server_arg_parser():
-    """sglang's own server-args parser (imports sglang), raising ParserRejected instead of exiting."""
-    return parser_facts().real_parser()
-
-
 def env_registry() -> frozenset[str]:
     """Names of the environment variables the installed sglang reads (sglang.srt.environ.envs)."""
     return parser_facts().env
