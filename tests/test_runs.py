@@ -494,6 +494,7 @@ def test_down_still_stops_the_recorded_engine_and_what_its_group_left(sparkit_ho
     assert group_members(run.pgid) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref", ["", "  "])
 def test_a_blank_run_reference_matches_nothing(sparkit_home, stand_in, ref):
     from sparkit.errors import UsageError

@@ -180,6 +180,7 @@ def test_a_directory_above_the_home_that_others_can_write_is_refused(shared_dir)
     assert f"{above}, above sparkit's state directory {home}, belongs to nobody" in said
 
 
+@pytest.mark.slow
 @root_only
 def test_up_refuses_a_home_where_the_log_could_be_swapped_for_a_link(shared_dir, tmp_path):
     """The attack: in nobody's home, nobody watched for the new run directory, swapped it for its

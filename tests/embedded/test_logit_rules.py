@@ -183,6 +183,7 @@ def test_sampled_outputs_match_the_regex(engines, kind, pattern):
     assert not all(regex.fullmatch(pattern, t, partial=True) for t in unconstrained)  # the grammar did the work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "nextn"])
 def test_sampled_outputs_are_json_matching_the_schema(engines, kind):
     engine = engines[kind]

@@ -101,6 +101,7 @@ def test_transformers_reads_the_quantization_config_through_the_exports_own_clas
 # ------------------------------------------------------------------ the declared Ling profile's classification
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
 def test_each_export_is_classified_like_the_declared_ling_profile_of_its_variant(quantized_exports, weights):
     """sparkit.checkpoint + sparkit.roofline.layout read the export's headers into roles; each role

@@ -37,6 +37,7 @@ def test_verify_greedy_accepts_the_longest_matching_prefix_plus_the_bonus():
     assert verify_greedy([5, 6, 7], [5, 6, 7, 1]) == (3, 1)
 
 
+@pytest.mark.slow
 def test_rejection_sampling_reproduces_the_target_distribution():
     """Drafts sampled from q, verified against p: the first emitted token follows p0 and the second
     (when emitted in the same step) follows p1, even though q is far from p."""
@@ -73,6 +74,7 @@ def test_top_k_and_top_p_truncate_the_distribution():
 # ---------------------------------------------------------------- engine: greedy equality
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 4])
 def test_greedy_speculative_output_is_token_for_token_plain_greedy(untrained_model_dir, make_engine, num_steps):
     plain = make_engine(untrained_model_dir)
@@ -86,6 +88,7 @@ def test_greedy_speculative_output_is_token_for_token_plain_greedy(untrained_mod
         assert all(1 <= len(s.token_ids) <= num_steps + 1 for s in steps if s.verify_step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experts, head", [("fp8", "fp8"), ("mxfp4", "bf16"), ("bf16", "fp32")])
 def test_greedy_equality_holds_with_quantised_weights_and_a_draft_that_often_hits(tiny_model_dir, make_engine, experts, head):
     from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
@@ -230,6 +233,7 @@ def test_engine_config_errors_name_the_setting(untrained_model_dir, make_engine)
         make_engine(untrained_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_num_draft_tokens=8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experts", ["fp8", "mxfp4"])
 def test_decoding_experts_per_forward_computes_the_same_tokens(tiny_model_dir, make_engine, experts):
     """expert_dequant "forward" (decode the picked experts from the quantised bytes each time) and

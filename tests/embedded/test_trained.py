@@ -40,11 +40,13 @@ def test_the_model_has_learned_its_corpus(tiny_model_dir):
     assert nll < 1.2, f"held-out loss {nll:.2f} nats/token (uniform would be {math.log(262):.2f})"
 
 
+@pytest.mark.slow
 def test_trained_draft_gives_accept_length_well_above_1_5(tiny_model_dir, make_engine):
     engine = make_engine(tiny_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, lm_head_dtype="fp8")
     assert accept_length(engine) > 2.0
 
 
+@pytest.mark.slow
 def test_a_wrong_draft_gives_accept_length_near_one(tiny_model_dir, wrong_draft_model_dir, make_engine):
     engine = make_engine(
         tiny_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_draft_model_path=str(wrong_draft_model_dir)
@@ -52,6 +54,7 @@ def test_a_wrong_draft_gives_accept_length_near_one(tiny_model_dir, wrong_draft_
     assert accept_length(engine) < 1.2
 
 
+@pytest.mark.slow
 def test_tensor_sharing_of_an_fp8_head_gives_accept_length_near_one(tiny_model_dir, make_engine):
     engine = make_engine(
         tiny_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, lm_head_dtype="fp8", draft_lm_head_sharing="tensor"

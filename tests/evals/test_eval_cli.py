@@ -17,6 +17,7 @@ def sparkit(*args: str, home) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sparkit", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_bad_data_path_exits_8_with_a_clear_message(tmp_path):
     done = sparkit("eval", "gsm8k", "--url", "http://127.0.0.1:9", "--data", str(tmp_path / "missing.jsonl"), home=tmp_path)
     assert done.returncode == 8

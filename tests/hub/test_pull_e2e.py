@@ -89,6 +89,7 @@ def test_transformers_and_huggingface_hub_find_the_pulled_model_offline(hub, hub
     assert out["type"] == "BailingMoeV2Config" and out["ids"]
 
 
+@pytest.mark.slow
 def test_a_second_pull_fetches_nothing_and_plain_progress_has_a_line_per_file_and_totals(hub, hub_env):
     first = run_sparkit(hub_env, "pull", "sparkit-test/tiny-ling")
     assert first.returncode == 0, first.stderr
@@ -136,6 +137,7 @@ def test_the_page_cache_holds_none_of_the_pulled_files(hub, hub_env, tmp_path):
     assert caches[str(snapshot.resolve())]["cached_bytes"] >= sum(p.stat().st_size for p in weights) - 4096 * len(weights)
 
 
+@pytest.mark.slow
 def test_dry_run_lists_the_files_and_downloads_no_weights(hub, hub_env):
     done = run_sparkit(hub_env, "pull", "--dry-run", "sparkit-test/tiny-ling-sharded")
     assert done.returncode == 0, done.stderr
@@ -145,6 +147,7 @@ def test_dry_run_lists_the_files_and_downloads_no_weights(hub, hub_env):
     assert not (Path(hub_env["HF_HUB_CACHE"]) / "models--sparkit-test--tiny-ling-sharded" / "blobs").exists()
 
 
+@pytest.mark.slow
 def test_check_verifies_the_local_copy_without_downloading(hub, hub_env):
     assert run_sparkit(hub_env, "pull", "sparkit-test/tiny-ling").returncode == 0
     served = served_files(hub, "sparkit-test/tiny-ling")
@@ -155,6 +158,7 @@ def test_check_verifies_the_local_copy_without_downloading(hub, hub_env):
     assert sum(1 for line in checked.stderr.splitlines() if line.startswith("verify ")) == 7
 
 
+@pytest.mark.slow
 def test_a_recipe_pulls_its_model_and_its_separate_draft_model_and_one_without_hub_models_nothing(hub, hub_env, tmp_path):
     recipe = tmp_path / "draft.yaml"
     recipe.write_text("extends: tiny\nmodel:\n  path: sparkit-test/tiny-ling\nstack:\n  speculative:\n"

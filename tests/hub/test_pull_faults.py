@@ -104,6 +104,7 @@ def wait_for_partial(env: dict, repo: str, at_least: int, proc: subprocess.Popen
 
 # ------------------------------------------------------------------------------ interrupted
 
+@pytest.mark.slow
 def test_kill_9_mid_file_then_the_next_pull_resumes_it_fetching_again_only_what_was_in_flight(hub, hub_env):
     weights = source(hub, "sparkit-test/tiny-ling", "v0", "model.safetensors")
     size, block_at = v0_weights(hub)
@@ -133,6 +134,7 @@ def test_kill_9_mid_file_then_the_next_pull_resumes_it_fetching_again_only_what_
     assert not list(blobs(hub_env, "sparkit-test/tiny-ling").glob("*.incomplete"))
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_file_exits_130_says_what_is_kept_and_resumes(hub, hub_env):
     size, block_at = v0_weights(hub)
     hub.control(op="block", path="model.safetensors", after=block_at)
@@ -150,6 +152,7 @@ def test_ctrl_c_mid_file_exits_130_says_what_is_kept_and_resumes(hub, hub_env):
     assert served_files(hub, "sparkit-test/tiny-ling")["model.safetensors"] - size < CHUNK
 
 
+@pytest.mark.slow
 def test_a_connection_dropped_mid_body_is_resumed_by_huggingface_hub_within_the_same_pull(hub, hub_env):
     size, cut_at = v0_weights(hub)
     hub.control(op="cut", path="model.safetensors", after=cut_at, times=1)
@@ -162,6 +165,7 @@ def test_a_connection_dropped_mid_body_is_resumed_by_huggingface_hub_within_the_
     assert f"bytes={CHUNK}-" in ranges
 
 
+@pytest.mark.slow
 def test_a_network_that_stays_down_is_one_error_keeping_the_partial_file_for_the_next_pull(hub, hub_env):
     hub.control(op="cut", path="model.safetensors", after=v0_weights(hub)[1], times=-1)
     done = run_sparkit(hub_env, "pull", V0, "--workers", "1")
@@ -175,6 +179,7 @@ def test_a_network_that_stays_down_is_one_error_keeping_the_partial_file_for_the
 
 # ------------------------------------------------------------------------------ verified
 
+@pytest.mark.slow
 def test_a_byte_flipped_in_transit_is_detected_and_the_file_fetched_again_once(hub, hub_env):
     size = source(hub, "sparkit-test/tiny-ling", "main", "model.safetensors").stat().st_size
     hub.control(op="flip", path="model.safetensors", offset=5_000_000, times=1)
@@ -189,6 +194,7 @@ def test_a_byte_flipped_in_transit_is_detected_and_the_file_fetched_again_once(h
                                                                    "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_file_the_hub_serves_damaged_every_time_is_an_error_naming_it_and_the_rest_is_kept(hub, hub_env):
     hub.control(op="flip", path="model.safetensors", offset=123, times=-1)
     done = run_sparkit(hub_env, "pull", "sparkit-test/tiny-ling")
@@ -250,6 +256,7 @@ def fill(disk: Path, leave: int) -> Path:
     return fill_disk(disk, leave, chunk=65536)
 
 
+@pytest.mark.slow
 def test_a_disk_that_cannot_hold_the_model_is_refused_before_anything_moves(hub, hub_env, small_disk):
     env = {**hub_env, "HF_HUB_CACHE": str(small_disk / "hub")}
     fill(small_disk, leave=4 * MiB)
@@ -261,6 +268,7 @@ def test_a_disk_that_cannot_hold_the_model_is_refused_before_anything_moves(hub,
     assert not (small_disk / "hub" / "models--sparkit-test--tiny-ling" / "blobs").exists()
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_mid_file_names_the_file_keeps_the_rest_and_resumes(hub, hub_env, small_disk):
     env = {**hub_env, "HF_HUB_CACHE": str(small_disk / "hub")}
     hub.control(op="block", path="model.safetensors", after=4_000_000)
@@ -303,6 +311,7 @@ def test_hub_refusals_are_one_error_each_with_what_to_do(hub, hub_env):
         assert not (Path(hub_env["HF_HUB_CACHE"]) / ("models--" + repo.replace("/", "--")) / "blobs").exists()
 
 
+@pytest.mark.slow
 def test_hf_token_opens_a_gated_repository_and_never_lands_in_a_file_or_leaves_the_hub(hub, hub_env, tmp_path):
     env = {**hub_env, "HF_TOKEN": TOKEN}
     done = run_sparkit(env, "pull", "sparkit-test/tiny-ling-gated", "--json")

@@ -59,6 +59,7 @@ def test_plan_of_the_shipped_spark_recipe_reads_ling_s_headers_from_the_hub_and_
     assert "kept by sparkit" in json.loads(offline.stdout)["memory_fit"]["checkpoint_note"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repo", ["sparkit-test/tiny-ling", "sparkit-test/tiny-ling-sharded", "sparkit-test/tiny-ling-fp32"])
 def test_tiny_ling_layouts_fit_from_the_hub_as_from_disk(hub, hub_env, repo, tmp_path):
     recipe = tmp_path / "hub-tiny.yaml"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import psutil
+import pytest
 
 from _hub import TOKEN, commit, run_sparkit, served_files
 
@@ -21,6 +22,7 @@ def hub_recipe(tmp_path: Path, repo: str) -> Path:
     return recipe
 
 
+@pytest.mark.slow
 def test_up_refuses_a_hub_model_that_is_not_here_with_the_exact_pull_command(hub, hub_env, tmp_path):
     recipe = hub_recipe(tmp_path, "sparkit-test/tiny-ling@v0")
     done = run_sparkit(hub_env, "up", str(recipe), "--port", "auto", "--detach")
@@ -48,6 +50,7 @@ def test_up_of_a_hub_model_the_hub_cannot_describe_says_what_serves_it_and_the_p
     assert served_files(hub, "sparkit-test/tiny-ling") == {}
 
 
+@pytest.mark.slow
 def test_up_pull_pulls_then_serves_the_local_snapshot_offline_and_the_token_is_written_nowhere(hub, hub_env, tmp_path):
     repo = "sparkit-test/tiny-ling-gated"
     env = {**hub_env, "HF_TOKEN": TOKEN}

@@ -108,6 +108,7 @@ def test_the_shipped_spark_fraction_is_checked_not_trusted(ling_fp4):
     assert small.verdict == "does-not-fit" and small.min_fraction > small.max_fraction
 
 
+@pytest.mark.slow
 def test_what_the_stack_adds_or_frees(ling_fp4):
     optimized = fit_of("ling-3.0-flash/spark-optimized", ling_fp4, basis=spark())
     freed = fit_of("ling-3.0-flash/spark-optimized", ling_fp4, "stack.lm_head_exact_top_k=0", basis=spark())
@@ -124,6 +125,7 @@ def test_what_the_stack_adds_or_frees(ling_fp4):
     assert term(longer, "linear-attention state (35 KDA layers)") == KDA_LAYERS * KDA_STATE * (3 * 4 + 1)
 
 
+@pytest.mark.slow
 def test_tp4_bf16_is_per_gpu_and_without_a_gpu_here_a_requirement(ling_bf16):
     fit = fit_of("ling-3.0-flash/tp4-nextn", ling_bf16)
     assert fit.verdict == "unknown" and fit.required_available_bytes and "per GPU" in fit.summary

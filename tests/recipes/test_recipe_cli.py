@@ -110,6 +110,7 @@ def test_recipes_list_show_validate(tmp_path):
     assert runner.invoke(app, ["recipes", "validate", "ling-3.0-flash/tp4-nextn"]).exit_code == 0
 
 
+@pytest.mark.slow
 def test_recipes_show_redirected_is_yaml_that_loads_back_as_the_same_recipe(tmp_path):
     """`sparkit recipes show X > mine.yaml` then `sparkit recipes validate mine.yaml`: the
     output is plain YAML (comments as # lines, no markup, no wrapping at 80 columns)."""

@@ -241,6 +241,7 @@ def test_a_name_over_name_max_is_a_recipe_error_naming_it(tmp_path, capsys):
     assert exit_info.value.code == 3 and "--out" not in err and "NAME_MAX" in err
 
 
+@pytest.mark.slow
 def test_a_recipe_piped_to_plan_is_read_from_standard_input(tmp_path):
     """`... | sparkit plan /dev/stdin` was a `/proc/.../pipe:[...]` error: now it plans (and
     `-` means the same); a terminal on standard input is named as such."""

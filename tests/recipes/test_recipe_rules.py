@@ -112,6 +112,7 @@ def test_expert_width_from_local_config(tmp_path):
                                                                   "stack.tp=2"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["--set", "recipe"])
 @pytest.mark.parametrize("name", ["SPARKIT_API_KEY", "MY_SERVER_KEY", "HF_TOKEN"])
 def test_a_key_in_server_env_is_refused_and_written_nowhere(sparkit_home, tmp_path, where, name):

@@ -24,6 +24,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow
 def test_every_variant_compiles_to_the_launch_it_means(bench, tmp_path):
     pytest.importorskip("sglang")
     model = tmp_path / "model"

@@ -6,6 +6,8 @@ import asyncio
 import functools
 import time
 
+import pytest
+
 from sparkit.tui.app import create_app
 from sparkit.tui.clipboard import last_copy_path
 from sparkit.tui.history import ChatStore
@@ -64,6 +66,7 @@ async def test_copy_with_nothing_to_copy_says_so(sparkit_home, tmp_path):
         assert any("no reply to copy" in n.message for n in app._notifications)
 
 
+@pytest.mark.slow
 @run_async
 async def test_settings_are_validated_and_saved(tmp_path):
     app = create_app(DEAD_URL, store_path=tmp_path / "c.sqlite3", health_interval=None)
@@ -104,6 +107,7 @@ async def test_new_chat_clears_the_view_and_history_reopens_it(tmp_path):
         assert app.conversation_id == cid
 
 
+@pytest.mark.slow
 @run_async
 async def test_a_message_to_an_unreachable_server_is_marked_and_the_app_goes_on(tmp_path):
     app = create_app(DEAD_URL, store_path=tmp_path / "c.sqlite3", health_interval=0.5)
@@ -135,6 +139,7 @@ def chat_with_figures(tmp_path) -> tuple:
     return store_path, cid
 
 
+@pytest.mark.slow
 @run_async
 async def test_reopening_a_saved_chat_counts_each_reply_once(tmp_path):
     store_path, cid = chat_with_figures(tmp_path)

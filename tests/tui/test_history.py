@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkit.tui.history import ChatStore, default_path
 
 
@@ -107,6 +109,7 @@ def test_garbage_instead_of_a_history_is_named(sparkit_home):
     check_named_with_the_move_aside_command(result, path)
 
 
+@pytest.mark.slow
 def test_a_damaged_page_is_found_before_the_chat_screen_opens(sparkit_home):
     path = filled_history(default_path())
     damage_page(path)
