@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkit.checkpoint import DTYPE_BITS, write_sparse_checkpoint  # noqa: E402
+from sparkit.checkpoint_headers import DTYPE_BITS, write_sparse_checkpoint  # noqa: E402
 from sparkit.roofline.profiles import VARIANTS, ling3_flash_config, ling3_flash_tensors  # noqa: E402
 
 ALIASES = {"fp4": "mxfp4", "mxfp4": "mxfp4", "fp8": "fp8", "bf16": "bf16"}

@@ -1,4 +1,4 @@
-"""sparkit.checkpoint: a checkpoint's tensors from its safetensors headers, and every way a header
+"""sparkit.checkpoint_headers: a checkpoint's tensors from its safetensors headers, and every way a header
 can lie about its sizes reported as one error naming the file."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from sparkit.checkpoint import read_safetensors_header, read_safetensors_index
+from sparkit.checkpoint_headers import read_safetensors_header, read_safetensors_index
 from sparkit.errors import DataError
 
 from _checkpoints import write_safetensors, write_sharded

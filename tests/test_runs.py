@@ -635,7 +635,7 @@ def test_an_engine_started_before_up_recorded_its_pid_is_found_and_stopped(spark
     fails the start as "waiting for the engine to start", not as a build that never launched."""
     import subprocess
 
-    from sparkit.engines.activation import REPORT_DIR_ENV
+    from sparkit.engines.activation_report import REPORT_DIR_ENV
     from sparkit.runs.processes import ProcessIdentity
     from sparkit.runs.store import RunState, list_runs, mark_stale
 

@@ -55,7 +55,7 @@ def variant_row(label: str, up: dict | None, runs: Path, decode: dict) -> dict:
         "log": str(run / "server.log"),
     })
     try:
-        from sparkit.engines.activation import load_reports
+        from sparkit.engines.activation_report import load_reports
 
         reports = load_reports(run)
     except Exception:

@@ -28,7 +28,7 @@ def _json(path: Path):
 
 
 def run_section(run: Path) -> list[str]:
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
     from sparkit.engines.sglang.log import parse_log, phase_timeline
 
     meta = _json(run / "meta.json") or {}

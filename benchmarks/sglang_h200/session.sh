@@ -306,7 +306,7 @@ if has quant; then
   for x in "$SK_HOME"/cache/models/tiny-ling-s0-hf-*; do
     [ -d "$x" ] || continue
     mkdir -p "$W/exports/${x##*/}" && cp "$x"/*.json "$W/exports/${x##*/}/" 2>/dev/null
-    python3 -c "import sys; from sparkit.checkpoint import read_safetensors_index as r; \
+    python3 -c "import sys; from sparkit.checkpoint_headers import read_safetensors_index as r; \
 print('\n'.join(f'{t.name} {t.dtype} {list(t.shape)}' for t in sorted(r(sys.argv[1]).tensors.values(), key=lambda t: t.name)))" \
       "$x" > "$W/exports/${x##*/}/headers.txt" 2>&1
   done

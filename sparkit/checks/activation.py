@@ -18,7 +18,7 @@ from typing import Any
 from sparkit.checks.evidence import ServerInfo
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT, KnownAnswerScore
 from sparkit.checks.results import CheckResult, Status
-from sparkit.engines.activation import ActivationReport, MoeLayerReport
+from sparkit.engines.activation_report import ActivationReport, MoeLayerReport
 from sparkit.engines.sglang.log import LogEvidence
 from sparkit.recipes.plan import LaunchPlan
 

@@ -91,7 +91,7 @@ def check_memory_now(plan: LaunchPlan, host: Host) -> CheckResult:
     """What the OS can give right now, against the load guard's floor (the guard would stop an
     engine at once under it); on unified memory the whole picture (page cache, the checkpoint's
     share of it, swap, what NVML and CUDA would claim)."""
-    from sparkit.memory.checkpoint import plan_checkpoint_dirs
+    from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
     from sparkit.memory.floor import floor_bytes, floor_source, guard_settings
     from sparkit.memory.guard import guard_supported
     from sparkit.memory.meminfo import read_meminfo

@@ -80,7 +80,7 @@ async def gather_evidence(
     probe: bool = True,
 ) -> ServerEvidence:
     from sparkit.client import EngineClient
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
 
     ev = ServerEvidence(engine=plan.engine)
     try:

@@ -421,7 +421,7 @@ def _shipped_checkpoint_dirs() -> list:
     pull` fetched (their page-cache share is part of the memory picture)."""
     from sparkit.engines.builtin_models import parse_builtin
     from sparkit.errors import SparkitError
-    from sparkit.memory.checkpoint import locate
+    from sparkit.memory.checkpoint_location import locate
     from sparkit.recipes.load import load_recipe
 
     dirs: dict = {}

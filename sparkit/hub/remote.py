@@ -9,7 +9,7 @@ is made, not when huggingface_hub was imported.
 
 The memory fit of a hub id that is not here reads the checkpoint's safetensors headers this way:
 a 100 kB range of each weight file (its 8-byte header length and, usually, its whole header),
-a second range when the header is longer, checked by sparkit.checkpoint as a local file would
+a second range when the header is longer, checked by sparkit.checkpoint_headers as a local file would
 be. A commit never changes, so the headers read for one are kept in sparkit's cache
 (`hub-headers/`): the next `sparkit plan` reads them without a request, offline included.
 """
@@ -241,7 +241,7 @@ class RemoteCheckpoint:
     ref: HubRef
     commit: str
     config: dict[str, Any]
-    tensors: list  # sparkit.checkpoint.TensorInfo
+    tensors: list  # sparkit.checkpoint_headers.TensorInfo
     files: dict[str, int]  # the weight files and their sizes
     weights_rule: str
     source: str  # where the headers came from, for the user
@@ -261,7 +261,7 @@ def _headers_dir(repo: str):
 
 
 def _load_cached(ref: HubRef, commit: str) -> RemoteCheckpoint | None:
-    from sparkit.checkpoint import TensorInfo
+    from sparkit.checkpoint_headers import TensorInfo
 
     try:
         data = json.loads((_headers_dir(ref.repo) / f"{commit}.json").read_text())
@@ -305,7 +305,7 @@ def _last_known_commit(ref: HubRef) -> str | None:
 
 
 def _read_header(ref: HubRef, commit: str, file: RemoteFile):
-    from sparkit.checkpoint import header_length, parse_safetensors_header
+    from sparkit.checkpoint_headers import header_length, parse_safetensors_header
 
     where = f"{ref.repo}@{commit[:12]}/{file.path}"
     first = read_range(ref, commit, file.path, 0, min(HEADER_PROBE_BYTES, file.size) - 1)

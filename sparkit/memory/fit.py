@@ -256,7 +256,7 @@ def _checkpoint_of(label: str, tensors: list, config: dict, tp: int, config_only
 
 
 def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
-    from sparkit.checkpoint import safetensors_files
+    from sparkit.checkpoint_headers import safetensors_files
     from sparkit.errors import DataError
 
     try:
@@ -336,7 +336,7 @@ def _declared_checkpoint(location: Any, recipe: dict, tp: int) -> _Checkpoint | 
 def _cached_index(directory: str, files: tuple) -> list:
     """The headers of a checkpoint, read once per process while its files stay the same (`plan`
     and the preflight both need them; a Ling checkpoint has 127k tensors)."""
-    from sparkit.checkpoint import read_safetensors_index
+    from sparkit.checkpoint_headers import read_safetensors_index
 
     return list(read_safetensors_index(Path(directory)).tensors.values())
 
@@ -402,7 +402,7 @@ def sglang_prefill_graph_sizes(max_tokens: int) -> list[int]:
 def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
     """The memory fit of `plan` against `basis` (None: the requirement only)."""
     from sparkit.errors import DataError
-    from sparkit.memory.checkpoint import plan_checkpoints
+    from sparkit.memory.checkpoint_location import plan_checkpoints
 
     recipe = plan.recipe or {}
     locations = plan_checkpoints(plan)

@@ -4,7 +4,7 @@ Batch-1 decoding is memory-bound: each step reads the weights it uses once, so a
 take less than (bytes read) / (memory bandwidth). The package computes that bound per recipe:
 
 - `layout`: which tensors a decode step reads, from a checkpoint's config.json and safetensors
-  headers (sparkit.checkpoint), grouped by role (attention, dense MLP, shared expert, router,
+  headers (sparkit.checkpoint_headers), grouped by role (attention, dense MLP, shared expert, router,
   routed experts per MoE layer, lm_head, the MTP layer, KV cache and linear-attention state).
 - `profiles`: declared layouts of models whose checkpoints are not on this machine (the shipped
   Ling recipes point at hub ids): Ling-3.0-flash's documented shapes, clearly labelled.

@@ -304,7 +304,7 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
     """The layout for a recipe's model: a local checkpoint's headers (a directory, sparkit's
     built-in tiny-ling, a hub model complete in the Hugging Face cache), else for a hub model its
     headers read from the hub by range requests (sparkit.hub.remote), else a declared profile."""
-    from sparkit.memory.checkpoint import locate
+    from sparkit.memory.checkpoint_location import locate
     from sparkit.roofline.layout import layout_from_checkpoint, layout_from_tensors
     from sparkit.roofline.profiles import find_profile
 
@@ -324,7 +324,7 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
         return layout
     location = locate(model_path)
     if location.readable:
-        from sparkit.checkpoint import safetensors_files
+        from sparkit.checkpoint_headers import safetensors_files
 
         local = Path(location.directory)
         if (local / "config.json").is_file() and not safetensors_files(local):  # what --load-format dummy serves
@@ -406,14 +406,14 @@ def _declared_cache_path(family: str, weights: str) -> Path:
     a change of the profile or of the grouping is a new file, never a stale answer."""
     import hashlib
 
-    import sparkit.checkpoint
+    import sparkit.checkpoint_headers
     import sparkit.roofline.layout
     import sparkit.roofline.profiles
     from sparkit._version import __version__
     from sparkit.paths import cache_dir
 
     digest = hashlib.sha256(f"{__version__}\0{family}\0{weights}".encode())
-    for module in (sparkit.roofline.profiles, sparkit.roofline.layout, sparkit.checkpoint):
+    for module in (sparkit.roofline.profiles, sparkit.roofline.layout, sparkit.checkpoint_headers):
         digest.update(Path(module.__file__).read_bytes())
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{family}-{weights}")
     return cache_dir() / "roofline" / f"{safe}-{digest.hexdigest()[:16]}.json"

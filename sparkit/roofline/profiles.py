@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sparkit.checkpoint import DTYPE_BITS, TensorInfo
+from sparkit.checkpoint_headers import DTYPE_BITS, TensorInfo
 from sparkit.weight_formats import LAYOUTS, linear_tensors, sglang_quantization_config
 
 _HF = "transformers BailingHybridConfig default (checkpoint inclusionAI/Ling-3.0-Flash)"
@@ -292,7 +292,7 @@ def config_only_layout(directory: Any, *, name: str | None = None):
     the declared generator (DataError when sparkit declares nothing for it)."""
     from pathlib import Path
 
-    from sparkit.checkpoint import read_config
+    from sparkit.checkpoint_headers import read_config
     from sparkit.errors import DataError
     from sparkit.roofline.layout import layout_from_tensors
 

@@ -130,7 +130,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     `memory_fit` (preflight's, sparkit.memory.fit) is recorded in the run directory, so that a
     launch while this one starts reserves what it will hold; `on_recorded` is called once the run
     and its memory fit are on disk (sparkit.runs.pipeline.up releases the launch lock there)."""
-    from sparkit.engines.activation import REPORT_DIR_ENV
+    from sparkit.engines.activation_report import REPORT_DIR_ENV
 
     t0 = time.monotonic()
 
@@ -264,7 +264,7 @@ def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
         run.memory_guard = {"enabled": False, "reason": unsupported or "server.memory_guard.enabled is false"}
         run.save()
         return None
-    from sparkit.memory.checkpoint import plan_checkpoint_dirs
+    from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
     from sparkit.memory.meminfo import read_meminfo
     from sparkit.memory.pagecache import weight_files
 

@@ -450,7 +450,7 @@ def _adopt_unrecorded_engine(run: Run) -> None:
     """A `sparkit up` killed between starting its engine and recording the pid leaves an engine
     nobody could stop: find it by the run directory in its environment and record it, so that it
     is stopped like any other (and the failure says the engine was starting)."""
-    from sparkit.engines.activation import REPORT_DIR_ENV
+    from sparkit.engines.activation_report import REPORT_DIR_ENV
     from sparkit.runs.processes import ProcessIdentity, leaders_with_env
 
     for pid in leaders_with_env(REPORT_DIR_ENV, str(run.path)):

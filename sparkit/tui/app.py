@@ -35,7 +35,7 @@ from sparkit.client import EngineClient, Generation, StreamChunk
 from sparkit.errors import EngineError
 from sparkit.tui.clipboard import code_blocks, copy_fallback
 from sparkit.tui.history import ChatStore
-from sparkit.tui.metrics import ReplyMetrics, SessionMetrics
+from sparkit.tui.reply_metrics import ReplyMetrics, SessionMetrics
 from sparkit.tui.server_summary import ServerSummary, merge, summarize_run, summarize_server_info
 from sparkit.tui.settings import ChatSettings
 from sparkit.tui.widgets import HistoryScreen, MessageView, MetricsBar, Pane, ServerPanel, SettingsScreen

@@ -14,7 +14,7 @@ from textual.widgets import Button, Input, Label, Markdown, OptionList, Sparklin
 from textual.widgets.option_list import Option
 
 from sparkit.tui.history import Conversation
-from sparkit.tui.metrics import ReplyMetrics, format_reply
+from sparkit.tui.reply_metrics import ReplyMetrics, format_reply
 from sparkit.tui.server_summary import ServerSummary
 from sparkit.tui.settings import ChatSettings, parse_settings
 

@@ -1,6 +1,6 @@
 """Each activation check, failing for a real reason and passing.
 
-Evidence is built from the real shapes: activation reports (sparkit.engines.activation),
+Evidence is built from the real shapes: activation reports (sparkit.engines.activation_report),
 /server_info bodies and log text parsed by sparkit.checks.evidence, probe results
 as the runner measures them.
 """
@@ -26,7 +26,7 @@ from sparkit.checks.activation import (
 )
 from sparkit.checks.evidence import parse_server_info
 from sparkit.checks.results import Status
-from sparkit.engines.activation import (
+from sparkit.engines.activation_report import (
     ActivationReport,
     LmHeadReport,
     ModelReport,

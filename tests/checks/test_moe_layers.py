@@ -18,7 +18,7 @@ import pytest
 from sparkit.checks.activation import ServerEvidence, check_moe_runner, check_weights
 from sparkit.checks.evidence import parse_server_info
 from sparkit.checks.results import Status
-from sparkit.engines.activation import SCHEMA, ActivationReport, load_reports
+from sparkit.engines.activation_report import SCHEMA, ActivationReport, load_reports
 from sparkit.engines.sglang.log import parse_log
 from sparkit.recipes.compile import compile_plan
 from sparkit.recipes.load import load_recipe

@@ -18,7 +18,7 @@ from sparkit.checks.activation import (
 )
 from sparkit.checks.evidence import parse_server_info
 from sparkit.checks.results import Status
-from sparkit.engines.activation import ActivationReport
+from sparkit.engines.activation_report import ActivationReport
 from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
 
 from _shared import REPO_DIR
@@ -145,7 +145,7 @@ def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_ot
 def _evidence_of(run: str) -> tuple:
     """(plan, evidence, recorded checks) of a real run directory captured on the H200."""
     from sparkit.checks.activation import ProbeResult
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
     from sparkit.recipes.plan import LaunchPlan
 
     directory = FIXTURES / run
@@ -203,7 +203,7 @@ def test_the_trap_on_real_sglang_fails_loudly_and_is_named():
     garbage silently, its draft graph capture fails ('"addmm_cuda" not implemented for
     'Float8_e4m3fn''). sparkit names the trap from the log, and the report the plugin wrote
     before the crash already shows the unshared head."""
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
 
     directory = FIXTURES / "sparkit-trap"
     log = (directory / "server.log").read_text(errors="replace")

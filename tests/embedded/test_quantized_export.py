@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.checkpoint import read_safetensors_index  # noqa: E402
+from sparkit.checkpoint_headers import read_safetensors_index  # noqa: E402
 from sparkit.engines.embedded import checkpoint, hf_checkpoint  # noqa: E402
 from sparkit.errors import DataError, LaunchError, UsageError  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_transformers_reads_the_quantization_config_through_the_exports_own_clas
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
 def test_each_export_is_classified_like_the_declared_ling_profile_of_its_variant(quantized_exports, weights):
-    """sparkit.checkpoint + sparkit.roofline.layout read the export's headers into roles; each role
+    """sparkit.checkpoint_headers + sparkit.roofline.layout read the export's headers into roles; each role
     tiny-ling has must be stored the way the declared Ling-3.0-flash profile of the same variant
     stores it (unquantised / fp8 / mxfp4)."""
     from sparkit.roofline.layout import layout_from_checkpoint

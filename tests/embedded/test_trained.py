@@ -68,7 +68,7 @@ def test_tensor_sharing_of_a_bf16_head_is_harmless(tiny_model_dir, make_engine):
 
 
 def test_activation_report_shows_the_shared_fp8_head_and_expert_format(tiny_model_dir, make_engine, tmp_path):
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
 
     engine = make_engine(tiny_model_dir, speculative_algorithm="NEXTN", speculative_num_steps=3, lm_head_dtype="fp8", expert_weights="mxfp4")
     report = engine.activation_report()

@@ -9,7 +9,7 @@ import pytest
 
 from sparkit.client import parse_prometheus
 from sparkit.engines.embedded import protocol as proto
-from sparkit.engines.embedded.metrics import ServerMetrics
+from sparkit.engines.embedded.server_metrics import ServerMetrics
 from sparkit.engines.embedded.settings import build_arg_parser, validate_args
 
 

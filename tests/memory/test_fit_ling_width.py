@@ -17,7 +17,7 @@ import types
 import pynvml
 import pytest
 
-from sparkit.checkpoint import read_safetensors_index
+from sparkit.checkpoint_headers import read_safetensors_index
 from sparkit.host import detect_host
 from sparkit.memory.fit import CUDA_CONTEXT_BYTES, compute_fit, memory_basis
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from sparkit.checkpoint import read_safetensors_index as read_index
+from sparkit.checkpoint_headers import read_safetensors_index as read_index
 from sparkit.engines.embedded.builder import SHIPPED_DIR
 from sparkit.errors import DataError
 

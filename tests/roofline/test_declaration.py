@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sparkit.checkpoint import read_safetensors_index
+from sparkit.checkpoint_headers import read_safetensors_index
 from sparkit.roofline.layout import layout_from_checkpoint
 from sparkit.roofline.profiles import (
     LING3_FLASH_CONFIG,

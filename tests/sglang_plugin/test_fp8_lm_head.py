@@ -282,7 +282,7 @@ def plugin_state(monkeypatch, tmp_path):
 
 
 def _read(tmp_path):
-    from sparkit.engines.activation import load_reports
+    from sparkit.engines.activation_report import load_reports
 
     reports = load_reports(tmp_path)
     assert len(reports) == 1

@@ -10,7 +10,7 @@ import pytest
 from rich.cells import cell_len
 from test_snapshots import app_for  # noqa: E402  (the snapshots' prepared conversation)
 
-from sparkit.tui.metrics import ReplyMetrics, format_reply
+from sparkit.tui.reply_metrics import ReplyMetrics, format_reply
 from sparkit.tui.widgets import MetricsBar
 
 LONG = ReplyMetrics(t_start=0.0, t_first=0.024, t_last=0.024 + 40 / 2358.4, output_tokens=41, accept_length=3.42,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkit.tui.metrics import ReplyMetrics, SessionMetrics, format_reply
+from sparkit.tui.reply_metrics import ReplyMetrics, SessionMetrics, format_reply
 
 
 def test_decode_speed_excludes_the_time_to_first_token():

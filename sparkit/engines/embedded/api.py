@@ -7,7 +7,7 @@ ONE worker thread (batch 1, requests queued), so the engine needs no locking.
 Launch flags: declared once in settings.py (EngineConfig, ServerOptions); `python -m
 sparkit.engines.embedded --help` lists them. sparkit passes an API key through the SPARKIT_API_KEY
 environment variable, never argv, and only when the recipe names one (sparkit.api_key).
-The activation report goes to $SPARKIT_REPORT_DIR/activation-tp0.json (sparkit.engines.activation).
+The activation report goes to $SPARKIT_REPORT_DIR/activation-tp0.json (sparkit.engines.activation_report).
 
 Log lines (stdout, one per line, SGLang's wording so that one parser reads both engines):
     "server_args=ServerArgs(...)" or a JSON dump of the resolved args
@@ -126,7 +126,7 @@ class EngineProtocol(Protocol):
         ...
 
     def activation_report(self) -> object:
-        """A sparkit.engines.activation.ActivationReport built by inspecting the live modules."""
+        """A sparkit.engines.activation_report.ActivationReport built by inspecting the live modules."""
         ...
 
 

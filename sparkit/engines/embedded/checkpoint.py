@@ -94,7 +94,7 @@ def load_checkpoint(directory: str | Path):
     try:
         from safetensors.torch import load_file
 
-        from sparkit.checkpoint import safetensors_files
+        from sparkit.checkpoint_headers import safetensors_files
 
         # An HF checkpoint: the shards its index names (SGLang's rule: a stale shard beside them is
         # not loaded), else model.safetensors, else every *.safetensors.

@@ -147,7 +147,7 @@ class EmbeddedEngine:
         }
 
     def activation_report(self):
-        from sparkit.engines.activation import (
+        from sparkit.engines.activation_report import (
             ActivationReport,
             LmHeadReport,
             ModelReport,

@@ -22,7 +22,7 @@ def check_checkpoint(model_path: Path) -> dict:
     """Fail fast, naming the file, before torch is even imported."""
     if not model_path.is_dir():
         raise CheckpointError(f"--model-path {model_path}: not a directory (build one with `sparkit model make-tiny {model_path}`)")
-    from sparkit.checkpoint import read_config, read_safetensors_header, safetensors_files
+    from sparkit.checkpoint_headers import read_config, read_safetensors_header, safetensors_files
     from sparkit.errors import DataError
 
     try:
@@ -42,7 +42,7 @@ def check_checkpoint(model_path: Path) -> dict:
 
 def checkpoint_parameters(model_path: Path) -> int:
     """Parameter count from the safetensors headers (0 when unreadable: check_checkpoint names why)."""
-    from sparkit.checkpoint import read_safetensors_index
+    from sparkit.checkpoint_headers import read_safetensors_index
     from sparkit.errors import DataError
 
     try:

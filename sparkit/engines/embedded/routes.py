@@ -25,7 +25,7 @@ from sparkit.api_key import engine_key
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
 from sparkit.engines.embedded.gate import OFF_LOOP_BYTES
-from sparkit.engines.embedded.metrics import ServerMetrics
+from sparkit.engines.embedded.server_metrics import ServerMetrics
 from sparkit.engines.embedded.settings import API_KEY_ENV, engine_config, redacted_argv
 from sparkit.engines.embedded.worker import EngineWorker, Job
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams, TokenLogprobs
-from sparkit.engines.embedded.metrics import DecodeWindow, ServerMetrics
 from sparkit.engines.embedded.profiling import ProfileControl, span
+from sparkit.engines.embedded.server_metrics import DecodeWindow, ServerMetrics
 
 _WAKE = object()  # put on the job queue so that an idle worker acts on a profile request
 

@@ -1,4 +1,4 @@
-"""The activation report written from inside an SGLang process (schema: sparkit.engines.activation).
+"""The activation report written from inside an SGLang process (schema: sparkit.engines.activation_report).
 
 One file per TP rank (`activation-tp{rank}.json` in $SPARKIT_REPORT_DIR), rewritten when the
 picture changes: after the target's weights load (target only) and after the draft received its
@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from sparkit.engines.activation import (
+from sparkit.engines.activation_report import (
     REPORT_DIR_ENV,
     ActivationReport,
     LmHeadReport,
