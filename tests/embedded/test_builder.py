@@ -19,6 +19,8 @@ from sparkit.engines.embedded.builder import BuildSpec  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
 
 
+# Every test of quick_build is `slow`: the build trains a model (12 s, 30 s beside other work), and
+# one quick test using it would bring that into the quick loop.
 @pytest.fixture(scope="module")
 def quick_build(tmp_path_factory):
     """A real (very briefly trained) build made through ensure_model."""
@@ -81,6 +83,7 @@ def test_the_builders_corpus_encoder_gives_the_saved_tokenizers_ids():
         assert tokenizer.encode_bytes(doc) == saved.encode(doc, add_special_tokens=False), doc
 
 
+@pytest.mark.slow
 def test_a_trainer_whose_numerics_are_not_portable_is_refused(tmp_path, monkeypatch):
     """The environment that makes a build portable must reach torch; a trainer started without
     it (here: ATen's AVX2 kernels forced back) fails the build instead of saving other bits."""
@@ -180,6 +183,7 @@ def test_autotokenizer_loads_the_build_and_round_trips_any_utf8(quick_build):
     assert tok.convert_ids_to_tokens(tok.bos_token_id) == "<|bos|>"
 
 
+@pytest.mark.slow
 def test_chat_template_renders_turns_and_the_generation_prompt(quick_build):
     from transformers import AutoTokenizer
 
@@ -191,6 +195,7 @@ def test_chat_template_renders_turns_and_the_generation_prompt(quick_build):
     assert "chat_template" in json.loads((quick_build[0] / "tokenizer_config.json").read_text())
 
 
+@pytest.mark.slow
 def test_build_has_the_documented_files_and_config(quick_build):
     path, messages = quick_build
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", checkpoint.MARKER):
@@ -208,6 +213,7 @@ def test_build_has_the_documented_files_and_config(quick_build):
     assert not list(path.parent.glob(".*building*"))  # no temporary directory left behind
 
 
+@pytest.mark.slow
 def test_an_existing_complete_build_is_reused(quick_build):
     path, _ = quick_build
     before = (path / "model.safetensors").stat().st_mtime_ns
@@ -246,6 +252,7 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_build(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_fails_with_a_message_naming_the_file(quick_build, tmp_path):
     from sparkit.engines.embedded.engine import EmbeddedEngine
     from sparkit.engines.embedded.settings import EngineConfig
@@ -259,6 +266,7 @@ def test_a_truncated_checkpoint_fails_with_a_message_naming_the_file(quick_build
     assert str(weights) in str(info.value)
 
 
+@pytest.mark.slow
 def test_garbage_config_and_missing_directory_fail_clearly(quick_build, tmp_path):
     path = tmp_path / "badconfig"
     shutil.copytree(quick_build[0], path)
@@ -272,6 +280,7 @@ def test_garbage_config_and_missing_directory_fail_clearly(quick_build, tmp_path
         checkpoint.load_checkpoint(tmp_path / "nowhere")
 
 
+@pytest.mark.slow
 def test_weights_that_do_not_match_the_config_are_named(quick_build, tmp_path):
     path = tmp_path / "mismatch"
     shutil.copytree(quick_build[0], path)

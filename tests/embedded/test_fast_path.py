@@ -40,6 +40,7 @@ def narrow_experts_model_dir(tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experts", ["fp32", "fp8", "mxfp4"])
 def test_fast_path_matches_the_modules_for_prefill_decode_and_verify(untrained_model_dir, experts):
     _check_fast_path_matches(_model(untrained_model_dir, experts))

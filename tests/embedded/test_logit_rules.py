@@ -76,6 +76,7 @@ PENALTIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "nextn"])
 @pytest.mark.parametrize("name", list(PENALTIES))
 def test_greedy_penalties_and_bias_pick_the_argmax_of_the_directly_penalised_logits(engines, kind, name):
@@ -242,6 +243,7 @@ SCHEMAS_FOR_THE_PORT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schema", SCHEMAS_FOR_THE_PORT)
 def test_the_schema_check_agrees_with_sglangs(schema):
     """grammar.validate_xgrammar_json_schema is a port of SGLang 0.5.23's: both on the same schemas."""
