@@ -450,6 +450,7 @@ def dead_run(stand_in):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forged", ["pid reused", "pgid reused", "create_time missing", "cmdline differs"])
 def test_down_never_signals_a_process_that_is_not_the_recorded_engine(sparkit_home, stand_in, stranger, forged):
     run = dead_run(stand_in)

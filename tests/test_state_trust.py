@@ -123,6 +123,7 @@ def test_a_home_another_user_made_is_refused_and_down_signals_nobody(shared_dir,
     assert sorted(p.name for p in (home / "runs").iterdir()) == ["forged"]  # up made no run there
 
 
+@pytest.mark.slow
 @root_only
 def test_a_home_of_the_user_that_others_can_write_is_refused(shared_dir, victim):
     home = shared_dir / "home"

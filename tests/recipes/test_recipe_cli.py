@@ -243,6 +243,7 @@ def test_plan_without_sglang_prints_the_plan_with_a_note_and_strict_fails_with_e
     assert bad.returncode == 3 and "stack.lm_head" in bad.stderr
 
 
+@pytest.mark.slow
 def test_plan_with_sglang_says_what_validated_it():
     result = runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--json", "--strict"])
     assert result.exit_code == 0, result.output

@@ -152,6 +152,7 @@ def test_sgl_kernel_with_every_name_sglang_imports_is_compatible(tmp_path):
     assert finding.pair == "sglang 0.5.23 -> sglang-kernel 0.4.10"
 
 
+@pytest.mark.slow
 def test_a_kernel_the_cuda_path_imports_missing_from_sgl_kernel_fails_naming_where(tmp_path):
     path = fake_provider(tmp_path, "sgl_kernel", sgl_kernel_names(), "0.4.9", drop="silu_and_mul")
     finding = compat.judge(needs=[SGL_KERNEL], stack=compat.Stack.detect(path)).findings[0]

@@ -115,6 +115,7 @@ def test_settings_panel_rejects_a_bad_value(snap_compare, tmp_path, utc):
     assert snap_compare(app_for(tmp_path), run_before=bad_top_p, terminal_size=SIZE)
 
 
+@pytest.mark.slow
 def test_reopened_conversation_at_80x24(snap_compare, tmp_path, utc):
     """The smallest common terminal: the reply's figures whole (units and accept length), the
     connection state; the session figures and the sparkline only where they fit."""
