@@ -42,7 +42,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkit.cli.common import ProgressLines, err_console, is_terminal
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.data import load_dataset
 
     bar: Optional[Progress] = None
     lines = None if is_terminal(sys.stderr) else ProgressLines()
@@ -60,7 +60,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
         bar.update(bar.task_ids[0], completed=p.done, split=p.split)
 
     try:
-        return core.load_dataset(data, need_train=need_train, from_hub=from_hub, on_download=on_download)
+        return load_dataset(data, need_train=need_train, from_hub=from_hub, on_download=on_download)
     finally:
         if bar is not None:
             bar.stop()
@@ -89,7 +89,10 @@ def gsm8k(
 ) -> None:
     """Measure GSM8K accuracy (5-shot CoT, train-split exemplars) on a live server."""
     from sparkit.cli.common import err_console, print_json, run_async
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.prompts import choose_exemplars
+    from sparkit.evals.gsm8k.runner import EvalRequest, Progress, run_eval
+    from sparkit.evals.gsm8k.settings import EvalSettings
+    from sparkit.evals.gsm8k.summary import summary_path_for
     from sparkit.runs import resolve_server
 
     if fmt not in ("chat", "completion"):
@@ -114,8 +117,8 @@ def gsm8k(
     target = resolve_server(run, url, api_key)
     dataset = _load_dataset(data, need_train=shots > 0, from_hub=from_hub)
     questions = dataset.test[:limit] if limit else dataset.test
-    exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
-    settings = core.EvalSettings(
+    exemplars = choose_exemplars(dataset.train, shots, exclude=questions)
+    settings = EvalSettings(
         data_sha256=dataset.sha256,
         shots=shots,
         format=fmt,
@@ -129,7 +132,7 @@ def gsm8k(
     recipe = None
     if target.run is not None:
         recipe = target.run.recipe_name
-    request = core.EvalRequest(
+    request = EvalRequest(
         url=target.url,
         settings=settings,
         questions=questions,
@@ -155,7 +158,7 @@ def gsm8k(
     if not is_terminal(sys.stderr):  # a log or CI: a line per finished question, not a bar drawn at the end
         lines = ProgressLines()
 
-        def on_progress(p: core.Progress) -> None:
+        def on_progress(p: Progress) -> None:
             acc = f"acc {100 * p.correct_flexible / p.done:.1f}%" if p.done else ""
             lines.update("gsm8k", p.done, p.total, acc)
 
@@ -168,7 +171,7 @@ def gsm8k(
     signals_as_interrupt()  # SIGTERM and SIGHUP too: the answers so far are kept and the hint is said
     try:
         with display:
-            summary = run_async(core.run_eval(request, on_progress))
+            summary = run_async(run_eval(request, on_progress))
     except KeyboardInterrupt:
         say(err, f"interrupted; finished questions are saved in {out}\n  resume with: "
             f"{resume_command('--out', str(out), '--resume')}", highlight=False, soft_wrap=True)
@@ -178,14 +181,14 @@ def gsm8k(
         print_json(summary)
     else:
         render_summary(summary)
-        err.print(f"results: {out}\nsummary: {core.summary_path_for(out)}", highlight=False)
+        err.print(f"results: {out}\nsummary: {summary_path_for(out)}", highlight=False)
 
 
 def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     """The terminal's progress bar of a GSM8K run and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.runner import Progress as EvalProgress
 
     bar = Progress(
         TextColumn("[bold]gsm8k"),
@@ -200,7 +203,7 @@ def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     )
     task = bar.add_task("gsm8k", total=total, acc="-")
 
-    def on_progress(p: core.Progress) -> None:
+    def on_progress(p: EvalProgress) -> None:
         acc = f"{100 * p.correct_flexible / p.done:.1f}%" if p.done else "-"
         bar.update(task, completed=p.done, acc=acc)
 
