@@ -250,13 +250,13 @@ async def read_body(request: Request, state: ServerState) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise requests.ApiError(413, f"the request body ({int(declared)} bytes) exceeds the server's limit of {limit} bytes "
-                             "(--max-request-bytes)", type="RequestTooLarge")
+                                "(--max-request-bytes)", type="RequestTooLarge")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise requests.ApiError(413, f"the request body exceeds the server's limit of {limit} bytes (--max-request-bytes)",
-                                 type="RequestTooLarge")
+                                    type="RequestTooLarge")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -280,7 +280,7 @@ def check_text_fits(state: ServerState, text: str, field: str) -> None:
     context = state.context_length
     if context and len(text) > context * state.longest_token_chars:
         raise requests.ApiError(400, f"{field}: {len(text)} characters cannot fit in the model's context of {context} tokens "
-                             f"(no token of its vocabulary is longer than {state.longest_token_chars} characters)")
+                                f"(no token of its vocabulary is longer than {state.longest_token_chars} characters)")
 
 
 async def encode(state: ServerState, text: str, field: str) -> list[int]:
@@ -294,7 +294,7 @@ def logprob_request(state: ServerState, want: bool, start: int | None, top: int,
         return None
     if start is not None and start > n_prompt:
         raise requests.ApiError(400, f"logprob_start_len={start} is higher than the number of input tokens ({n_prompt})",
-                             param="logprob_start_len")
+                                param="logprob_start_len")
     vocab = len(state.tokenizer)
     if top > vocab:
         raise requests.ApiError(400, f"{field}={top}: the vocabulary has {vocab} tokens", param=field)
@@ -332,7 +332,7 @@ def sampling(state: ServerState, req: requests._SamplingFields, *, max_new_token
     """The engine's SamplingParams for one job, checked as SGLang's SamplingParams.verify checks them."""
     if min_new_tokens > max_new_tokens:
         raise requests.ApiError(400, f"min_new_tokens must be in [0, max_new_tokens({max_new_tokens})], got {min_new_tokens}.",
-                             param="min_tokens" if isinstance(req, requests._OpenAIRequest) else "min_new_tokens")
+                                param="min_tokens" if isinstance(req, requests._OpenAIRequest) else "min_new_tokens")
     kwargs = req.sampling_kwargs()
     vocab = state.vocab_size
     for token in kwargs["logit_bias"]:
@@ -365,7 +365,7 @@ async def compile_grammar(state: ServerState, req: requests._SamplingFields, cac
         raise requests.ApiError(400, str(exc), param=kind) from None
     except ImportError:
         raise requests.ApiError(400, f"{kind}: constrained decoding needs the xgrammar package, which this server "
-                             "does not have (pip install 'sparkit[embedded]')", param=kind) from None
+                                "does not have (pip install 'sparkit[embedded]')", param=kind) from None
     if cache is not None:
         cache[constraint] = grammar
     return grammar
@@ -459,11 +459,11 @@ def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[s
             continue
         if key == "chat_template":
             raise requests.ApiError(400, "chat_template_kwargs.chat_template: this server runs only the model's own chat "
-                                 "template (start it with --allow-request-chat-template to allow one per request)",
-                                 param="chat_template_kwargs.chat_template")
+                                    "template (start it with --allow-request-chat-template to allow one per request)",
+                                    param="chat_template_kwargs.chat_template")
         if key in reserved:
             raise requests.ApiError(400, f"chat_template_kwargs.{key}: an argument of the templating call, not a template "
-                                 "variable", param=f"chat_template_kwargs.{key}")
+                                    "variable", param=f"chat_template_kwargs.{key}")
     return kwargs
 
 
@@ -739,7 +739,7 @@ class CompletionServing(OpenAIServing):
 
     def choice(self, state, run, index, progress):
         return responses.completion_choice(progress, index, echo=self.echo(state, run, index),
-                                       logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+                                           logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
 
     def stream_chunks(self, state, run, index, progress, track):
         echo = "" if track.started else self.echo(state, run, index)
@@ -783,8 +783,8 @@ async def abort_request(request: Request) -> Response:
     body = await parse(request, state, requests.AbortRequest, "/abort_request", [])
     if body.abort_all and not state.api_key:  # with a key, BearerAuth let only its holders this far
         raise requests.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
-                             f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
-                             param="abort_all")
+                                f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
+                                param="abort_all")
     # SGLang's scheduler aborts every request whose rid starts with the one given: a batch's rid_i
     # and a prompt's samples go together (an empty rid aborts nothing here, not everything)
     targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and rid.startswith(body.rid))]
@@ -958,7 +958,7 @@ async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int]
     if not req.stream:
         progress = await run_to_end(state, job, request)
         return JSONResponse(responses.ollama_reply(kind, model, progress.text, done=True, whole=True, progress=progress,
-                                               total_ns=time.time_ns() - started))
+                                                   total_ns=time.time_ns() - started))
     state.submit(job)
 
     async def body():
@@ -1033,9 +1033,9 @@ async def embeddings(request: Request) -> Response:
     state = _state(request)
     await read_body(request, state)
     raise requests.ApiError(400, "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
-                         "when launching the server or try another model. (SGLang's answer for this model; tiny-ling "
-                         "is a causal LM with no pooling head, so the embedded engine serves no embeddings.)",
-                         param="input")
+                            "when launching the server or try another model. (SGLang's answer for this model; tiny-ling "
+                            "is a causal LM with no pooling head, so the embedded engine serves no embeddings.)",
+                            param="input")
 
 
 ROUTES = [
@@ -1122,7 +1122,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     kinds = {404: "NotFoundError", 405: "MethodNotAllowed"}
     message = f"{request.method} {request.url.path}: {exc.detail}"
     body = responses.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError"),
-                            nested=request.url.path in NESTED_ERROR_PATHS)
+                                nested=request.url.path in NESTED_ERROR_PATHS)
     return JSONResponse(body, status_code=exc.status_code)
 
 async def client_gone(request: Request, exc: Exception) -> Response:
@@ -1132,7 +1132,7 @@ async def client_gone(request: Request, exc: Exception) -> Response:
 async def internal_error(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
     body = responses.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError",
-                            nested=request.url.path in NESTED_ERROR_PATHS)
+                                nested=request.url.path in NESTED_ERROR_PATHS)
     return JSONResponse(body, status_code=500)
 
 

@@ -127,7 +127,7 @@ class EngineWorker:
         if self.max_queued is not None and self._jobs.qsize() + len(jobs) > self.max_queued:
             what = f"{len(jobs)} more would not fit" if len(jobs) > 1 else "full"
             raise ApiError(503, f"the request queue is {what} ({self._jobs.qsize()} queued, at most {self.max_queued}; "
-                                 "--max-queued-requests)", type="ServiceUnavailableError")
+                           "--max-queued-requests)", type="ServiceUnavailableError")
         for job in jobs:
             self._jobs.put(job)
         with self.metrics.lock:
