@@ -108,28 +108,10 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
     """Answer every selected question not yet in the results file, appending one line per
     finished question, then return the summary (also written beside the results file)."""
     from sparkit.client import EngineClient
+    from sparkit.paths import open_output
 
-    settings = request.settings
     out = Path(request.out)
-    done: dict[int, dict[str, Any]] = {}
-    if out.exists() and out.stat().st_size > 0:
-        if not request.resume:
-            raise UsageError(f"results file {out} already exists", hint="pass --resume to continue it, or --out another file")
-        existing = read_results(out)
-        old_settings = existing.header["settings"]
-        if existing.header.get("settings_hash") != settings.hash():
-            diff = "; ".join(_settings_diff(old_settings, settings.as_dict())) or "prompt/exemplars"
-            raise UsageError(
-                f"cannot resume {out}: it was made with different settings ({diff})",
-                hint="rerun with the same flags as the first run, or start a new file with --out",
-            )
-        if existing.valid_bytes < out.stat().st_size:  # drop a torn last line before appending
-            with open(out, "r+b") as fh:
-                fh.truncate(existing.valid_bytes)
-        done = existing.results
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-
+    done = _resumed_results(request, out)
     selected_ids = {q.id for q in request.questions}
     done = {qid: r for qid, r in done.items() if qid in selected_ids}
     todo = [q for q in request.questions if q.id not in done]
@@ -137,19 +119,12 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
 
     async with EngineClient(request.url, api_key=request.api_key, timeout=request.timeout_s) as client:
         server_info = await _server_info(client)
-        model = "default"
-        try:  # the served name goes in the record, and chat requests must name it
-            models = await client.models()
-            model = models[0] if models else "default"
-        except EngineError:
-            pass
+        model = await _served_model(client)
         header = HeaderRow(
-            type="header", settings=settings.as_dict(), settings_hash=settings.hash(), session=session,
+            type="header", settings=request.settings.as_dict(), settings_hash=request.settings.hash(), session=session,
             started_at=time.time(), url=request.url, recipe=request.recipe, run_id=request.run_id,
             data_path=request.data_path, model=str(model), concurrency=request.concurrency, server_args=server_info,
         ).model_dump()
-        from sparkit.paths import open_output
-
         with _writing(out, done, request), open_output(out, "ab", buffering=0) as fh:
             _append(fh, header)
             progress = Progress(
@@ -161,57 +136,115 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
             )
             if on_progress:
                 on_progress(progress)
-            queue: asyncio.Queue[Question] = asyncio.Queue()
-            for q in todo:
-                queue.put_nowait(q)
+            session_run = _Session(client, request, model, session, fh, done, progress, on_progress)
+            await session_run.answer_all(todo, out)
+    return _summarise_into_file(request, out)
 
-            async def worker() -> None:
-                while True:
-                    try:
-                        question = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    prompt = prompt_for(question, request.exemplars, settings.format)
-                    wall_start = time.time()
-                    try:
-                        generation = await _ask(client, request, question, prompt, model)
-                    except EngineError as exc:
-                        hint = exc.hint
-                        if "context length" in exc.message:
-                            # SGLang's wording for a prompt (+ max tokens) over the model's context.
-                            hint = (
-                                f"the {settings.shots}-shot prompt plus --max-tokens {settings.max_tokens} must fit the "
-                                "model's context: pass fewer --shots or a smaller --max-tokens (tiny-ling's "
-                                "2048-token context fits --shots 1 --max-tokens 256)"
-                            )
-                        raise EngineError(f"question {question.id}: {exc.message}", hint=hint) from exc
-                    record = _result_record(
-                        question, prompt, generation, session, request.concurrency, wall_start, time.time()
-                    )
-                    _append(fh, record)
-                    done[question.id] = record
-                    progress.done += 1
-                    progress.new_this_session += 1
-                    progress.correct_flexible += record["correct"]["flexible"]
-                    progress.correct_strict += record["correct"]["strict"]
-                    if on_progress:
-                        on_progress(progress)
 
-            workers = [asyncio.create_task(worker()) for _ in range(max(1, min(request.concurrency, len(todo) or 1)))]
-            # (a write error in a worker ends them all: _writing names the file and how to resume)
+def _resumed_results(request: EvalRequest, out: Path) -> dict[int, dict[str, Any]]:
+    """The results already in `out` (with --resume, after checking that the file was made with
+    the same settings and dropping a torn last line); {} for a new file."""
+    settings = request.settings
+    if not (out.exists() and out.stat().st_size > 0):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return {}
+    if not request.resume:
+        raise UsageError(f"results file {out} already exists", hint="pass --resume to continue it, or --out another file")
+    existing = read_results(out)
+    old_settings = existing.header["settings"]
+    if existing.header.get("settings_hash") != settings.hash():
+        diff = "; ".join(_settings_diff(old_settings, settings.as_dict())) or "prompt/exemplars"
+        raise UsageError(
+            f"cannot resume {out}: it was made with different settings ({diff})",
+            hint="rerun with the same flags as the first run, or start a new file with --out",
+        )
+    if existing.valid_bytes < out.stat().st_size:  # drop a torn last line before appending
+        with open(out, "r+b") as fh:
+            fh.truncate(existing.valid_bytes)
+    return existing.results
+
+
+async def _served_model(client: Any) -> str:
+    """The served name: it goes in the record, and chat requests must name it."""
+    try:
+        models = await client.models()
+    except EngineError:
+        return "default"
+    return models[0] if models else "default"
+
+
+@dataclass
+class _Session:
+    """This session's questions, asked `request.concurrency` at a time; each answer is appended to
+    the results file (`fh`) and counted in `progress` as it finishes."""
+
+    client: Any
+    request: EvalRequest
+    model: str
+    session: str
+    fh: Any
+    done: dict[int, dict[str, Any]]
+    progress: Progress
+    on_progress: Callable[[Progress], None] | None
+
+    async def answer_all(self, todo: list[Question], out: Path) -> None:
+        queue: asyncio.Queue[Question] = asyncio.Queue()
+        for q in todo:
+            queue.put_nowait(q)
+        count = max(1, min(self.request.concurrency, len(todo) or 1))
+        workers = [asyncio.create_task(self._worker(queue)) for _ in range(count)]
+        # (a write error in a worker ends them all: _writing names the file and how to resume)
+        progress = self.progress
+        try:
+            await asyncio.gather(*workers)
+        except EngineError as exc:
+            saved = f"finished questions are saved; continue with the same flags plus --resume --out {out}"
+            raise EngineError(
+                f"{exc.message} ({progress.done} of {progress.total} questions done)",
+                hint=(exc.hint if not progress.done else f"{exc.hint}; {saved}") if exc.hint else saved,
+            ) from exc
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _worker(self, queue: asyncio.Queue[Question]) -> None:
+        while True:
             try:
-                await asyncio.gather(*workers)
-            except EngineError as exc:
-                saved = f"finished questions are saved; continue with the same flags plus --resume --out {out}"
-                raise EngineError(
-                    f"{exc.message} ({progress.done} of {progress.total} questions done)",
-                    hint=(exc.hint if not progress.done else f"{exc.hint}; {saved}") if exc.hint else saved,
-                ) from exc
-            finally:
-                for task in workers:
-                    task.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                question = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await self._answer(question)
 
+    async def _answer(self, question: Question) -> None:
+        request, settings, progress = self.request, self.request.settings, self.progress
+        prompt = prompt_for(question, request.exemplars, settings.format)
+        wall_start = time.time()
+        try:
+            generation = await _ask(self.client, request, question, prompt, self.model)
+        except EngineError as exc:
+            hint = exc.hint
+            if "context length" in exc.message:
+                # SGLang's wording for a prompt (+ max tokens) over the model's context.
+                hint = (
+                    f"the {settings.shots}-shot prompt plus --max-tokens {settings.max_tokens} must fit the "
+                    "model's context: pass fewer --shots or a smaller --max-tokens (tiny-ling's "
+                    "2048-token context fits --shots 1 --max-tokens 256)"
+                )
+            raise EngineError(f"question {question.id}: {exc.message}", hint=hint) from exc
+        record = _result_record(question, prompt, generation, self.session, request.concurrency, wall_start, time.time())
+        _append(self.fh, record)
+        self.done[question.id] = record
+        progress.done += 1
+        progress.new_this_session += 1
+        progress.correct_flexible += record["correct"]["flexible"]
+        progress.correct_strict += record["correct"]["strict"]
+        if self.on_progress:
+            self.on_progress(progress)
+
+
+def _summarise_into_file(request: EvalRequest, out: Path) -> dict[str, Any]:
+    """The summary of the whole results file, written beside it and returned."""
     summary = summarize(read_results(out), request.questions)
     path = summary_path_for(out)
     try:
@@ -221,7 +254,6 @@ async def run_eval(request: EvalRequest, on_progress: Callable[[Progress], None]
                            hint=f"every answer is saved in {out}; once it can be written, the same command with "
                                 f"--resume --out {out} writes the summary") from None
     return summary
-
 
 def _settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys = sorted(set(old) | set(new))
