@@ -458,9 +458,9 @@ def _check_figures(checks: list) -> dict[str, Any]:
 def _gsm8k(url: str, api_key: str | None, settings: LadderSettings, path: Path, recipe: str, run_id: str,
            on_progress: ProgressFn | None, step: StepRecord) -> dict[str, Any]:
     from sparkit.evals.gsm8k.data import load_dataset
+    from sparkit.evals.gsm8k.eval_settings import EvalSettings
+    from sparkit.evals.gsm8k.evaluate import EvalRequest, run_eval
     from sparkit.evals.gsm8k.prompts import choose_exemplars
-    from sparkit.evals.gsm8k.runner import EvalRequest, run_eval
-    from sparkit.evals.gsm8k.settings import EvalSettings
 
     dataset = load_dataset(Path(settings.gsm8k_data) if settings.gsm8k_data else None,
                            need_train=settings.gsm8k_shots > 0)

@@ -66,7 +66,7 @@ class ProbeResult:
     error: str | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeResult":
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
         """What to_dict() wrote (probe.json in a run directory); derived figures are recomputed."""
         names = {f.name for f in fields(ProbeRequest)}
         return cls(requests=[ProbeRequest(**{k: v for k, v in r.items() if k in names}) for r in data.get("requests", [])],

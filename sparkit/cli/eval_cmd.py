@@ -89,9 +89,9 @@ def gsm8k(
 ) -> None:
     """Measure GSM8K accuracy (5-shot CoT, train-split exemplars) on a live server."""
     from sparkit.cli.common import err_console, print_json, run_async
+    from sparkit.evals.gsm8k.eval_settings import EvalSettings
+    from sparkit.evals.gsm8k.evaluate import EvalRequest, run_eval
     from sparkit.evals.gsm8k.prompts import choose_exemplars
-    from sparkit.evals.gsm8k.runner import EvalRequest, run_eval
-    from sparkit.evals.gsm8k.settings import EvalSettings
     from sparkit.evals.gsm8k.summary import summary_path_for
     from sparkit.runs import resolve_server
 
@@ -164,7 +164,7 @@ def _progress_display(err: Any, total: int) -> tuple[Any, Any]:
     import sys
 
     from sparkit.cli.common import ProgressLines, is_terminal
-    from sparkit.evals.gsm8k.runner import Progress
+    from sparkit.evals.gsm8k.evaluate import Progress
 
     if is_terminal(sys.stderr):
         return _progress_bar(err, total)
@@ -181,7 +181,7 @@ def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     """The terminal's progress bar of a GSM8K run and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from sparkit.evals.gsm8k.runner import Progress as EvalProgress
+    from sparkit.evals.gsm8k.evaluate import Progress as EvalProgress
 
     bar = Progress(
         TextColumn("[bold]gsm8k"),

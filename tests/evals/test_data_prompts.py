@@ -9,9 +9,15 @@ from _shared import GSM8K_DIR
 
 from sparkit.errors import DataError
 from sparkit.evals.gsm8k.data import ensure_downloaded, load_dataset, load_split
-from sparkit.evals.gsm8k.prompts import build_chat_messages, build_completion_prompt, choose_exemplars, prompt_sha, request_seed
-from sparkit.evals.gsm8k.results import read_results
-from sparkit.evals.gsm8k.settings import EvalSettings, sampling_params
+from sparkit.evals.gsm8k.eval_settings import EvalSettings, sampling_params
+from sparkit.evals.gsm8k.prompts import (
+    build_chat_messages,
+    build_completion_prompt,
+    choose_exemplars,
+    prompt_sha,
+    request_seed,
+)
+from sparkit.evals.gsm8k.results_file import read_results
 from sparkit.evals.gsm8k.summary import summarize
 
 

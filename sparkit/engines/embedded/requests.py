@@ -762,7 +762,7 @@ class _OllamaRequest(_Lenient):
             names += [f"messages.{i}.images" for i, m in enumerate(self.messages) if m.images]
         return names
 
-    def sampling_params(self) -> "GenerateSamplingParams":
+    def sampling_params(self) -> GenerateSamplingParams:
         """options -> SGLang's sampling parameters, checked as /generate's (errors name the option)."""
         options = dict(self.options or {})
         if "seed" in options:

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from sparkit.engines.embedded.api import TokenLogprobs
@@ -274,7 +274,7 @@ def now_created() -> int:
 
 
 def ollama_timestamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def ollama_reply(kind: Literal["chat", "generate"], model: str, text: str, *, done: bool, whole: bool = False,

@@ -1,6 +1,6 @@
 """GSM8K accuracy check, one module per job: data (the split files), answers (extraction),
-prompts (few-shot exemplars and prompts), settings (what is hashed), results (the results file),
-runner (a resumable run against a server) and summary.
+prompts (few-shot exemplars and prompts), eval_settings (what is hashed), results_file (the
+results file), evaluate (a resumable run against a server) and summary.
 
 The protocol (../docs/protocols.md) is NVIDIA's published Spark check: all 1319 test questions,
 5-shot chain of thought, temperature 0.6 / top_p 0.95 / top_k 29, through the chat template. It

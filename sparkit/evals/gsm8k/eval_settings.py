@@ -10,6 +10,7 @@ from typing import Any
 
 from sparkit.evals.gsm8k.prompts import PROMPT_VERSION, request_seed
 
+
 @dataclass
 class EvalSettings:
     """Everything that changes which answer a question gets. Hashed: --resume refuses a file

@@ -15,9 +15,9 @@ from typing import Any
 from sparkit.errors import EngineError, SparkitError, UsageError
 from sparkit.evals.gsm8k.answers import extract_flexible, extract_strict, same_number
 from sparkit.evals.gsm8k.data import Question
+from sparkit.evals.gsm8k.eval_settings import EvalSettings, sampling_params
 from sparkit.evals.gsm8k.prompts import COMPLETION_STOPS, prompt_for, prompt_sha, request_seed
-from sparkit.evals.gsm8k.results import Correct, HeaderRow, ResultRow, read_results
-from sparkit.evals.gsm8k.settings import EvalSettings, sampling_params
+from sparkit.evals.gsm8k.results_file import Correct, HeaderRow, ResultRow, read_results
 from sparkit.evals.gsm8k.summary import summarize, summary_path_for, write_summary
 
 
@@ -264,10 +264,10 @@ class _writing:
     """A write error (a full disk, a quota, a vanished mount) while appending to the results
     file becomes one message naming the file, what is saved and how to go on."""
 
-    def __init__(self, out: Path, done: dict[int, Any], request: "EvalRequest") -> None:
+    def __init__(self, out: Path, done: dict[int, Any], request: EvalRequest) -> None:
         self.out, self.done, self.request = out, done, request
 
-    def __enter__(self) -> "_writing":
+    def __enter__(self) -> _writing:
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:

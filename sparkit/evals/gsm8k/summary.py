@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.evals.gsm8k.data import Question
-from sparkit.evals.gsm8k.results import ResultsFile
+from sparkit.evals.gsm8k.results_file import ResultsFile
 from sparkit.evals.stats import proportion
 from sparkit.paths import write_atomic
 
