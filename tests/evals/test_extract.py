@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from sparkit.evals.gsm8k import (
-    exemplar_solution,
+from sparkit.evals.gsm8k.answers import (
     extract_flexible,
     extract_strict,
     gold_answer,
     normalize_number,
     same_number,
 )
+from sparkit.evals.gsm8k.prompts import exemplar_solution
 
 from _shared import GSM8K_DIR
 
