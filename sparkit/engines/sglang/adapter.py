@@ -21,8 +21,9 @@ from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
     ENABLE_ENV, EXACT_TOP_K_ENV, FP8_ENV, HUMMING_KEYWORDS_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV,
-    SHARE_ENV, truthy,
+    SHARE_ENV,
 )
+from sparkit.env_switch import truthy
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule
 
