@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sparkit.engines.base import EngineLaunch, get_adapter
+from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH
 from sparkit.recipes.load import LoadedRecipe, display_path
 from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.recipes.rules import check_rules, code_env_notes, raise_for_errors
 from sparkit.recipes.schema import Recipe
-
-DEFAULT_MIN_ACCEPT_LENGTH = 1.5
 
 
 def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan:

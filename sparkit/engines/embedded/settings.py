@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from
+from sparkit.engines.table import ALIASES
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
@@ -21,7 +22,7 @@ HOSTS_ENV = "SPARKIT_ALLOWED_HOSTS"
 
 EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")  # fp32: keep the trained weights as they are
 LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")  # EAGLE is an alias of NEXTN, as in SGLang
+SPECULATIVE_ALGORITHMS = ("NEXTN", ALIASES["NEXTN"])  # EAGLE is an alias of NEXTN, as in SGLang
 LM_HEAD_SHARING = ("module", "tensor")
 EXPERT_DEQUANT = ("load", "forward")
 DEFAULT_NUM_STEPS = 3
@@ -263,19 +264,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
             kwargs["metavar"] = meta["metavar"]
         parser.add_argument(flag_name(f.name), **kwargs)
     return parser
-
-
-def as_flags(values: dict[str, Any]) -> list[str]:
-    """Settings by name -> the engine's command-line flags (a name no declaration has raises
-    KeyError, so a renamed setting breaks the plan loudly, not the launch)."""
-    out: list[str] = []
-    for name, value in values.items():
-        flag = flag_name(name)
-        if _DECLARED[name].metadata["store_true"]:
-            out += [flag] if value else []
-        elif value is not None:
-            out += [flag, str(value)]
-    return out
 
 
 def engine_config(args: argparse.Namespace, served_name: str | None = None) -> EngineConfig:
