@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.engines.base import flag_value
+from sparkit.engines.sglang.flags import SPECULATIVE_DEFAULTS as SGLANG_SPECULATIVE_DEFAULTS
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
@@ -74,7 +75,7 @@ NOMINAL_IDLE_USE_BYTES = 6 * GIB
 # SGLang 0.5.23 defaults used below (checked against the installed source by the tests).
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9  # share of the pool for linear-attention state : KV cache
 SGLANG_MAMBA_SLOTS_PER_REQUEST = 3  # state slots per running request with the radix cache on
-SGLANG_BAILING_DRAFT_TOKENS = 4  # NEXTN defaults for Bailing when no speculative numbers are set
+SGLANG_BAILING_DRAFT_TOKENS = SGLANG_SPECULATIVE_DEFAULTS["num_draft_tokens"]  # for Bailing when the recipe sets none
 SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # "Max running requests is reset to 48 for speculative decoding"
 SGLANG_MLA_PREFILL_GRAPHS_MIB = 1536
 SGLANG_MLA_PREFILL_GRAPH_MAX_TOKENS = 8192

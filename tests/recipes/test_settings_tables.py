@@ -11,7 +11,7 @@ import pytest
 from sparkit.engines.embedded import flags as embedded_flags
 from sparkit.engines.embedded.adapter import embedded_arg_parser
 from sparkit.engines.sglang import flags as sglang_flags
-from sparkit.engines.table import EXPECTATION_KEYS, SHARED, managed_dests
+from sparkit.engines.table import EXPECTATION_KEYS, SHARED, SPECULATIVE_NUMBERS, managed_dests
 from sparkit.recipes.plan import Expectations
 from sparkit.recipes.schema import Recipe
 
@@ -69,3 +69,15 @@ def test_a_pass_through_flag_that_fights_a_row_is_refused_by_its_key():
     assert "speculative_num_steps" not in managed_dests(without)
     # CUDA graphs are passed only to turn them off; a pass-through of those flags stays accepted.
     assert "disable_prefill_cuda_graph" not in sglang_flags.MANAGED_DESTS
+
+
+def test_sglangs_speculative_defaults_are_what_it_picks_for_ling():
+    """The numbers the memory fit assumes for a NEXTN recipe that gives none are SGLang's own."""
+    pytest.importorskip("sglang")
+    import types
+
+    from sglang.srt.arg_groups.speculative_hook import _auto_choose_speculative_params
+
+    picked = _auto_choose_speculative_params(types.SimpleNamespace(speculative_algorithm="NEXTN"),
+                                             sglang_flags.BAILING_ARCHITECTURE)
+    assert dict(zip(SPECULATIVE_NUMBERS, picked)) == sglang_flags.SPECULATIVE_DEFAULTS

@@ -15,6 +15,12 @@ from typing import Any
 from sparkit.engines.table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, managed_dests, shared
 
 
+# The NEXTN numbers SGLang 0.5.23 picks for a Bailing (Ling) model when the recipe gives none
+# (sglang.srt.arg_groups.speculative_hook._auto_choose_speculative_params).
+SPECULATIVE_DEFAULTS = {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+BAILING_ARCHITECTURE = "BailingMoeV2ForCausalLM"
+
+
 @dataclass
 class Planned:
     """What a launch resolved before its command line: where the models are read from (a pulled
