@@ -33,6 +33,9 @@ from sparkit.recipes.rules import Rule
 FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
 SECRETS_FILE = "secrets.yaml"
 
+# The table's rows whose recipe values are checked against the installed parser's choices, in order.
+CHOICE_ROWS = tuple(next(row for row in SETTINGS if row.dest == dest)
+                    for dest in ("moe_runner_backend", "attention_backend", "quantization"))
 # How to get the validation on a machine without a GPU (sglang-facts.md §1).
 PARSER_INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 plus its parser's pure-Python imports "
                        "(torch numpy orjson psutil pybase64 requests packaging pillow starlette msgspec "
@@ -339,17 +342,14 @@ class SGLangAdapter(SGLangLogAdapter):
     # ------------------------------------------------------------ feature detection
 
     def _check_choices(self, loaded) -> None:
-        r = loaded.recipe
-        for key, dest, value in (
-            ("stack.moe_backend", "moe_runner_backend", r.stack.moe_backend),
-            ("stack.attention_backend", "attention_backend", r.stack.attention_backend),
-            ("stack.quantization", "quantization", r.stack.quantization),
-        ):
+        """The recipe values sglang's parser takes only from a list of choices, against the list."""
+        for row in CHOICE_ROWS:
+            value = functools.reduce(getattr, row.key.split("."), loaded.recipe)
             if value is None:
                 continue
-            allowed = choices_for(dest)
+            allowed = choices_for(row.dest)
             if allowed is not None and value not in allowed:
-                raise loaded.error(key, f"{value!r} is not one of {', '.join(allowed)} (sglang {installed_version()})")
+                raise loaded.error(row.key, f"{value!r} is not one of {', '.join(allowed)} (sglang {installed_version()})")
 
     def _check_passthrough(self, loaded) -> list[str]:
         """Each pass-through flag must exist in the installed sglang and not fight a recipe key."""
