@@ -73,6 +73,14 @@ SHARED: dict[str, Setting] = {s.key: s for s in (
 EXPECTATION_KEYS: dict[str, str] = {s.expectation: s.dest for s in SHARED.values() if s.expectation}
 
 
+def recipe_value(recipe: Any, key: str) -> Any:
+    """The value of a dotted recipe key ("stack.speculative.num_steps") in a Recipe."""
+    value = recipe
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def shared(key: str, **engine: Any) -> Setting:
     """The shared row for `key`, with an engine's flag and values."""
     return replace(SHARED[key], **engine)

@@ -24,7 +24,7 @@ from sparkit.engines.sglang.plugin import (
     ENABLE_ENV, EXACT_TOP_K_ENV, FP8_ENV, HUMMING_KEYWORDS_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV,
     SHARE_ENV,
 )
-from sparkit.engines.table import command_line
+from sparkit.engines.table import command_line, recipe_value
 from sparkit.env_switch import truthy
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule
@@ -344,7 +344,7 @@ class SGLangAdapter(SGLangLogAdapter):
     def _check_choices(self, loaded) -> None:
         """The recipe values sglang's parser takes only from a list of choices, against the list."""
         for row in CHOICE_ROWS:
-            value = functools.reduce(getattr, row.key.split("."), loaded.recipe)
+            value = recipe_value(loaded.recipe, row.key)
             if value is None:
                 continue
             allowed = choices_for(row.dest)
