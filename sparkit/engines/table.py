@@ -101,6 +101,11 @@ def expected_args(table: tuple[Setting, ...], launch: Any) -> dict[str, Any]:
     return out
 
 
+def passed(table: tuple[Setting, ...], dest: str, launch: Any) -> str:
+    """What the command line for `launch` says for `dest` ("--moe-runner-backend triton"; "": not passed)."""
+    return " ".join(next(row for row in table if row.dest == dest).argv(launch))
+
+
 def managed_dests(table: tuple[Setting, ...]) -> dict[str, str]:
     """Resolved-args name -> the recipe key that sets it, for the flags a pass-through may not repeat."""
     return {row.dest: row.key for row in table if row.managed and row.flag}

@@ -16,7 +16,7 @@ from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, hub_model
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
 from sparkit.engines.embedded.flags import SETTINGS, Planned, server_args
 from sparkit.engines.sglang.log import SGLangLogAdapter
-from sparkit.engines.table import command_line
+from sparkit.engines.table import command_line, passed
 from sparkit.hub.refs import model_hub_ref
 from sparkit.recipes.rules import Rule
 
@@ -230,16 +230,16 @@ class EmbeddedAdapter(SGLangLogAdapter):
         expectations["server_args"] = expected
 
         provisions = [
-            Provision(f"weights={stack.weights}", "embedded", f"--expert-weights {stack.weights} (quantised at load)"),
+            Provision(f"weights={stack.weights}", "embedded", f"{passed(SETTINGS, 'expert_weights', planned)} (quantised at load)"),
             Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
-            Provision(f"lm_head={stack.lm_head}", "embedded", f"--lm-head-dtype {stack.lm_head}"),
+            Provision(f"lm_head={stack.lm_head}", "embedded", passed(SETTINGS, "lm_head_dtype", planned)),
         ]
         if stack.lm_head == "fp8":
             provisions.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "embedded",
-                                        f"--lm-head-exact-top-k {stack.lm_head_exact_top_k}"))
+                                        passed(SETTINGS, "lm_head_exact_top_k", planned)))
         provisions += hub_provisions
         if spec.method == "nextn":
-            provisions.append(Provision("speculative=nextn", "embedded", "--speculative-algorithm NEXTN"))
+            provisions.append(Provision("speculative=nextn", "embedded", passed(SETTINGS, "speculative_algorithm", planned)))
             if stack.lm_head == "fp8":
                 provisions.append(Provision("draft_lm_head=shared", "embedded",
                                             f"--draft-lm-head-sharing {sharing or 'module'}"))

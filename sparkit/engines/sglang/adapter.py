@@ -24,7 +24,7 @@ from sparkit.engines.sglang.plugin import (
     ENABLE_ENV, EXACT_TOP_K_ENV, FP8_ENV, HUMMING_KEYWORDS_ENV, PLUGIN_ENTRY_POINT, PLUGIN_NAME, PLUGINS_ENV,
     SHARE_ENV,
 )
-from sparkit.engines.table import command_line, recipe_value
+from sparkit.engines.table import ALIASES, command_line, passed, recipe_value
 from sparkit.env_switch import truthy
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule
@@ -276,7 +276,7 @@ class SGLangAdapter(SGLangLogAdapter):
         select the FP8 head's path)."""
         server = loaded.recipe.server
         registry = env_registry() if unavailable is None else frozenset()
-        provisions, head_env = self._provisions(loaded, registry)
+        provisions, head_env = self._provisions(loaded, planned, registry)
         fix_provisions, fix_env = self._plugin_fixes(loaded, head_env)
         provisions += fix_provisions
         if HUMMING_KEYWORDS_ENV in fix_env and HUMMING_KEYWORDS_ENV in server.env:
@@ -403,7 +403,7 @@ class SGLangAdapter(SGLangLogAdapter):
                            "(not in sglang.srt.environ.envs); it is passed but has no effect")
         return out
 
-    def _provisions(self, loaded, registry: frozenset[str]) -> tuple[list[Provision], dict[str, str]]:
+    def _provisions(self, loaded, planned: Planned, registry: frozenset[str]) -> tuple[list[Provision], dict[str, str]]:
         """Which path provides each optimisation, and the environment that selects an FP8 head's
         path (this sglang's own variable when its registry has it, else sparkit's plugin)."""
         r = loaded.recipe
@@ -414,9 +414,9 @@ class SGLangAdapter(SGLangLogAdapter):
             out.append(Provision("moe_backend=auto", "sglang-default",
                                  "sglang picks (flashinfer_mxfp4 for Ling V3 FP8/MXFP4 on SM90/100/120)"))
         else:
-            out.append(Provision(f"moe_backend={stack.moe_backend}", "sglang-flag", f"--moe-runner-backend {stack.moe_backend}"))
+            out.append(Provision(f"moe_backend={stack.moe_backend}", "sglang-flag", passed(SETTINGS, "moe_runner_backend", planned)))
         if stack.lm_head == "fp32":
-            out.append(Provision("lm_head=fp32", "sglang-flag", "--enable-fp32-lm-head"))
+            out.append(Provision("lm_head=fp32", "sglang-flag", passed(SETTINGS, "enable_fp32_lm_head", planned)))
         elif stack.lm_head == "bf16":
             out.append(Provision("lm_head=bf16", "checkpoint", "the checkpoint's lm_head as is"))
         else:
@@ -438,9 +438,10 @@ class SGLangAdapter(SGLangLogAdapter):
                 out.append(Provision("draft_lm_head=shared", provider, detail))
         if spec.method == "nextn":
             out.append(Provision("speculative=nextn", "sglang-flag",
-                                 "--speculative-algorithm NEXTN (an alias of EAGLE; /server_info reports EAGLE)"))
+                                 f"{passed(SETTINGS, 'speculative_algorithm', planned)} (an alias of {ALIASES['NEXTN']}; "
+                                 f"/server_info reports {ALIASES['NEXTN']})"))
         elif spec.method == "dspark":
-            out.append(Provision("speculative=dspark", "sglang-flag", f"--speculative-algorithm DSPARK, draft {spec.draft_model}"))
+            out.append(Provision("speculative=dspark", "sglang-flag", f"{passed(SETTINGS, 'speculative_algorithm', planned)}, draft {spec.draft_model}"))
         return out, env
 
 
