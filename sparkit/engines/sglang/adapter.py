@@ -202,7 +202,7 @@ class SGLangAdapter(SGLangLogAdapter):
             self._check_choices(loaded)
         planned = self._planned(loaded, port)
         args = command_line(SETTINGS, planned)
-        warnings = self._checked(loaded, args, unavailable)
+        warnings = self._checked(loaded, unavailable)
         args += list(loaded.recipe.server.extra_args)
         if unavailable is None:
             try:
@@ -251,7 +251,7 @@ class SGLangAdapter(SGLangLogAdapter):
             planned.served_name = next(p["repo"] for p in planned.pulls if p["role"] == "target")
         return planned
 
-    def _checked(self, loaded, args: list[str], unavailable: str | None) -> list[str]:
+    def _checked(self, loaded, unavailable: str | None) -> list[str]:
         """The pass-through flags checked against the installed sglang (or, without its parser,
         against the flags sparkit sets): the warnings."""
         if unavailable is None:
