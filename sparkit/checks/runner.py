@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.activation import evaluate
+from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence, parse_server_info
 from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, StateError

@@ -764,12 +764,12 @@ def _ceil3(x: float) -> float:
 
 
 def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras: dict[str, Any]) -> None:
-    recipe = plan.recipe
-    server = recipe.get("server") or {}
+    """The verdict on the terms: the range of mem_fraction_static that fits the memory free at
+    start (P), or, with no figure for it here, what the start needs; then what SGLang's own pool
+    sizing makes of it at steady state, and on unified memory the peak while loading."""
+    server = plan.recipe.get("server") or {}
     static = fit.weights_bytes + fit.kv_bytes
-    runtime = fit.total("runtime")
-    overhead = fit.total("engine")
-    reserve = fit.total("reserve")
+    runtime, overhead, reserve = fit.total("runtime"), fit.total("engine"), fit.total("reserve")
     slack_need = runtime + reserve
     f = server.get("mem_fraction_static")
     fit.mem_fraction_static, fit.mem_fraction_source = (f, "server.mem_fraction_static") if f else (None, "")
@@ -778,24 +778,9 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
              "(must fit in P x mem_fraction_static)")
     a.append(f"runtime headroom {gib(runtime)}" + (f" + OS floor {gib(reserve)}" if reserve else "")
              + f" = {gib(slack_need)} (must fit in P x (1 - mem_fraction_static))")
-
     if basis is None or basis.available_bytes is None:
-        per = "per GPU " if _memory_model(plan) == "mem_fraction_static" else ""
-        if f:
-            p_need = max(static / f, slack_need / (1 - f))
-            fit.required_available_bytes = int(p_need + overhead)
-            fit.summary = (f"needs {gib(fit.required_available_bytes)} free {per}at start at mem_fraction_static {f} "
-                           "(no memory figure for this target here)")
-        else:
-            p_need = static + slack_need
-            fit.required_available_bytes = int(p_need + overhead)
-            fit.summary = (f"needs at least {gib(fit.required_available_bytes)} free {per}at start "
-                           "(no memory figure for this target here)")
-        a.append(f"P >= {gib(p_need)}, + {gib(overhead)} the engine holds before measuring = "
-                 f"{gib(fit.required_available_bytes)} free at start")
-        fit.need = "run on the target machine (or a GPU of the target kind) for a verdict"
+        _sglang_requirement(fit, plan, f, static, slack_need, overhead)
         return
-
     p = basis.available_bytes - overhead
     a.insert(0, f"P = {gib(basis.available_bytes)} free at start ({basis.source}) - {gib(overhead)} the engine "
                 f"holds before measuring = {gib(p)}")
@@ -822,6 +807,33 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
                        f"{gib(basis.available_bytes)} free")
         a.append(f"{f_min:.3f} > {f_max:.3f}: no mem_fraction_static works")
         return
+    _fraction_verdict(fit, f, f_min, f_max, p, slack_need, reserve)
+    if _steady_state(fit, basis, p, f, f_min, f_max, static, runtime, overhead, extras) and basis.kind == "unified":
+        _loading_peak(fit, basis, p, overhead, extras["checkpoint_file_bytes"])
+
+
+def _sglang_requirement(fit: MemoryFit, plan: Any, f: float | None, static: int, slack_need: int,
+                        overhead: int) -> None:
+    """With no figure of the memory free here: what the start needs (at the recipe's fraction)."""
+    per = "per GPU " if _memory_model(plan) == "mem_fraction_static" else ""
+    if f:
+        p_need = max(static / f, slack_need / (1 - f))
+        fit.required_available_bytes = int(p_need + overhead)
+        fit.summary = (f"needs {gib(fit.required_available_bytes)} free {per}at start at mem_fraction_static {f} "
+                       "(no memory figure for this target here)")
+    else:
+        p_need = static + slack_need
+        fit.required_available_bytes = int(p_need + overhead)
+        fit.summary = (f"needs at least {gib(fit.required_available_bytes)} free {per}at start "
+                       "(no memory figure for this target here)")
+    fit.arithmetic.append(f"P >= {gib(p_need)}, + {gib(overhead)} the engine holds before measuring = "
+                          f"{gib(fit.required_available_bytes)} free at start")
+    fit.need = "run on the target machine (or a GPU of the target kind) for a verdict"
+
+
+def _fraction_verdict(fit: MemoryFit, f: float | None, f_min: float, f_max: float, p: float, slack_need: int,
+                      reserve: int) -> None:
+    """The verdict on the recipe's mem_fraction_static against the range that fits."""
     if f is None:
         fit.verdict, fit.suggested_fraction = "fits-with", fit.max_fraction
         fit.summary = f"fits with mem_fraction_static between {fit.min_fraction} and {fit.max_fraction}"
@@ -836,6 +848,13 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
     else:
         fit.verdict = "fits"
         fit.summary = f"fits: mem_fraction_static {f} is within [{fit.min_fraction}, {fit.max_fraction}]"
+
+
+def _steady_state(fit: MemoryFit, basis: MemoryBasis, p: float, f: float | None, f_min: float, f_max: float,
+                  static: int, runtime: int, overhead: int, extras: dict[str, Any]) -> bool:
+    """What the engine holds once up, from SGLang's own pool sizing at the fraction it will use;
+    False when that sizing refuses the start (the verdict then says so)."""
+    a = fit.arithmetic
     used_f = f if f is not None and f_min <= f <= f_max else fit.suggested_fraction
     sized_at = f if f is not None else used_f  # SGLang sizes at the recipe's fraction, whatever fits
     sizes = predict_pools(fit, p, sized_at, extras["pool_model"]) if sized_at and extras.get("pool_model") else None
@@ -843,7 +862,7 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         # sparkit's own requirement passed, SGLang's formula does not (its state pool takes its share first)
         fit.verdict, fit.suggested_fraction = "does-not-fit", None
         fit.summary = f"does not fit: at mem_fraction_static {f} SGLang would refuse to start ({sizes.error.split('. ')[0]})"
-        return
+        return False
     if sizes is not None and not sizes.error and used_f is not None and used_f == sized_at:
         held = (fit.weights_bytes - extras.get("transient_bytes", 0) + sizes.state_reserved_bytes + sizes.kv_bytes
                 + sizes.draft_kv_bytes + sizes.req_to_token_bytes + SGLANG_PRE_POOL_BYTES)
@@ -862,13 +881,16 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         a.append(f"at steady state the engine holds {gib(fit.engine_bytes)} ({gib(overhead)} + {held_note} + "
                  f"{gib(runtime)} runtime)" + (f", leaving {gib(basis.available_bytes - fit.engine_bytes)} of the "
                                                f"{gib(basis.available_bytes)} free" if basis.shared_with_os else ""))
-    if basis.kind == "unified":
-        files = extras["checkpoint_file_bytes"]
-        peak = fit.weights_bytes + files + overhead
-        if peak > basis.available_bytes:
-            a.append(f"while loading: weights {gib(fit.weights_bytes)} + the checkpoint's page cache {gib(files)} = "
-                     f"{gib(peak - overhead)} > {gib(p)}: the kernel must drop page cache as the engine loads; "
-                     "sparkit's load guard evicts the checkpoint's pages itself")
+    return True
+
+
+def _loading_peak(fit: MemoryFit, basis: MemoryBasis, p: float, overhead: int, files: int) -> None:
+    """On unified memory the checkpoint's page cache competes with the weights while they load."""
+    peak = fit.weights_bytes + files + overhead
+    if peak > basis.available_bytes:
+        fit.arithmetic.append(f"while loading: weights {gib(fit.weights_bytes)} + the checkpoint's page cache "
+                              f"{gib(files)} = {gib(peak - overhead)} > {gib(p)}: the kernel must drop page cache as "
+                              "the engine loads; sparkit's load guard evicts the checkpoint's pages itself")
 
 
 def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None) -> None:

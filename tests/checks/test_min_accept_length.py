@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, check_acceptance
+from sparkit.checks.activation import check_acceptance
+from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence
 from sparkit.checks.results import Status
 from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH
 from sparkit.recipes.compile import compile_plan
