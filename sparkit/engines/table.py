@@ -1,7 +1,7 @@
 """The settings tables' shape, and what every engine's table shares.
 
 Each engine declares its settings once, as one table (sparkit.engines.sglang.flags.SETTINGS,
-sparkit.engines.embedded.flags.SETTINGS): a row per resolved argument, saying which recipe key sets
+sparkit.engines.embedded.settings.SETTINGS): a row per resolved argument, saying which recipe key sets
 it, the engine flag that passes it, how the recipe's value becomes the flag's (`arg`) and what the
 live server must then report for it (`expect`). From the table come the engine's argv, the flags a
 pass-through may not repeat (the managed destinations) and the resolved args the startup checks

@@ -8,14 +8,14 @@ import dataclasses
 
 import pytest
 
-from sparkit.engines.embedded import flags as embedded_flags
+from sparkit.engines.embedded import settings as embedded_settings
 from sparkit.engines.embedded.adapter import embedded_arg_parser
 from sparkit.engines.sglang import flags as sglang_flags
 from sparkit.engines.table import EXPECTATION_KEYS, SHARED, SPECULATIVE_NUMBERS, managed_dests
 from sparkit.recipes.plan import Expectations
 from sparkit.recipes.schema import Recipe
 
-TABLES = {"sglang": sglang_flags.SETTINGS, "embedded": embedded_flags.SETTINGS}
+TABLES = {"sglang": sglang_flags.SETTINGS, "embedded": embedded_settings.SETTINGS}
 
 
 def _recipe_has(key: str) -> bool:
@@ -48,7 +48,7 @@ def test_every_sglang_flag_lands_where_the_table_says():
 def test_every_embedded_flag_lands_where_the_table_says():
     parser = embedded_arg_parser()
     dests = {option: action.dest for action in parser._actions for option in action.option_strings}
-    wrong = {row.flag: (row.dest, dests.get(row.flag)) for row in embedded_flags.SETTINGS if row.flag and dests.get(row.flag) != row.dest}
+    wrong = {row.flag: (row.dest, dests.get(row.flag)) for row in embedded_settings.SETTINGS if row.flag and dests.get(row.flag) != row.dest}
     assert not wrong
 
 

@@ -14,13 +14,14 @@ from typing import Any
 
 from sparkit.engines.base import EngineInfo, EngineLaunch, flag_value, hub_model_path, local_model_provisions, package_version
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
-from sparkit.engines.embedded.flags import SETTINGS, Planned, server_args
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.table import command_line, passed
 from sparkit.hub.refs import model_hub_ref
 from sparkit.recipes.rules import Rule
 
-from sparkit.engines.embedded.settings import API_KEY_ENV, build_arg_parser, flag_name, validate_args
+from sparkit.engines.embedded.settings import (
+    API_KEY_ENV, SETTINGS, Planned, build_arg_parser, flag_name, server_args, validate_args,
+)
 
 
 def embedded_arg_parser() -> argparse.ArgumentParser:
