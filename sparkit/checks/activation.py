@@ -19,6 +19,7 @@ from sparkit.checks.evidence import ServerEvidence
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT
 from sparkit.checks.results import CheckResult, Status
 from sparkit.engines.activation_report import MoeLayerReport
+from sparkit.engines.table import ALIASES, EXPECTATION_KEYS
 from sparkit.recipes.plan import LaunchPlan
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -48,23 +49,10 @@ def _result(name: str, title: str, status: Status, detail: str, **kw: Any) -> Ch
     return CheckResult(name=name, title=title, status=status, detail=detail, **kw)
 
 
-# The ServerArgs key each Expectations field corresponds to.
-_EXPECTATION_KEYS = {
-    "num_steps": "speculative_num_steps",
-    "eagle_topk": "speculative_eagle_topk",
-    "num_draft_tokens": "speculative_num_draft_tokens",
-    "tp": "tp_size",
-    "ep": "ep_size",
-    "attention_backend": "attention_backend",
-    "mem_fraction_static": "mem_fraction_static",
-    "moe_backend": "moe_runner_backend",
-}
-
-
 def expected_server_args(plan: LaunchPlan) -> dict[str, Any]:
     exp = plan.expectations
     wanted: dict[str, Any] = {}
-    for attr, key in _EXPECTATION_KEYS.items():
+    for attr, key in EXPECTATION_KEYS.items():
         value = getattr(exp, attr)
         if value is not None:
             wanted[key] = value
@@ -102,12 +90,14 @@ def compare_args(plan: LaunchPlan, args: dict[str, Any]) -> list[ArgDifference]:
         got = args[key]
         if _same(want, got):
             continue
-        if key == "speculative_algorithm" and str(want).upper() == "NEXTN" and str(got).upper() == "EAGLE":
-            diffs.append(ArgDifference(key, want, got, "alias", "NEXTN is an alias of EAGLE; SGLang reports EAGLE"))
+        if key == "speculative_algorithm" and ALIASES.get(str(want).upper()) == str(got).upper():
+            diffs.append(ArgDifference(key, want, got, "alias", f"{str(want).upper()} is an alias of {str(got).upper()}; "
+                                       f"SGLang reports {str(got).upper()}"))
         elif key == "moe_runner_backend" and str(want).lower() == "auto":
             diffs.append(ArgDifference(key, want, got, "resolved", f"the auto MoE backend resolved to {got}"))
-        elif key == "speculative_algorithm" and str(got).upper() == "EAGLE" and plan.expectations.speculative_algorithm_reported == "EAGLE":
-            diffs.append(ArgDifference(key, want, got, "alias", "reported as EAGLE, as expected"))
+        elif (key == "speculative_algorithm" and str(got).upper() in ALIASES.values()
+              and plan.expectations.speculative_algorithm_reported == str(got).upper()):
+            diffs.append(ArgDifference(key, want, got, "alias", f"reported as {str(got).upper()}, as expected"))
         elif (
             key == "speculative_num_draft_tokens"
             and args.get("speculative_eagle_topk") == 1
@@ -544,7 +534,10 @@ def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     )
 
 
-DEFAULT_MIN_ACCEPT = 1.0
+# The accept length of a draft that is never accepted: every verify step commits its bonus token
+# only. A plan that states no minimum (compile always states one for a speculative recipe:
+# sparkit.engines.table.DEFAULT_MIN_ACCEPT_LENGTH) must clear this much.
+NO_DRAFT_ACCEPTED = 1.0
 
 
 def check_acceptance(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
@@ -552,7 +545,7 @@ def check_acceptance(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     exp = plan.expectations
     if not exp.speculative:
         return _result(name, title, Status.SKIP, "no speculative decoding in this recipe")
-    floor = exp.min_accept_length if exp.min_accept_length is not None else DEFAULT_MIN_ACCEPT
+    floor = exp.min_accept_length if exp.min_accept_length is not None else NO_DRAFT_ACCEPTED
     probe = ev.probe
     accept: float | None = probe.accept_length if probe else None
     evidence: list[str] = []

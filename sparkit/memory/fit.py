@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.engines.base import flag_value
+from sparkit.engines.sglang.flags import SPECULATIVE_DEFAULTS as SGLANG_SPECULATIVE_DEFAULTS
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
@@ -73,7 +75,7 @@ NOMINAL_IDLE_USE_BYTES = 6 * GIB
 # SGLang 0.5.23 defaults used below (checked against the installed source by the tests).
 SGLANG_MAMBA_FULL_MEMORY_RATIO = 0.9  # share of the pool for linear-attention state : KV cache
 SGLANG_MAMBA_SLOTS_PER_REQUEST = 3  # state slots per running request with the radix cache on
-SGLANG_BAILING_DRAFT_TOKENS = 4  # NEXTN defaults for Bailing when no speculative numbers are set
+SGLANG_BAILING_DRAFT_TOKENS = SGLANG_SPECULATIVE_DEFAULTS["num_draft_tokens"]  # for Bailing when the recipe sets none
 SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # "Max running requests is reset to 48 for speculative decoding"
 SGLANG_MLA_PREFILL_GRAPHS_MIB = 1536
 SGLANG_MLA_PREFILL_GRAPH_MAX_TOKENS = 8192
@@ -356,17 +358,13 @@ def _describe(tensors: list, origin: str = "the safetensors headers") -> str:
 
 # ------------------------------------------------------------------------------- flags
 
-def _flag(argv: list[str], name: str) -> str | None:
-    for i, item in enumerate(argv):
-        if item == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if item.startswith(name + "="):
-            return item.split("=", 1)[1]
-    return None
+def _provider(plan: Any, optimisation: str) -> str | None:
+    """Which path the plan provides `optimisation` by (its provisions: "sglang-env", "sparkit-plugin", ...)."""
+    return next((p.provider for p in plan.provisions if p.optimisation == optimisation), None)
 
 
 def _int_flag(argv: list[str], name: str) -> int | None:
-    value = _flag(argv, name)
+    value = flag_value(argv, name)
     try:
         return int(value) if value is not None else None
     except ValueError:
@@ -482,87 +480,108 @@ def _partition(tensors: list, layers: int) -> tuple[list, list, list, list, list
 
 def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None,
                   basis: MemoryBasis | None, tp: int) -> dict[str, Any]:
-    """Adds the terms; returns what the verdict needs besides them."""
-    recipe = plan.recipe
-    stack, server, model = recipe.get("stack") or {}, recipe.get("server") or {}, recipe.get("model") or {}
-    spec = stack.get("speculative") or {}
-    method = spec.get("method", "none")
-    argv = list(plan.argv)
+    """Adds the terms; returns what the verdict needs besides them. By part: the target's weights
+    (and the FP8 head the plan provides), the draft's, the KV cache and linear-attention state,
+    SGLang's runtime headroom, and what SGLang's own pool sizing reads."""
+    method = (((plan.recipe.get("stack") or {}).get("speculative") or {}).get("method", "none"))
     layers = ckpt.shape.num_hidden_layers if ckpt.shape else int(ckpt.config.get("num_hidden_layers", 0))
-    rank = f" / tp {tp}" if tp > 1 else ""
-
     head, nextn, body, experts, others = _partition(ckpt.tensors, layers)
+    _target_weight_terms(fit, plan, ckpt, head, experts, others, tp)
+    draft_shape, draft_kv_layers, transient = _draft_terms(fit, ckpt, draft, nextn, method, tp)
+    shape = ckpt.shape
+    if shape is None:
+        return {}
+    kv = _kv_terms(fit, plan, shape, method, draft_shape, draft_kv_layers)
+    transient = _runtime_terms(fit, plan, shape, head, basis, tp, kv["cap"], transient)
+    pool_model = _pool_model(plan, ckpt, shape, kv, draft_kv_layers if draft_shape is not None else 0, method)
+    argv = list(plan.argv)
+    capped = kv["cap"] is not None and (not shape.hybrid or _int_flag(argv, "--max-mamba-cache-size") is not None)
+    return {"capped": capped, "pool_model": pool_model, "transient_bytes": transient}
+
+
+def _target_weight_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, head: list, experts: list, others: list,
+                         tp: int) -> None:
+    """The target's weights per GPU, and the FP8 head by the path the plan provides it: sparkit's
+    plugin adds an e4m3 copy + a float32 scale per row and frees the bf16 weight only when exact
+    re-scoring is off; SGLang's own (patched) FP8 head replaces it."""
+    rank = f" / tp {tp}" if tp > 1 else ""
     fit.terms.append(FitTerm("weights", "routed experts", sum(_per_gpu(t, tp) for t in experts),
                              _describe(experts, ckpt.origin) + rank))
     fit.terms.append(FitTerm("weights", "attention, dense layers, embeddings, norms",
                              sum(_per_gpu(t, tp) for t in others), _describe(others, ckpt.origin) + rank))
     head_bytes = sum(_per_gpu(t, tp) for t in head)
     fit.terms.append(FitTerm("weights", "lm_head (checkpoint)", head_bytes, _describe(head, ckpt.origin) + rank))
+    if plan.expectations.lm_head != "fp8" or not head:
+        return
+    rows = -(-head[0].shape[0] // tp)
+    cols = head[0].shape[1] if len(head[0].shape) > 1 else 1
+    fp8 = rows * cols + rows * 4
+    if _provider(plan, "lm_head=fp8") == "sglang-env":
+        fit.terms.append(FitTerm("weights", "FP8 lm_head (SGLang's own, replaces the bf16 weight)",
+                                 fp8 - head_bytes, f"e4m3 {rows} x {cols} + scales - the bf16 weight"))
+        return
+    fit.terms.append(FitTerm("weights", "FP8 lm_head copy (sparkit plugin)", fp8,
+                             f"e4m3 {rows} x {cols} x 1 B + a float32 scale per row"))
+    exact = int(plan.expectations.lm_head_exact_top_k or 0)
+    if exact:
+        fit.notes.append(f"the bf16 lm_head ({_size(head_bytes)}) stays loaded for exact re-scoring of "
+                         f"the {exact} best FP8 candidates (stack.lm_head_exact_top_k {exact}; 0 frees it)")
+    else:
+        fit.terms.append(FitTerm("weights", "bf16 lm_head freed (lm_head_exact_top_k 0)", -head_bytes,
+                                 "only the FP8 copy is kept"))
 
-    # The FP8 head: sparkit's plugin adds an e4m3 copy + a float32 scale per row and frees the
-    # bf16 weight only when exact re-scoring is off; SGLang's own (patched) FP8 head replaces it.
-    if stack.get("lm_head") == "fp8" and head:
-        rows = -(-head[0].shape[0] // tp)
-        cols = head[0].shape[1] if len(head[0].shape) > 1 else 1
-        fp8 = rows * cols + rows * 4
-        exact = int(stack.get("lm_head_exact_top_k", 0) or 0)
-        if plan.env.get("SGLANG_ENABLE_FP8_LM_HEAD") == "1":
-            fit.terms.append(FitTerm("weights", "FP8 lm_head (SGLang's own, replaces the bf16 weight)",
-                                     fp8 - head_bytes, f"e4m3 {rows} x {cols} + scales - the bf16 weight"))
-        else:
-            fit.terms.append(FitTerm("weights", "FP8 lm_head copy (sparkit plugin)", fp8,
-                                     f"e4m3 {rows} x {cols} x 1 B + a float32 scale per row"))
-            if exact:
-                fit.notes.append(f"the bf16 lm_head ({_size(head_bytes)}) stays loaded for exact re-scoring of "
-                                 f"the {exact} best FP8 candidates (stack.lm_head_exact_top_k {exact}; 0 frees it)")
-            else:
-                fit.terms.append(FitTerm("weights", "bf16 lm_head freed (lm_head_exact_top_k 0)", -head_bytes,
-                                         "only the FP8 copy is kept"))
 
-    draft_shape: ModelShape | None = None
-    draft_kv_layers = 0
-    transient = 0  # held while SGLang sizes its pools, freed right after
+def _draft_terms(fit: MemoryFit, ckpt: _Checkpoint, draft: _Checkpoint | None, nextn: list, method: str,
+                 tp: int) -> tuple[ModelShape | None, int, int]:
+    """The draft's weights: (its shape, its KV layers, bytes held only while SGLang sizes its pools)."""
+    rank = f" / tp {tp}" if tp > 1 else ""
     if method == "nextn" and draft is None:
         loaded = [t for t in nextn if not _SHARED_WITH_TARGET.search(t.name)]
         fit.terms.append(FitTerm("weights", "NextN draft layer", sum(_per_gpu(t, tp) for t in loaded),
                                  _describe(loaded, ckpt.origin) + rank + "; embedding and lm_head shared with the target"))
-        draft_shape, draft_kv_layers = ckpt.shape, (ckpt.shape.nextn_layers if ckpt.shape else 0) or 1
-        if ckpt.shape is not None:
-            # SGLang's NextN model builds its own embedding and lm_head and drops them for the
-            # target's only in init_lm_head, after the target's pools were sized (scheduler:
-            # tp_worker.alloc_memory_pool, then the draft's): at the profile they are still held
-            own = 2 * -(-ckpt.shape.vocab_size // tp) * ckpt.shape.hidden_size * 2
-            fit.terms.append(FitTerm("weights", "NextN draft's own embedding and lm_head (until shared)", own,
-                                     f"2 x {-(-ckpt.shape.vocab_size // tp)} x {ckpt.shape.hidden_size} x 2 B, held while "
-                                     "SGLang sizes its pools, freed when the draft takes the target's"))
-            transient = own
-    elif draft is not None:
+        if ckpt.shape is None:
+            return ckpt.shape, 1, 0
+        # SGLang's NextN model builds its own embedding and lm_head and drops them for the
+        # target's only in init_lm_head, after the target's pools were sized (scheduler:
+        # tp_worker.alloc_memory_pool, then the draft's): at the profile they are still held
+        rows = -(-ckpt.shape.vocab_size // tp)
+        own = 2 * rows * ckpt.shape.hidden_size * 2
+        fit.terms.append(FitTerm("weights", "NextN draft's own embedding and lm_head (until shared)", own,
+                                 f"2 x {rows} x {ckpt.shape.hidden_size} x 2 B, held while "
+                                 "SGLang sizes its pools, freed when the draft takes the target's"))
+        return ckpt.shape, ckpt.shape.nextn_layers or 1, own
+    if draft is not None:
         d_layers = draft.shape.num_hidden_layers if draft.shape else 0
         if method == "nextn":  # SGLang's NextN class loads only the draft checkpoint's NextN layer
             loaded = [t for t in draft.tensors if _is_draft_layer(t.name, d_layers) and not _SHARED_WITH_TARGET.search(t.name)]
-            draft_kv_layers = (draft.shape.nextn_layers if draft.shape else 0) or 1
+            kv_layers = (draft.shape.nextn_layers if draft.shape else 0) or 1
             label = "NextN draft layer (from the draft checkpoint)"
         else:
             loaded = list(draft.tensors)
-            draft_kv_layers = draft.shape.full_attention_layers if draft.shape else 0
+            kv_layers = draft.shape.full_attention_layers if draft.shape else 0
             label = f"{method} draft model"
         fit.terms.append(FitTerm("weights", label, sum(_per_gpu(t, tp) for t in loaded),
                                  _describe(loaded, draft.origin) + rank + f" ({draft.label})"))
-        draft_shape = draft.shape
-    elif nextn:
+        return draft.shape, kv_layers, 0
+    if nextn:
         fit.notes.append(f"the checkpoint's NextN layer ({_size(sum(t.nbytes for t in nextn))}) is not loaded: "
                          "no speculative decoding")
+    return None, 0, 0
 
-    shape = ckpt.shape
-    if shape is None:
-        return {}
-    # KV cache and linear-attention state.
+
+def _kv_terms(fit: MemoryFit, plan: Any, shape: ModelShape, method: str, draft_shape: ModelShape | None,
+              draft_kv_layers: int) -> dict[str, Any]:
+    """The KV cache (the target's and the draft's) and the linear-attention state; returns the
+    figures the pool model reads."""
+    recipe, argv = plan.recipe, list(plan.argv)
+    server, model = recipe.get("server") or {}, recipe.get("model") or {}
+    spec = (recipe.get("stack") or {}).get("speculative") or {}
     context = model.get("context_length") or shape.max_position_embeddings
     if not context:
         fit.notes.append("no context length (model.context_length or max_position_embeddings): the KV cache is not sized")
         context = 0
     requests = int(server.get("max_running_requests") or 1)
-    kv_dtype = (_flag(argv, "--kv-cache-dtype") or "auto").lower()
+    kv_dtype = (flag_value(argv, "--kv-cache-dtype") or "auto").lower()
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(model.get("dtype", "auto")), 2)
     kv_bytes = 1 if kv_dtype.startswith("fp8") else (2 if kv_dtype in ("bf16", "bfloat16", "fp16", "float16") else dtype_bytes)
     cap = _int_flag(argv, "--max-total-tokens")
@@ -585,34 +604,48 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
                                  f"{draft_kv_layers} layer(s) x {draft_shape.kv_values_per_token_layer} values x "
                                  f"{kv_bytes} B x {tokens_note}"))
         kv_full += draft_per_token * tokens
-    state = 0
     if shape.hybrid:
-        per_request = shape.linear_state_bytes_per_request()
-        radix = "--disable-radix-cache" not in argv
-        ratio = SGLANG_MAMBA_SLOTS_PER_REQUEST if radix else 1
-        slots = _int_flag(argv, "--max-mamba-cache-size") or ratio * requests + 1
-        state = per_request * slots
-        fit.terms.append(FitTerm("kv", f"linear-attention state ({shape.linear_attention_layers} KDA layers)", state,
-                                 f"{shape.linear_attention_layers} layers x ({shape.linear_state_conv_values} bf16 conv + "
-                                 f"{shape.linear_state_temporal_values} x {shape.linear_state_temporal_bytes} B state) "
-                                 f"= {_size(per_request)} per slot x {slots} slots"
-                                 + (f" ({ratio} per request with the radix cache, + 1)" if radix else " (radix cache off)")))
-        if method != "none":
-            draft_tokens = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
-            snapshots = per_request * (requests + 1) * draft_tokens
-            fit.terms.append(FitTerm("kv", "speculative state snapshots", snapshots,
-                                     f"{_size(per_request)} x ({requests} + 1) requests x {draft_tokens} draft tokens"))
-            state += snapshots
-        ratio_full = float(_flag(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO)
-        pool = max(kv_full * (1 + ratio_full), state * (1 + ratio_full) / ratio_full)
-        split = int(pool - kv_full - state)
-        if split > 0:
-            share = "KV cache" if kv_full * (1 + ratio_full) >= state * (1 + ratio_full) / ratio_full else "state"
-            fit.terms.append(FitTerm("kv", "rest of the pool (SGLang's state : KV split)", split,
-                                     f"the pool is split state : KV = {ratio_full} : 1 (mamba_full_memory_ratio), so "
-                                     f"the {share} needs a pool of {_size(pool)}"))
+        _linear_state_terms(fit, argv, shape, method, spec, requests, kv_full)
+    return {"per_token": per_token, "context": context, "cap": cap}
 
-    # Runtime headroom: SGLang's own estimate.
+
+def _linear_state_terms(fit: MemoryFit, argv: list[str], shape: ModelShape, method: str, spec: dict[str, Any],
+                        requests: int, kv_full: int) -> None:
+    """A hybrid model's linear-attention state: its slots, NEXTN's snapshots, and the rest of the
+    pool SGLang's state : KV split leaves."""
+    per_request = shape.linear_state_bytes_per_request()
+    radix = "--disable-radix-cache" not in argv
+    ratio = SGLANG_MAMBA_SLOTS_PER_REQUEST if radix else 1
+    slots = _int_flag(argv, "--max-mamba-cache-size") or ratio * requests + 1
+    state = per_request * slots
+    fit.terms.append(FitTerm("kv", f"linear-attention state ({shape.linear_attention_layers} KDA layers)", state,
+                             f"{shape.linear_attention_layers} layers x ({shape.linear_state_conv_values} bf16 conv + "
+                             f"{shape.linear_state_temporal_values} x {shape.linear_state_temporal_bytes} B state) "
+                             f"= {_size(per_request)} per slot x {slots} slots"
+                             + (f" ({ratio} per request with the radix cache, + 1)" if radix else " (radix cache off)")))
+    if method != "none":
+        draft_tokens = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
+        snapshots = per_request * (requests + 1) * draft_tokens
+        fit.terms.append(FitTerm("kv", "speculative state snapshots", snapshots,
+                                 f"{_size(per_request)} x ({requests} + 1) requests x {draft_tokens} draft tokens"))
+        state += snapshots
+    ratio_full = float(flag_value(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO)
+    pool = max(kv_full * (1 + ratio_full), state * (1 + ratio_full) / ratio_full)
+    split = int(pool - kv_full - state)
+    if split > 0:
+        share = "KV cache" if kv_full * (1 + ratio_full) >= state * (1 + ratio_full) / ratio_full else "state"
+        fit.terms.append(FitTerm("kv", "rest of the pool (SGLang's state : KV split)", split,
+                                 f"the pool is split state : KV = {ratio_full} : 1 (mamba_full_memory_ratio), so "
+                                 f"the {share} needs a pool of {_size(pool)}"))
+
+
+def _runtime_terms(fit: MemoryFit, plan: Any, shape: ModelShape, head: list, basis: MemoryBasis | None, tp: int,
+                   cap: int | None, transient: int) -> int:
+    """SGLang's own estimate of its runtime headroom (activations, CUDA graphs, an fp32 head's
+    working copy), the CUDA context and, on unified memory, its processes and the OS floor;
+    returns the bytes held only while SGLang sizes its pools."""
+    recipe, argv = plan.recipe, list(plan.argv)
+    server = recipe.get("server") or {}
     capacity = basis.capacity_bytes if basis else None
     chunked_default, max_bs_default = _sglang_capacity_defaults(capacity, tp)
     if capacity is None:
@@ -640,44 +673,50 @@ def _sglang_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoi
                 graphs += count * 8 * MIB
                 detail += f" + 8 MiB x {count} prefill graphs"
         fit.terms.append(FitTerm("runtime", "CUDA graphs (SGLang's estimate)", int(graphs), detail))
-    if stack.get("lm_head") == "fp32" and head:
-        transient = -(-head[0].shape[0] // tp) * head[0].shape[1] * 4
+    if plan.expectations.lm_head == "fp32" and head:
+        rows = -(-head[0].shape[0] // tp)
+        transient = rows * head[0].shape[1] * 4
         fit.terms.append(FitTerm("runtime", "fp32 lm_head working copy", transient,
                                  "--enable-fp32-lm-head converts the head to fp32 in every forward "
-                                 f"({-(-head[0].shape[0] // tp)} x {head[0].shape[1]} x 4 B)"))
-    unified = basis is not None and basis.kind == "unified"
+                                 f"({rows} x {head[0].shape[1]} x 4 B)"))
     fit.terms.append(FitTerm("engine", "CUDA context", CUDA_CONTEXT_BYTES, "estimate, held before the engine measures free memory"))
-    if unified:
+    if basis is not None and basis.kind == "unified":
         fit.terms.append(FitTerm("engine", "SGLang processes (unified memory)", SGLANG_PROCESSES_BYTES,
                                  "estimate: scheduler, tokenizer manager and detokenizer share the GPU's memory"))
         fit.terms.append(FitTerm("reserve", "OS floor", fit.floor_bytes or 0, floor_source(recipe)))
-    # What SGLang's own pool sizing reads (sparkit.memory.sglang_pool), for the prediction.
+    return transient
+
+
+def _pool_model(plan: Any, ckpt: _Checkpoint, shape: ModelShape, kv: dict[str, Any], draft_kv_layers: int,
+                method: str) -> dict[str, Any]:
+    """What SGLang's own pool sizing reads (sparkit.memory.sglang_pool), for the prediction."""
+    recipe, argv = plan.recipe, list(plan.argv)
+    server = recipe.get("server") or {}
+    spec = (recipe.get("stack") or {}).get("speculative") or {}
     resolved_requests = server.get("max_running_requests") or (SGLANG_SPECULATIVE_MAX_RUNNING_REQUESTS
                                                                if method != "none" else None)
     pool_model: dict[str, Any] = {
-        "kv_cell_bytes": per_token, "kv_layers": shape.full_attention_layers,
-        "draft_kv_layers": draft_kv_layers if draft_shape is not None else 0,
-        "context_len": int(context or shape.max_position_embeddings or 4096), "max_total_tokens": cap,
+        "kv_cell_bytes": kv["per_token"], "kv_layers": shape.full_attention_layers, "draft_kv_layers": draft_kv_layers,
+        "context_len": int(kv["context"] or shape.max_position_embeddings or 4096), "max_total_tokens": kv["cap"],
         "max_running_requests": int(resolved_requests) if resolved_requests else None,
     }
     if shape.hybrid:
-        strategy = (_flag(argv, "--mamba-radix-cache-strategy") or "extra_buffer").lower()
+        strategy = (flag_value(argv, "--mamba-radix-cache-strategy") or "extra_buffer").lower()
+        kernel = int(ckpt.config.get("short_conv_kernel_size") or 4)
         pool_model.update(
             mamba_conv_bytes_per_req=shape.linear_attention_layers * shape.linear_state_conv_values * 2,
             mamba_ssm_bytes_per_req=(shape.linear_attention_layers * shape.linear_state_temporal_values
                                      * shape.linear_state_temporal_bytes),
-            mamba_full_memory_ratio=float(_flag(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO),
+            mamba_full_memory_ratio=float(flag_value(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO),
             max_mamba_cache_size=_int_flag(argv, "--max-mamba-cache-size"),
             radix_cache="--disable-radix-cache" not in argv, extra_buffer=strategy == "extra_buffer",
             overlap_schedule="--disable-overlap-schedule" not in argv,
-            conv_kernel=int(ckpt.config.get("short_conv_kernel_size") or 4),
-            conv_channels_per_layer=shape.linear_state_conv_values // max(1, int(ckpt.config.get("short_conv_kernel_size") or 4) - 1),
+            conv_kernel=kernel, conv_channels_per_layer=shape.linear_state_conv_values // max(1, kernel - 1),
             linear_layers=shape.linear_attention_layers,
         )
     if method != "none":
         pool_model["spec_draft_tokens"] = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
-    capped = cap is not None and (not shape.hybrid or _int_flag(argv, "--max-mamba-cache-size") is not None)
-    return {"capped": capped, "pool_model": pool_model, "transient_bytes": transient}
+    return pool_model
 
 
 def predict_pools(fit: MemoryFit, pre_model_load_bytes: float, fraction: float, pool_model: dict[str, Any]) -> Any:
@@ -725,12 +764,12 @@ def _ceil3(x: float) -> float:
 
 
 def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras: dict[str, Any]) -> None:
-    recipe = plan.recipe
-    server = recipe.get("server") or {}
+    """The verdict on the terms: the range of mem_fraction_static that fits the memory free at
+    start (P), or, with no figure for it here, what the start needs; then what SGLang's own pool
+    sizing makes of it at steady state, and on unified memory the peak while loading."""
+    server = plan.recipe.get("server") or {}
     static = fit.weights_bytes + fit.kv_bytes
-    runtime = fit.total("runtime")
-    overhead = fit.total("engine")
-    reserve = fit.total("reserve")
+    runtime, overhead, reserve = fit.total("runtime"), fit.total("engine"), fit.total("reserve")
     slack_need = runtime + reserve
     f = server.get("mem_fraction_static")
     fit.mem_fraction_static, fit.mem_fraction_source = (f, "server.mem_fraction_static") if f else (None, "")
@@ -739,24 +778,9 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
              "(must fit in P x mem_fraction_static)")
     a.append(f"runtime headroom {gib(runtime)}" + (f" + OS floor {gib(reserve)}" if reserve else "")
              + f" = {gib(slack_need)} (must fit in P x (1 - mem_fraction_static))")
-
     if basis is None or basis.available_bytes is None:
-        per = "per GPU " if _memory_model(plan) == "mem_fraction_static" else ""
-        if f:
-            p_need = max(static / f, slack_need / (1 - f))
-            fit.required_available_bytes = int(p_need + overhead)
-            fit.summary = (f"needs {gib(fit.required_available_bytes)} free {per}at start at mem_fraction_static {f} "
-                           "(no memory figure for this target here)")
-        else:
-            p_need = static + slack_need
-            fit.required_available_bytes = int(p_need + overhead)
-            fit.summary = (f"needs at least {gib(fit.required_available_bytes)} free {per}at start "
-                           "(no memory figure for this target here)")
-        a.append(f"P >= {gib(p_need)}, + {gib(overhead)} the engine holds before measuring = "
-                 f"{gib(fit.required_available_bytes)} free at start")
-        fit.need = "run on the target machine (or a GPU of the target kind) for a verdict"
+        _sglang_requirement(fit, plan, f, static, slack_need, overhead)
         return
-
     p = basis.available_bytes - overhead
     a.insert(0, f"P = {gib(basis.available_bytes)} free at start ({basis.source}) - {gib(overhead)} the engine "
                 f"holds before measuring = {gib(p)}")
@@ -783,6 +807,33 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
                        f"{gib(basis.available_bytes)} free")
         a.append(f"{f_min:.3f} > {f_max:.3f}: no mem_fraction_static works")
         return
+    _fraction_verdict(fit, f, f_min, f_max, p, slack_need, reserve)
+    if _steady_state(fit, basis, p, f, f_min, f_max, static, runtime, overhead, extras) and basis.kind == "unified":
+        _loading_peak(fit, basis, p, overhead, extras["checkpoint_file_bytes"])
+
+
+def _sglang_requirement(fit: MemoryFit, plan: Any, f: float | None, static: int, slack_need: int,
+                        overhead: int) -> None:
+    """With no figure of the memory free here: what the start needs (at the recipe's fraction)."""
+    per = "per GPU " if _memory_model(plan) == "mem_fraction_static" else ""
+    if f:
+        p_need = max(static / f, slack_need / (1 - f))
+        fit.required_available_bytes = int(p_need + overhead)
+        fit.summary = (f"needs {gib(fit.required_available_bytes)} free {per}at start at mem_fraction_static {f} "
+                       "(no memory figure for this target here)")
+    else:
+        p_need = static + slack_need
+        fit.required_available_bytes = int(p_need + overhead)
+        fit.summary = (f"needs at least {gib(fit.required_available_bytes)} free {per}at start "
+                       "(no memory figure for this target here)")
+    fit.arithmetic.append(f"P >= {gib(p_need)}, + {gib(overhead)} the engine holds before measuring = "
+                          f"{gib(fit.required_available_bytes)} free at start")
+    fit.need = "run on the target machine (or a GPU of the target kind) for a verdict"
+
+
+def _fraction_verdict(fit: MemoryFit, f: float | None, f_min: float, f_max: float, p: float, slack_need: int,
+                      reserve: int) -> None:
+    """The verdict on the recipe's mem_fraction_static against the range that fits."""
     if f is None:
         fit.verdict, fit.suggested_fraction = "fits-with", fit.max_fraction
         fit.summary = f"fits with mem_fraction_static between {fit.min_fraction} and {fit.max_fraction}"
@@ -797,6 +848,13 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
     else:
         fit.verdict = "fits"
         fit.summary = f"fits: mem_fraction_static {f} is within [{fit.min_fraction}, {fit.max_fraction}]"
+
+
+def _steady_state(fit: MemoryFit, basis: MemoryBasis, p: float, f: float | None, f_min: float, f_max: float,
+                  static: int, runtime: int, overhead: int, extras: dict[str, Any]) -> bool:
+    """What the engine holds once up, from SGLang's own pool sizing at the fraction it will use;
+    False when that sizing refuses the start (the verdict then says so)."""
+    a = fit.arithmetic
     used_f = f if f is not None and f_min <= f <= f_max else fit.suggested_fraction
     sized_at = f if f is not None else used_f  # SGLang sizes at the recipe's fraction, whatever fits
     sizes = predict_pools(fit, p, sized_at, extras["pool_model"]) if sized_at and extras.get("pool_model") else None
@@ -804,7 +862,7 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         # sparkit's own requirement passed, SGLang's formula does not (its state pool takes its share first)
         fit.verdict, fit.suggested_fraction = "does-not-fit", None
         fit.summary = f"does not fit: at mem_fraction_static {f} SGLang would refuse to start ({sizes.error.split('. ')[0]})"
-        return
+        return False
     if sizes is not None and not sizes.error and used_f is not None and used_f == sized_at:
         held = (fit.weights_bytes - extras.get("transient_bytes", 0) + sizes.state_reserved_bytes + sizes.kv_bytes
                 + sizes.draft_kv_bytes + sizes.req_to_token_bytes + SGLANG_PRE_POOL_BYTES)
@@ -823,13 +881,16 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         a.append(f"at steady state the engine holds {gib(fit.engine_bytes)} ({gib(overhead)} + {held_note} + "
                  f"{gib(runtime)} runtime)" + (f", leaving {gib(basis.available_bytes - fit.engine_bytes)} of the "
                                                f"{gib(basis.available_bytes)} free" if basis.shared_with_os else ""))
-    if basis.kind == "unified":
-        files = extras["checkpoint_file_bytes"]
-        peak = fit.weights_bytes + files + overhead
-        if peak > basis.available_bytes:
-            a.append(f"while loading: weights {gib(fit.weights_bytes)} + the checkpoint's page cache {gib(files)} = "
-                     f"{gib(peak - overhead)} > {gib(p)}: the kernel must drop page cache as the engine loads; "
-                     "sparkit's load guard evicts the checkpoint's pages itself")
+    return True
+
+
+def _loading_peak(fit: MemoryFit, basis: MemoryBasis, p: float, overhead: int, files: int) -> None:
+    """On unified memory the checkpoint's page cache competes with the weights while they load."""
+    peak = fit.weights_bytes + files + overhead
+    if peak > basis.available_bytes:
+        fit.arithmetic.append(f"while loading: weights {gib(fit.weights_bytes)} + the checkpoint's page cache "
+                              f"{gib(files)} = {gib(peak - overhead)} > {gib(p)}: the kernel must drop page cache as "
+                              "the engine loads; sparkit's load guard evicts the checkpoint's pages itself")
 
 
 def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkpoint | None) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sparkit.engines.base import EngineLaunch, get_adapter
+from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH, SHARED, recipe_value
 from sparkit.recipes.load import LoadedRecipe, display_path
 from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.recipes.rules import check_rules, code_env_notes, raise_for_errors
 from sparkit.recipes.schema import Recipe
-
-DEFAULT_MIN_ACCEPT_LENGTH = 1.5
 
 
 def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan:
@@ -87,24 +86,18 @@ def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference_note: str |
         min_accept = DEFAULT_MIN_ACCEPT_LENGTH
     expectations = Expectations(
         weights=stack.weights,
-        moe_backend=stack.moe_backend,
         lm_head=stack.lm_head,
         lm_head_exact_top_k=stack.lm_head_exact_top_k if stack.lm_head == "fp8" else None,
         speculative=spec.method if spec.enabled else None,
-        num_steps=spec.num_steps,
-        eagle_topk=spec.eagle_topk,
-        num_draft_tokens=spec.num_draft_tokens,
         draft_model=spec.draft_model,
         draft_shares_lm_head=True if spec.method == "nextn" and stack.lm_head == "fp8" else None,
-        tp=stack.tp,
-        ep=stack.ep,
-        attention_backend=stack.attention_backend,
-        mem_fraction_static=recipe.server.mem_fraction_static,
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
         reference_perplexity=recipe.checks.reference_perplexity,
         reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance,
         reference_model_note=reference_note,
+        # the settings every engine resolves under a shared name (speculative numbers, tp, ep, ...)
+        **{row.expectation: recipe_value(recipe, row.key) for row in SHARED.values() if row.expectation},
     )
     known = {f.name for f in fields(Expectations)}
     unknown = set(launch.expectations) - known

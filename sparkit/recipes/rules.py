@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sparkit.env_switch import truthy as _truthy
 from sparkit.recipes.load import LoadedRecipe
 from sparkit.weight_formats import FP8_BLOCK
 
@@ -61,10 +62,6 @@ def rule(name: str, reason: str, fix: str):
 
 def _flag_present(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 @rule(

@@ -21,8 +21,17 @@ from sparkit.engines.base import (
     package_version,
 )
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
-from sparkit.engines.embedded.settings import API_KEY_ENV, as_flags, build_arg_parser, flag_name, validate_args
+from sparkit.engines.embedded.settings import (
+    API_KEY_ENV,
+    SETTINGS,
+    Planned,
+    build_arg_parser,
+    flag_name,
+    server_args,
+    validate_args,
+)
 from sparkit.engines.sglang.log import SGLangLogAdapter
+from sparkit.engines.table import command_line, passed
 from sparkit.hub.refs import model_hub_ref
 from sparkit.recipes.rules import Rule
 
@@ -189,26 +198,11 @@ class EmbeddedAdapter(SGLangLogAdapter):
         model_dir = self._model_dir(loaded, "model.path", "target", r.model.path, builds, pulls)
         parsed = parse_builtin(r.model.path)
         served = r.model.served_name or (parsed[0] if parsed else pulls[0]["repo"] if pulls else Path(model_dir).name)
-        device = {"cpu": "cpu", "auto": "auto"}.get(r.target, "cuda")
-
-        settings: dict[str, Any] = {
-            "model_path": model_dir, "served_model_name": served, "host": server.host, "port": port, "device": device,
-            "expert_weights": stack.weights, "lm_head_dtype": stack.lm_head,
-            "lm_head_exact_top_k": stack.lm_head_exact_top_k if stack.lm_head == "fp8" else None,
-            "dtype": r.model.dtype if r.model.dtype in ("bfloat16", "float32") else None,
-        }
         draft_dir = None
-        if spec.method == "nextn":
-            settings["speculative_algorithm"] = "NEXTN"
-            if spec.num_steps is not None:
-                settings.update(speculative_num_steps=spec.num_steps, speculative_eagle_topk=spec.eagle_topk,
-                                speculative_num_draft_tokens=spec.num_draft_tokens)
-            if spec.draft_model:
-                draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", "draft", spec.draft_model, builds, pulls)
-                settings["speculative_draft_model_path"] = draft_dir
-        settings["context_length"] = r.model.context_length or None
-        settings["enable_metrics"] = server.enable_metrics
-        args = as_flags(settings)
+        if spec.method == "nextn" and spec.draft_model:
+            draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", "draft", spec.draft_model, builds, pulls)
+        planned = Planned(r, port, model_dir, served, draft_dir)
+        args = command_line(SETTINGS, planned)
 
         parser = embedded_arg_parser()
         for i, item in enumerate(server.extra_args):
@@ -240,30 +234,25 @@ class EmbeddedAdapter(SGLangLogAdapter):
         env = dict(server.env)
         hub_provisions = local_model_provisions(pulls, env)
 
-        # The embedded engine reports NEXTN as NEXTN; the recipe asks for a shared head and the
-        # check verifies it (and catches --draft-lm-head-sharing tensor).
-        expectations: dict[str, Any] = {"speculative_algorithm_reported": "NEXTN" if spec.method == "nextn" else None}
+        # The recipe asks for a shared head and the check verifies it (and catches
+        # --draft-lm-head-sharing tensor).
+        expected = server_args(planned)
+        expectations: dict[str, Any] = {"speculative_algorithm_reported": expected.get("speculative_algorithm")}
         if draft_dir:
             expectations["draft_model"] = draft_dir
-        sa: dict[str, Any] = {"tp_size": 1, "ep_size": 1}
-        if spec.method == "nextn":
-            sa["speculative_algorithm"] = "NEXTN"
-            for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
-                if getattr(spec, k) is not None:
-                    sa[f"speculative_{k}"] = getattr(spec, k)
-        expectations["server_args"] = sa
+        expectations["server_args"] = expected
 
         provisions = [
-            Provision(f"weights={stack.weights}", "embedded", f"--expert-weights {stack.weights} (quantised at load)"),
+            Provision(f"weights={stack.weights}", "embedded", f"{passed(SETTINGS, 'expert_weights', planned)} (quantised at load)"),
             Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
-            Provision(f"lm_head={stack.lm_head}", "embedded", f"--lm-head-dtype {stack.lm_head}"),
+            Provision(f"lm_head={stack.lm_head}", "embedded", passed(SETTINGS, "lm_head_dtype", planned)),
         ]
         if stack.lm_head == "fp8":
             provisions.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "embedded",
-                                        f"--lm-head-exact-top-k {stack.lm_head_exact_top_k}"))
+                                        passed(SETTINGS, "lm_head_exact_top_k", planned)))
         provisions += hub_provisions
         if spec.method == "nextn":
-            provisions.append(Provision("speculative=nextn", "embedded", "--speculative-algorithm NEXTN"))
+            provisions.append(Provision("speculative=nextn", "embedded", passed(SETTINGS, "speculative_algorithm", planned)))
             if stack.lm_head == "fp8":
                 provisions.append(Provision("draft_lm_head=shared", "embedded",
                                             f"--draft-lm-head-sharing {sharing or 'module'}"))

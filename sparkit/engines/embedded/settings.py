@@ -2,8 +2,10 @@
 and `ServerOptions` (what the HTTP server around it uses). From these two declarations come the
 launch flags (`build_arg_parser`; SGLang's names where one exists), their validation (`problems`,
 `validate_args`: every rule in one place, "draft tokens = steps + 1" included) and the static part
-of the resolved server args (`EngineConfig.resolved`). Importable without torch, starlette or
-uvicorn: the recipe compiler validates a plan's flags with it.
+of the resolved server args (`EngineConfig.resolved`). Below them, the engine's settings table
+(SETTINGS: recipe key -> setting -> resolved-args name -> expectation), from which the adapter's
+argv and expected server args come. Importable without torch, starlette or uvicorn: the recipe
+compiler validates a plan's flags with it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from
+from sparkit.engines.table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, shared
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
@@ -21,7 +24,7 @@ HOSTS_ENV = "SPARKIT_ALLOWED_HOSTS"
 
 EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")  # fp32: keep the trained weights as they are
 LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")  # EAGLE is an alias of NEXTN, as in SGLang
+SPECULATIVE_ALGORITHMS = ("NEXTN", ALIASES["NEXTN"])  # EAGLE is an alias of NEXTN, as in SGLang
 LM_HEAD_SHARING = ("module", "tensor")
 EXPERT_DEQUANT = ("load", "forward")
 DEFAULT_NUM_STEPS = 3
@@ -265,19 +268,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def as_flags(values: dict[str, Any]) -> list[str]:
-    """Settings by name -> the engine's command-line flags (a name no declaration has raises
-    KeyError, so a renamed setting breaks the plan loudly, not the launch)."""
-    out: list[str] = []
-    for name, value in values.items():
-        flag = flag_name(name)
-        if _DECLARED[name].metadata["store_true"]:
-            out += [flag] if value else []
-        elif value is not None:
-            out += [flag, str(value)]
-    return out
-
-
 def engine_config(args: argparse.Namespace, served_name: str | None = None) -> EngineConfig:
     """The EngineConfig the flags describe (a flag left unset keeps the engine's default)."""
     values = {}
@@ -319,3 +309,68 @@ def redacted_argv(argv: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+# -- the settings table: recipe key -> setting (its flag) -> resolved-args name -> expectation ---------
+# (the shape: sparkit.engines.table). The adapter's argv is the table's rows in order
+# (`command_line`), then the recipe's pass-through flags; the expected server args come from the
+# same rows.
+
+
+@dataclass
+class Planned:
+    """What a launch resolved before its command line."""
+
+    recipe: Any  # sparkit.recipes.schema.Recipe
+    port: int
+    model_dir: str  # a built-in model's build, a pulled snapshot, or the directory as written
+    served_name: str
+    draft_dir: str | None = None
+
+    @property
+    def spec(self) -> Any:
+        return self.recipe.stack.speculative
+
+    @property
+    def nextn(self) -> bool:
+        return self.spec.method == "nextn"  # the only method the engine has (rule embedded-speculative-nextn-only)
+
+
+def _row(key: str, name: str, **kw: Any) -> Setting:
+    return Setting(key, name, flag=flag_name(name), **kw)
+
+
+def _speculative_row(name: str) -> Setting:
+    return shared(f"stack.speculative.{name}", flag=flag_name(f"speculative_{name}"),
+                  arg=lambda p: getattr(p.spec, name) if p.nextn and p.spec.num_steps is not None else None,
+                  expect=lambda p: getattr(p.spec, name) if p.nextn else None)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _row("model.path", "model_path", arg=lambda p: p.model_dir),
+    _row("model.served_name", "served_model_name", arg=lambda p: p.served_name),
+    _row("server.host", "host", arg=lambda p: p.recipe.server.host),
+    _row("server.port", "port", arg=lambda p: p.port),
+    _row("target", "device", arg=lambda p: {"cpu": "cpu", "auto": "auto"}.get(p.recipe.target, "cuda")),
+    _row("stack.weights", "expert_weights", arg=lambda p: p.recipe.stack.weights),
+    _row("stack.lm_head", "lm_head_dtype", arg=lambda p: p.recipe.stack.lm_head),
+    _row("stack.lm_head_exact_top_k", "lm_head_exact_top_k",
+             arg=lambda p: p.recipe.stack.lm_head_exact_top_k if p.recipe.stack.lm_head == "fp8" else None),
+    _row("model.dtype", "dtype", arg=lambda p: p.recipe.model.dtype if p.recipe.model.dtype in ("bfloat16", "float32") else None),
+    # The engine reports NEXTN as NEXTN (it takes EAGLE as an alias of it).
+    shared("stack.speculative.method", flag=flag_name("speculative_algorithm"),
+           arg=lambda p: "NEXTN" if p.nextn else None, expect=lambda p: "NEXTN" if p.nextn else None),
+    *(_speculative_row(name) for name in SPECULATIVE_NUMBERS),
+    shared("stack.speculative.draft_model", flag=flag_name("speculative_draft_model_path"),
+           arg=lambda p: p.draft_dir if p.nextn else None),
+    _row("model.context_length", "context_length", arg=lambda p: p.recipe.model.context_length or None),
+    _row("server.enable_metrics", "enable_metrics", arg=lambda p: p.recipe.server.enable_metrics),
+    # One device: no flag, and the check expects what the engine reports.
+    shared("stack.tp", expect=lambda p: 1),
+    shared("stack.ep", expect=lambda p: 1),
+)
+
+
+def server_args(planned: Planned) -> dict[str, Any]:
+    """The resolved args /server_info must report for this launch."""
+    return expected_args(SETTINGS, planned)

@@ -24,6 +24,7 @@ from sparkit.engines.base import (
     package_version,
 )
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
+from sparkit.engines.sglang.flags import MANAGED_DESTS, MANAGED_FLAGS, SETTINGS, Planned, server_args
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
@@ -35,8 +36,9 @@ from sparkit.engines.sglang.plugin import (
     PLUGIN_NAME,
     PLUGINS_ENV,
     SHARE_ENV,
-    truthy,
 )
+from sparkit.engines.table import ALIASES, command_line, passed, recipe_value
+from sparkit.env_switch import truthy
 from sparkit.recipes.plan import Provision
 from sparkit.recipes.rules import Rule
 
@@ -44,39 +46,9 @@ from sparkit.recipes.rules import Rule
 FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
 SECRETS_FILE = "secrets.yaml"
 
-# Resolved-args names sparkit sets from recipe keys: a pass-through flag with the same
-# destination would fight the recipe, so it is an error naming the key to use instead.
-MANAGED_DESTS = {
-    "model_path": "model.path",
-    "served_model_name": "model.served_name",
-    "trust_remote_code": "model.trust_remote_code",
-    "context_length": "model.context_length",
-    "dtype": "model.dtype",
-    "json_model_override_args": "model.overrides",
-    "quantization": "stack.quantization",
-    "moe_runner_backend": "stack.moe_backend",
-    "enable_fp32_lm_head": "stack.lm_head",
-    "speculative_algorithm": "stack.speculative.method",
-    "speculative_num_steps": "stack.speculative.num_steps",
-    "speculative_eagle_topk": "stack.speculative.eagle_topk",
-    "speculative_num_draft_tokens": "stack.speculative.num_draft_tokens",
-    "speculative_draft_model_path": "stack.speculative.draft_model",
-    "revision": "model.path",
-    "speculative_draft_model_revision": "stack.speculative.draft_model",
-    "attention_backend": "stack.attention_backend",
-    "tp_size": "stack.tp",
-    "ep_size": "stack.ep",
-    "host": "server.host",
-    "port": "server.port",
-    "api_key": "server.api_key_env",
-    "mem_fraction_static": "server.mem_fraction_static",
-    "max_running_requests": "server.max_running_requests",
-    "cuda_graph_max_bs_decode": "server.cuda_graph.max_bs_decode",
-    "cuda_graph_max_bs_prefill": "server.cuda_graph.max_bs_prefill",
-    "enable_metrics": "server.enable_metrics",
-}
-
-
+# The table's rows whose recipe values are checked against the installed parser's choices, in order.
+CHOICE_ROWS = tuple(next(row for row in SETTINGS if row.dest == dest)
+                    for dest in ("moe_runner_backend", "attention_backend", "quantization"))
 # How to get the validation on a machine without a GPU (sglang-facts.md §1).
 PARSER_INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 plus its parser's pure-Python imports "
                        "(torch numpy orjson psutil pybase64 requests packaging pillow starlette msgspec "
@@ -230,150 +202,29 @@ class SGLangAdapter(SGLangLogAdapter):
             parser_facts().save()  # what sglang's parser answered is kept, for the next plan
 
     def _launch(self, loaded, *, port: int) -> EngineLaunch:
-        r = loaded.recipe
-        stack, server, spec = r.stack, r.server, r.stack.speculative
-        warnings: list[str] = []
+        """The table's command line (sparkit.engines.sglang.flags) for what the recipe resolves to,
+        checked by the installed sglang's parser; the environment and provisions that select each
+        optimisation's path; what the live server must then report."""
         unavailable = parser_unavailable()
         if unavailable is None:
             self._check_choices(loaded)
-
-        # sparkit's built-in tiny-ling reaches SGLang as its Hugging Face BailingMoeV2 export, whose
-        # configuration class travels with it (hence --trust-remote-code).
-        builds: list[dict[str, Any]] = []
-        # A hub model is loaded from its local snapshot (`sparkit pull`): SGLang never downloads
-        # inside a launch. One that is not here keeps its id (and --revision) for the plan to show;
-        # the launch is refused until it is pulled.
-        pulls: list[dict[str, Any]] = []
-        model_path, model_revision = (
-            (plan_builtin_model(loaded, "model.path", r.model.path, builds, export_dtype="bfloat16"), None)
-            if r.model.path.startswith("sparkit:") else hub_model_path("model.path", "target", r.model.path, pulls))
-        draft_path, draft_revision = spec.draft_model, None
-        if draft_path:
-            draft_path, draft_revision = (
-                (plan_builtin_model(loaded, "stack.speculative.draft_model", draft_path, builds, export_dtype="bfloat16"), None)
-                if draft_path.startswith("sparkit:") else
-                hub_model_path("stack.speculative.draft_model", "draft", draft_path, pulls))
-        args: list[str] = ["--model-path", model_path]
-        if model_revision:
-            args += ["--revision", model_revision]
-        served_name = r.model.served_name
-        if served_name is None and any(p["role"] == "target" and p["local"] for p in pulls):
-            served_name = next(p["repo"] for p in pulls if p["role"] == "target")  # its name, had SGLang downloaded it
-        if served_name:
-            args += ["--served-model-name", served_name]
-        if r.model.trust_remote_code or builds:
-            args.append("--trust-remote-code")
-        if r.model.context_length:
-            args += ["--context-length", str(r.model.context_length)]
-        if r.model.dtype != "auto":
-            args += ["--dtype", r.model.dtype]
-        if r.model.overrides:
-            args += ["--json-model-override-args", json.dumps(r.model.overrides, separators=(",", ":"))]
-        if stack.quantization:
-            args += ["--quantization", stack.quantization]
-        if stack.moe_backend != "auto":
-            args += ["--moe-runner-backend", stack.moe_backend]
-        if stack.lm_head == "fp32":
-            args.append("--enable-fp32-lm-head")
-        if spec.method == "nextn":
-            args += ["--speculative-algorithm", "NEXTN"]
-            if spec.num_steps is not None:
-                args += ["--speculative-num-steps", str(spec.num_steps), "--speculative-eagle-topk", str(spec.eagle_topk),
-                         "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-            if draft_path:
-                args += ["--speculative-draft-model-path", draft_path]
-        elif spec.method == "dspark":
-            args += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft_path]
-        if draft_path and draft_revision:
-            args += ["--speculative-draft-model-revision", draft_revision]
-        if stack.attention_backend:
-            args += ["--attention-backend", stack.attention_backend]
-        if stack.tp != 1:
-            args += ["--tp-size", str(stack.tp)]
-        if stack.ep != 1:
-            args += ["--ep-size", str(stack.ep)]
-        if server.mem_fraction_static is not None:
-            args += ["--mem-fraction-static", str(server.mem_fraction_static)]
-        if server.max_running_requests is not None:
-            args += ["--max-running-requests", str(server.max_running_requests)]
-        if not server.cuda_graph.enabled:
-            args += ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-        elif not server.cuda_graph.prefill:
-            args.append("--disable-prefill-cuda-graph")
-        if server.cuda_graph.max_bs_decode:
-            args += ["--cuda-graph-max-bs-decode", str(server.cuda_graph.max_bs_decode)]
-        if server.cuda_graph.max_bs_prefill:
-            args += ["--cuda-graph-max-bs-prefill", str(server.cuda_graph.max_bs_prefill)]
-        if server.enable_metrics:
-            args.append("--enable-metrics")
-        args += ["--host", server.host, "--port", str(port)]
-
-        if unavailable is None:
-            warnings += self._check_passthrough(loaded)
-        else:
-            self._check_passthrough_without_parser(loaded)
-        args += list(server.extra_args)
+        planned = self._planned(loaded, port)
+        args = command_line(SETTINGS, planned)
+        warnings = self._checked(loaded, unavailable)
+        args += list(loaded.recipe.server.extra_args)
         if unavailable is None:
             try:
                 check_args(_with_port(args, _PORT_FOR_VERDICTS))
             except ParserRejected as exc:  # a recipe value sglang refuses that no rule above caught
                 raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
-
-        if unavailable is None:
             warnings += self._check_env(loaded)
-        if (spec.method == "nextn" and stack.lm_head == "fp8" and SHARE_ENV in server.env
-                and not truthy(server.env[SHARE_ENV], default=True)):
-            warnings.append(f"server.env.{SHARE_ENV}={server.env[SHARE_ENV]} leaves the NEXTN draft with the target's FP8 head "
-                            "*tensor* only (stock sglang 0.5.23): the shared-head trap; the draft_lm_head and "
-                            "acceptance checks are expected to fail")
-        registry = env_registry() if unavailable is None else frozenset()
-        provisions, head_env = self._provisions(loaded, registry)
-        fix_provisions, fix_env = self._plugin_fixes(loaded, head_env)
-        provisions += fix_provisions
-        if HUMMING_KEYWORDS_ENV in fix_env and HUMMING_KEYWORDS_ENV in server.env:
-            # the recipe's own value wins (to reproduce the failure, say); the preflight then names the pair
-            fix_env.pop(HUMMING_KEYWORDS_ENV)
-            if not truthy(server.env[HUMMING_KEYWORDS_ENV]):
-                warnings.append(f"server.env.{HUMMING_KEYWORDS_ENV}={server.env[HUMMING_KEYWORDS_ENV]} turns off the "
-                                "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
-                                "preflight fails on that pair")
-        env = {**server.env, **head_env, **fix_env}
-        provisions += local_model_provisions(pulls, env)
-
-        expectations: dict[str, Any] = {}
-        if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
-            # SGLang's own FP8 head (the Ling patch) keeps no bf16 copy and writes no report.
-            expectations["lm_head_exact_top_k"] = None
-            if stack.lm_head_exact_top_k:
-                warnings.append(f"stack.lm_head_exact_top_k: {stack.lm_head_exact_top_k} is not applied: this sglang's "
-                                f"own FP8 lm_head ({FP8_LM_HEAD_ENV}) has no exact re-scoring, so near-ties may "
-                                "pick a different token than the bf16 head")
-        reported = {"nextn": "EAGLE", "dspark": "DSPARK"}.get(spec.method)
-        expectations["speculative_algorithm_reported"] = reported
-        sa: dict[str, Any] = {"tp_size": stack.tp, "ep_size": stack.ep,
-                              "enable_fp32_lm_head": stack.lm_head == "fp32"}
-        if stack.moe_backend != "auto":
-            sa["moe_runner_backend"] = stack.moe_backend
-        if spec.enabled:
-            sa["speculative_algorithm"] = reported
-            for k in ("num_steps", "eagle_topk", "num_draft_tokens"):
-                if getattr(spec, k) is not None:
-                    sa[f"speculative_{k}"] = getattr(spec, k)
-            if draft_path:
-                sa["speculative_draft_model_path"] = draft_path
-                expectations["draft_model"] = draft_path
-        if stack.attention_backend:
-            sa["attention_backend"] = stack.attention_backend
-        if server.mem_fraction_static is not None:
-            sa["mem_fraction_static"] = server.mem_fraction_static
-        if served_name:
-            sa["served_model_name"] = served_name
-        expectations["server_args"] = sa
-
+        warnings += self._switch_warnings(loaded)
+        env, provisions, head_env = self._environment(loaded, planned, unavailable, warnings)
         launch = EngineLaunch(
             argv=[sys.executable, "-m", "sglang.launch_server", *args], env=env,
-            served_model_name=served_name or model_path, provisions=provisions, warnings=warnings,
-            expectations=expectations, model_builds=builds, model_pulls=pulls,
+            served_model_name=planned.served_name or planned.model_path, provisions=provisions, warnings=warnings,
+            expectations=self._expectations(loaded, planned, head_env, warnings), model_builds=planned.builds,
+            model_pulls=planned.pulls,
         )
         if unavailable is None:
             launch.validated_by = f"sglang {installed_version()}'s own argument parser and environment registry"
@@ -385,6 +236,86 @@ class SGLangAdapter(SGLangLogAdapter):
                                       f"against the engine version that will run them, and the FP8 lm_head is "
                                       f"planned through sparkit's plugin as for stock sglang 0.5.23")
         return launch
+
+    def _planned(self, loaded, port: int) -> Planned:
+        """Where the target and the draft are read from, and the name served. A built-in model is
+        its Hugging Face export (built before the launch); a hub model its local snapshot (`sparkit
+        pull`): SGLang never downloads inside a launch. One that is not here keeps its id (and
+        --revision) for the plan to show; the launch is refused until it is pulled."""
+        r = loaded.recipe
+        planned = Planned(r, port, model_path="")
+        planned.model_path, planned.model_revision = (
+            (plan_builtin_model(loaded, "model.path", r.model.path, planned.builds, export_dtype="bfloat16"), None)
+            if r.model.path.startswith("sparkit:") else hub_model_path("model.path", "target", r.model.path, planned.pulls))
+        draft = r.stack.speculative.draft_model
+        if draft:
+            key = "stack.speculative.draft_model"
+            planned.draft_path, planned.draft_revision = (
+                (plan_builtin_model(loaded, key, draft, planned.builds, export_dtype="bfloat16"), None)
+                if draft.startswith("sparkit:") else hub_model_path(key, "draft", draft, planned.pulls))
+        planned.served_name = r.model.served_name
+        if planned.served_name is None and any(p["role"] == "target" and p["local"] for p in planned.pulls):
+            # its name, had SGLang downloaded it
+            planned.served_name = next(p["repo"] for p in planned.pulls if p["role"] == "target")
+        return planned
+
+    def _checked(self, loaded, unavailable: str | None) -> list[str]:
+        """The pass-through flags checked against the installed sglang (or, without its parser,
+        against the flags sparkit sets): the warnings."""
+        if unavailable is None:
+            return self._check_passthrough(loaded)
+        self._check_passthrough_without_parser(loaded)
+        return []
+
+    def _switch_warnings(self, loaded) -> list[str]:
+        """The plugin switches a recipe sets that reproduce the shared-head trap."""
+        r = loaded.recipe
+        env = r.server.env
+        if (r.stack.speculative.method == "nextn" and r.stack.lm_head == "fp8" and SHARE_ENV in env
+                and not truthy(env[SHARE_ENV], default=True)):
+            return [f"server.env.{SHARE_ENV}={env[SHARE_ENV]} leaves the NEXTN draft with the target's FP8 head "
+                    "*tensor* only (stock sglang 0.5.23): the shared-head trap; the draft_lm_head and "
+                    "acceptance checks are expected to fail"]
+        return []
+
+    def _environment(self, loaded, planned: Planned, unavailable: str | None,
+                     warnings: list[str]) -> tuple[dict[str, str], list[Provision], dict[str, str]]:
+        """(the launch's environment, which path provides each optimisation, the variables that
+        select the FP8 head's path)."""
+        server = loaded.recipe.server
+        registry = env_registry() if unavailable is None else frozenset()
+        provisions, head_env = self._provisions(loaded, planned, registry)
+        fix_provisions, fix_env = self._plugin_fixes(loaded, head_env)
+        provisions += fix_provisions
+        if HUMMING_KEYWORDS_ENV in fix_env and HUMMING_KEYWORDS_ENV in server.env:
+            # the recipe's own value wins (to reproduce the failure, say); the preflight then names the pair
+            fix_env.pop(HUMMING_KEYWORDS_ENV)
+            if not truthy(server.env[HUMMING_KEYWORDS_ENV]):
+                warnings.append(f"server.env.{HUMMING_KEYWORDS_ENV}={server.env[HUMMING_KEYWORDS_ENV]} turns off the "
+                                "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
+                                "preflight fails on that pair")
+        env = {**server.env, **head_env, **fix_env}
+        provisions += local_model_provisions(planned.pulls, env)
+        return env, provisions, head_env
+
+    def _expectations(self, loaded, planned: Planned, head_env: dict[str, str], warnings: list[str]) -> dict[str, Any]:
+        """What only SGLang can state of the live server: the resolved args (the table's), the
+        algorithm /server_info reports, the draft it loads, and no exact re-scoring from SGLang's
+        own FP8 head (the Ling patch's keeps no bf16 copy and writes no report)."""
+        stack = loaded.recipe.stack
+        expectations: dict[str, Any] = {}
+        if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
+            expectations["lm_head_exact_top_k"] = None
+            if stack.lm_head_exact_top_k:
+                warnings.append(f"stack.lm_head_exact_top_k: {stack.lm_head_exact_top_k} is not applied: this sglang's "
+                                f"own FP8 lm_head ({FP8_LM_HEAD_ENV}) has no exact re-scoring, so near-ties may "
+                                "pick a different token than the bf16 head")
+        expected = server_args(planned)
+        expectations["speculative_algorithm_reported"] = expected.get("speculative_algorithm")
+        if "speculative_draft_model_path" in expected:
+            expectations["draft_model"] = expected["speculative_draft_model_path"]
+        expectations["server_args"] = expected
+        return expectations
 
     def _plugin_fixes(self, loaded, head_env: dict[str, str]) -> tuple[list[Provision], dict[str, str]]:
         """What sparkit's plugin adapts for this recipe on the installed stack: the pairs on whose
@@ -419,17 +350,14 @@ class SGLangAdapter(SGLangLogAdapter):
     # ------------------------------------------------------------ feature detection
 
     def _check_choices(self, loaded) -> None:
-        r = loaded.recipe
-        for key, dest, value in (
-            ("stack.moe_backend", "moe_runner_backend", r.stack.moe_backend),
-            ("stack.attention_backend", "attention_backend", r.stack.attention_backend),
-            ("stack.quantization", "quantization", r.stack.quantization),
-        ):
+        """The recipe values sglang's parser takes only from a list of choices, against the list."""
+        for row in CHOICE_ROWS:
+            value = recipe_value(loaded.recipe, row.key)
             if value is None:
                 continue
-            allowed = choices_for(dest)
+            allowed = choices_for(row.dest)
             if allowed is not None and value not in allowed:
-                raise loaded.error(key, f"{value!r} is not one of {', '.join(allowed)} (sglang {installed_version()})")
+                raise loaded.error(row.key, f"{value!r} is not one of {', '.join(allowed)} (sglang {installed_version()})")
 
     def _check_passthrough(self, loaded) -> list[str]:
         """Each pass-through flag must exist in the installed sglang and not fight a recipe key."""
@@ -467,7 +395,7 @@ class SGLangAdapter(SGLangLogAdapter):
     def _check_passthrough_without_parser(self, loaded) -> None:
         """Without sglang's parser only the flags sparkit sets from recipe keys can be recognised
         (by their spelled-out names)."""
-        flags = {"--" + dest.replace("_", "-"): key for dest, key in MANAGED_DESTS.items()}
+        flags = MANAGED_FLAGS
         for i, item in enumerate(loaded.recipe.server.extra_args):
             name = item.split("=", 1)[0]
             if name in flags and not (name == "--enable-fp32-lm-head" and loaded.recipe.stack.lm_head == "fp8"):
@@ -483,7 +411,7 @@ class SGLangAdapter(SGLangLogAdapter):
                            "(not in sglang.srt.environ.envs); it is passed but has no effect")
         return out
 
-    def _provisions(self, loaded, registry: frozenset[str]) -> tuple[list[Provision], dict[str, str]]:
+    def _provisions(self, loaded, planned: Planned, registry: frozenset[str]) -> tuple[list[Provision], dict[str, str]]:
         """Which path provides each optimisation, and the environment that selects an FP8 head's
         path (this sglang's own variable when its registry has it, else sparkit's plugin)."""
         r = loaded.recipe
@@ -494,9 +422,9 @@ class SGLangAdapter(SGLangLogAdapter):
             out.append(Provision("moe_backend=auto", "sglang-default",
                                  "sglang picks (flashinfer_mxfp4 for Ling V3 FP8/MXFP4 on SM90/100/120)"))
         else:
-            out.append(Provision(f"moe_backend={stack.moe_backend}", "sglang-flag", f"--moe-runner-backend {stack.moe_backend}"))
+            out.append(Provision(f"moe_backend={stack.moe_backend}", "sglang-flag", passed(SETTINGS, "moe_runner_backend", planned)))
         if stack.lm_head == "fp32":
-            out.append(Provision("lm_head=fp32", "sglang-flag", "--enable-fp32-lm-head"))
+            out.append(Provision("lm_head=fp32", "sglang-flag", passed(SETTINGS, "enable_fp32_lm_head", planned)))
         elif stack.lm_head == "bf16":
             out.append(Provision("lm_head=bf16", "checkpoint", "the checkpoint's lm_head as is"))
         else:
@@ -518,9 +446,10 @@ class SGLangAdapter(SGLangLogAdapter):
                 out.append(Provision("draft_lm_head=shared", provider, detail))
         if spec.method == "nextn":
             out.append(Provision("speculative=nextn", "sglang-flag",
-                                 "--speculative-algorithm NEXTN (an alias of EAGLE; /server_info reports EAGLE)"))
+                                 f"{passed(SETTINGS, 'speculative_algorithm', planned)} (an alias of {ALIASES['NEXTN']}; "
+                                 f"/server_info reports {ALIASES['NEXTN']})"))
         elif spec.method == "dspark":
-            out.append(Provision("speculative=dspark", "sglang-flag", f"--speculative-algorithm DSPARK, draft {spec.draft_model}"))
+            out.append(Provision("speculative=dspark", "sglang-flag", f"{passed(SETTINGS, 'speculative_algorithm', planned)}, draft {spec.draft_model}"))
         return out, env
 
 

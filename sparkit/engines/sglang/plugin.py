@@ -45,6 +45,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from sparkit.env_switch import truthy
+
 # How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
 # group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
 PLUGIN_NAME = "sparkit"
@@ -98,16 +100,6 @@ logger = logging.getLogger("sparkit.sglang")
 
 # What this process has seen: the target runner (one per TP-rank process) and the draft models.
 _STATE: dict = {"target_runner": None, "drafts": [], "notes": []}
-
-
-def truthy(value: str | None, default: bool = False) -> bool:
-    """An environment switch: 1/true/yes/on or 0/false/no/off; anything else is `default`."""
-    text = (value or "").strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    return default
 
 
 def enabled() -> bool:
