@@ -9,6 +9,7 @@ allocating and holds what it has; /health answers 200 from then on when HEALTHY 
 forever when it is 0 (a load that never finishes). It logs SGLang-like phase lines."""
 
 import http.server
+import os
 import sys
 import threading
 import time
@@ -36,8 +37,10 @@ while total < max_mib << 20:
     block[::4096] = b"\x01" * (step // 4096)
     held.append(block)
     total += step
-    with open(progress, "w") as handle:
+    # whole or not at all: the test reads this file while the guard may kill the process mid-write
+    with open(progress + ".tmp", "w") as handle:
         handle.write(str(total))
+    os.replace(progress + ".tmp", progress)
     time.sleep(0.05)
 print("[stand-in] Load weight end.", flush=True)
 if healthy:
