@@ -105,11 +105,21 @@ def test_history_list(snap_compare, tmp_path, utc):
 
 def test_settings_panel_rejects_a_bad_value(snap_compare, tmp_path, utc):
     async def bad_top_p(pilot):
+        # Steps, not time: on a loaded machine one pause may not be enough for the dialog to mount
+        # or for the click's message to be handled, so wait (boundedly) for each state to appear.
         await pilot.press("ctrl+t")
-        await pilot.pause()
+        for _ in range(200):
+            await pilot.pause()
+            if pilot.app.screen.query("#set-top_p"):
+                break
         field = pilot.app.screen.query_one("#set-top_p")
         field.value = "0"
         await pilot.click("#settings-save")
+        error = pilot.app.screen.query_one("#settings-error")
+        for _ in range(200):
+            await pilot.pause()
+            if str(error.render()).strip():
+                break
         await pilot.pause()
 
     assert snap_compare(app_for(tmp_path), run_before=bad_top_p, terminal_size=SIZE)
