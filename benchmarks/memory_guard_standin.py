@@ -32,7 +32,7 @@ def main() -> None:
     from sparkit.errors import LaunchError
     from sparkit.memory.meminfo import read_meminfo
     from sparkit.memory.units import gib
-    from sparkit.recipes.plan import Expectations, LaunchPlan
+    from sparkit.contract.plan import Expectations, LaunchPlan
     from sparkit.runs import free_port, launch, list_runs, stop
 
     ckpt = work / "ckpt"

@@ -283,7 +283,7 @@ def run_tune(
 ) -> dict[str, Any]:
     """Run the sweep; return the sweep document (also kept up to date at `out_path`)."""
     from sparkit.bench.runner import run_bench
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
     import asyncio
     import contextlib

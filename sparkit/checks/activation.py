@@ -17,10 +17,10 @@ from typing import Any
 
 from sparkit.checks.evidence import ServerInfo
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT, KnownAnswerScore
-from sparkit.engines.sglang.log import LogEvidence
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.log import LogEvidence
+from sparkit.contract.checks import CheckResult, Status
 from sparkit.engines.activation import ActivationReport, MoeLayerReport
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.contract.plan import LaunchPlan
 
 
 @dataclass

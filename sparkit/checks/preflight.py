@@ -11,9 +11,9 @@ import importlib.util
 import socket
 from pathlib import Path
 
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.checks import CheckResult, Status
 from sparkit.host import Host, target_fit
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.contract.plan import LaunchPlan
 
 
 def _target(plan: LaunchPlan) -> str:
@@ -191,15 +191,6 @@ def pulls_check(plan: LaunchPlan) -> CheckResult | None:
         return CheckResult("model", title, Status.WARN, detail, evidence=[p["detail"] for p in unverified],
                            fix=f"`sparkit pull --check {refs}` verifies it against the hub's hashes")
     return CheckResult("model", title, Status.PASS, detail, evidence=[p["detail"] for p in pulls])
-
-
-def packages_check(adapter) -> CheckResult:
-    """Are the engine's packages importable here (without importing them)?"""
-    missing = [m for m in adapter.packages if importlib.util.find_spec(m) is None]
-    if missing:
-        return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing),
-                           fix=adapter.install_hint)
-    return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(adapter.packages))
 
 
 def check_engine(plan: LaunchPlan, host: Host) -> list[CheckResult]:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
 from sparkit.checks.evidence import parse_server_info
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.checks import CheckResult, Status
 from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, StateError
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.contract.plan import LaunchPlan
 from sparkit.runs.store import RunFiles, write_json_atomic
 
 # Short, varied, natural prompts: a draft that shares the target's head accepts

@@ -25,7 +25,7 @@ def plan_cmd(
     """Show the exact engine launch a recipe compiles to (no GPU needed), and the decode speed
     the memory bandwidth allows it (its arithmetic with --verbose)."""
     from sparkit.errors import PreflightError
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.estimate import roofline_document
 
@@ -203,7 +203,7 @@ def validate_cmd(
 ) -> None:
     """Load, check the rules and compile each recipe (every shipped one without FILES); exit 3 if any is invalid."""
     from sparkit.errors import RecipeError, SparkitError
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     if not files:

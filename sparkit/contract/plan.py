@@ -1,6 +1,6 @@
 """LaunchPlan: the exact engine launch a recipe compiles to.
 
-This is the contract between the recipe compiler (sparkit.recipes), the process
+This is the contract between the planner (sparkit.planning), the process
 lifecycle (sparkit.runs) and the startup checks (sparkit.checks). It is plain
 data, serialised as plan.json in each run directory.
 """

@@ -36,12 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkit.contract.reading import DTYPE_BYTES, ReadRules
 from sparkit.roofline.bandwidth import Bandwidth
 from sparkit.roofline.layout import LayerReads, ModelLayout, Weights
 
 DEFAULT_CONTEXT = 8192  # sparkit bench's default prompt length
 TOKENS_PER_STRETCH = 2  # the FP8 head re-scores two tokens per candidate stretch (sparkit.kernels.fp8_linear)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Components of a step, in display order, with the label users see.
 COMPONENTS: tuple[tuple[str, str], ...] = (
@@ -68,26 +68,6 @@ def expected_distinct_experts(tokens: float, num_experts: int, top_k: int) -> fl
     if tokens <= 0:
         return 0.0
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
-
-
-@dataclass
-class ReadRules:
-    """How an engine reads a layout (from a recipe's stack and where it runs)."""
-
-    engine: str
-    device: str  # "gpu" | "cpu"
-    float_bytes: int | None  # every float weight read at this size (embedded: compute dtype); None = stored
-    online_fp8: bool  # SGLang --quantization fp8: linear weights quantised to 1 byte at load
-    lm_head: str  # bf16 | fp32 | fp8
-    lm_head_exact_top_k: int
-    router_bytes: int | None  # per router element (SGLang: router_dtype); None = as stored
-    kv_bytes: int
-    state_bytes: int  # linear-attention recurrent state (SGLang: float32 unless --mamba-ssm-dtype)
-    conv_bytes: int
-    tp: int
-    explained: list[str] = field(default_factory=list)
-    head_bytes: int | None = None  # bf16/fp32 head read at this size per weight; None = as stored
-    fp8_head_dequantised: bool = False  # an FP8 head read through a dequantised copy (float_bytes each)
 
 
 def read_rules(recipe: Any, layout: ModelLayout, device: str) -> ReadRules:

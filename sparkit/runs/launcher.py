@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkit.api_key import engine_environ, recipe_key
-from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
+from sparkit.contract.engine import STARTUP_PHASES, EngineAdapter
+from sparkit.contract.log import Diagnosis
+from sparkit.contract.plan import LaunchPlan
+from sparkit.engines.base import get_adapter
+from sparkit.engines.startup_log import tail_lines
 from sparkit.errors import LaunchError, StateError
 from sparkit.paths import ensure_dir, open_output, open_state, write_error
-from sparkit.recipes.plan import LaunchPlan
 import sparkit.runs.processes as processes
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
 
@@ -63,8 +66,6 @@ def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tupl
 
 def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None,
                     oom: Any = None) -> LaunchError:
-    from sparkit.engines.sglang.log import tail_lines
-
     text = run.read_log()
     diagnosis = adapter.diagnose(text, returncode)
     if returncode is not None and returncode < 0 and oom is not None:
@@ -84,7 +85,6 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
 def _disk_full(diagnosis: Any, run: Run) -> Any:
     """An engine whose log could not be written (the disk filled while it started) dies of it or
     with a log cut short: say so rather than guess from the log."""
-    from sparkit.engines.sglang.log import Diagnosis
     from sparkit.paths import free_bytes
 
     free = free_bytes(run.path)
@@ -99,8 +99,6 @@ def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
     """A signal ended the engine: the OOM killer when the kernel recorded it, else what the log
     said, else the signal, with what was checked for an OOM kill."""
     from dataclasses import replace
-
-    from sparkit.engines.sglang.log import Diagnosis
 
     evidence, checked = oom.evidence()
     if evidence:

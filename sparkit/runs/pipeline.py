@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sparkit.checks.results import CheckResult, Status, worst
+from sparkit.contract.checks import CheckResult, Status, worst
 from sparkit.errors import PreflightError, StateError
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.contract.plan import LaunchPlan
 from sparkit.runs.launcher import ProgressFn, launch, stop
 from sparkit.runs.store import CHECKING, Run, RunState, Server
 

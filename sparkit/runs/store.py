@@ -267,7 +267,7 @@ class Run:
         checks = self.read_json(RunFiles.CHECKS) or {}
         worst_status = None
         if checks.get("results"):
-            from sparkit.checks.results import CheckResult, worst
+            from sparkit.contract.checks import CheckResult, worst
 
             worst_status = worst([CheckResult.from_dict(r) for r in checks["results"]]).value
         return {

@@ -26,7 +26,7 @@ from sparkit.checks.activation import (
 )
 from sparkit.checks.evidence import parse_server_info
 from sparkit.engines.sglang.log import parse_log
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.engines.activation import (
     ActivationReport,
     LmHeadReport,
@@ -34,7 +34,7 @@ from sparkit.engines.activation import (
     MoeReport,
     SpeculativeReport,
 )
-from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
+from sparkit.contract.plan import Expectations, LaunchPlan, Provision
 
 
 def make_plan(engine="sglang", warnings=(), provisions=(), **expect) -> LaunchPlan:

@@ -19,10 +19,10 @@ import pytest
 from _shared import REPO_DIR
 from sparkit.checks.activation import ServerEvidence, check_moe_runner, check_weights
 from sparkit.checks.evidence import parse_server_info
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.engines.activation import SCHEMA, ActivationReport, load_reports
 from sparkit.engines.sglang.log import parse_log
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 FIXTURES = REPO_DIR / "tests" / "fixtures" / "sglang-0.5.23-h200"

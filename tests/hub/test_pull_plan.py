@@ -13,9 +13,9 @@ import pytest
 
 from _checkpoints import write_safetensors
 from sparkit.checks.preflight import check_model
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.host import Host
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 COMMIT = "c0ffee" * 6 + "c0ff"

@@ -10,9 +10,9 @@ import pytest
 from _shared import REPO_DIR
 
 from sparkit.checks.preflight import run_preflight
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.host import Gpu, Host, detect_host
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 GIB = 1024**3

@@ -13,7 +13,7 @@ import pytest
 
 from sparkit.cli.main import main
 from sparkit.errors import RecipeError, UsageError
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes import load as recipe_load
 from sparkit.recipes.load import load_recipe, shipped_recipes
 from sparkit.paths import repo_recipes_dir

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sparkit.errors import RecipeError
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
-from sparkit.recipes.rules import check_rules, every_rule, expert_width
+from sparkit.engines.sglang.rules import expert_width
+from sparkit.planning.rules import check_rules, every_rule
 
 # (rule, severity, base recipe, overrides that break it, overrides that satisfy it)
 CASES = [

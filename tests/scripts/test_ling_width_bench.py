@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from _shared import REPO_DIR
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 
