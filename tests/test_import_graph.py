@@ -38,6 +38,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+# The layers whose own-module imports sit at the top of their files: a module there that keeps one
+# inside a function says why, once, in a comment starting with LAZY_REASON (what it must not load).
+TOP_IMPORTS = ("sparkit.contract", "sparkit.recipes", "sparkit.planning", "sparkit.engines.base",
+               "sparkit.engines.builtin_models", "sparkit.engines.activation", "sparkit.engines.startup_log",
+               "sparkit.engines.sglang", "sparkit.checks", "sparkit.runs", "sparkit.memory", "sparkit.roofline",
+               "sparkit.host")
+LAZY_REASON = "# Imported inside functions:"
+
+
 def _modules(root: Path) -> dict[str, Path]:
     out = {}
     for path in root.rglob("*.py"):
@@ -93,8 +102,16 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports. Importing a.b.c first runs the packages a and
+    a.b (their __init__): that is an import of them too where their __init__ imports something,
+    unless the importer lies inside them (then they are already being imported)."""
     modules = _modules(root)
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    direct = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph = {}
+    for name, targets in direct.items():
+        packages = {".".join(t.split(".")[:i]) for t in targets for i in range(1, t.count(".") + 1)}
+        graph[name] = targets | {p for p in packages if direct.get(p) and p != name and not name.startswith(p + ".")}
+    return graph
 
 
 def lazy_imports(root: Path = PACKAGE) -> dict[str, int]:
@@ -105,14 +122,29 @@ def lazy_imports(root: Path = PACKAGE) -> dict[str, int]:
     return {name: n for name, n in sorted(counts.items()) if n}
 
 
+def unexplained_lazy_imports(root: Path = PACKAGE, prefixes: tuple[str, ...] = TOP_IMPORTS) -> list[str]:
+    """Modules under `prefixes` that import one of the package's modules inside a function without
+    a LAZY_REASON comment saying why."""
+    modules = _modules(root)
+    return [name for name in lazy_imports(root)
+            if any(name == p or name.startswith(p + ".") for p in prefixes)
+            and LAZY_REASON not in modules[name].read_text()]
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each as one circle's
-    modules in order."""
+    """The strongly connected components of more than one module, each as one circle's modules
+    in order."""
+    return [_circle(graph, component) for component in components(graph)]
+
+
+def components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan): sets of modules each
+    of which reaches every other through imports."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    found: list[list[str]] = []
+    found: list[set[str]] = []
 
     def strong(v: str) -> None:
         index[v] = low[v] = len(index)
@@ -133,7 +165,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if w == v:
                     break
             if len(component) > 1:
-                found.append(_circle(graph, set(component)))
+                found.append(set(component))
 
     for v in sorted(graph):
         if v not in index:
@@ -194,6 +226,24 @@ def test_no_import_points_up_the_layers():
     assert not found, "imports pointing to a higher layer:\n" + "\n".join("  " + a for a in found)
 
 
+def test_a_lazy_import_in_the_lower_layers_says_why():
+    found = unexplained_lazy_imports()
+    assert not found, (f"own-module imports inside functions, with no {LAZY_REASON!r} comment saying why (move "
+                       "them to the top of the file, or say what they must not load):\n  " + "\n  ".join(found))
+
+
+def test_an_unexplained_lazy_import_is_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text("X = 1\n")
+    (pkg / "low.py").write_text("def f():\n    from pkg.heavy import X\n    return X\n")
+    (pkg / "elsewhere.py").write_text("def f():\n    from pkg.heavy import X\n    return X\n")
+    assert unexplained_lazy_imports(pkg, ("pkg.low",)) == ["pkg.low"]
+    (pkg / "low.py").write_text(f"{LAZY_REASON} pkg.heavy loads torch\ndef f():\n    from pkg.heavy import X\n")
+    assert unexplained_lazy_imports(pkg, ("pkg.low",)) == []
+
+
 def test_the_walker_sees_a_lazy_circle(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
@@ -204,6 +254,21 @@ def test_the_walker_sees_a_lazy_circle(tmp_path):
     (pkg / "d.py").write_text("import pkg.c\n")
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b", "pkg.a"]]
     assert lazy_imports(pkg) == {"pkg.b": 1}
+
+
+def test_the_walker_sees_a_circle_through_a_package_init(tmp_path):
+    """Importing pkg.runs.store runs pkg/runs/__init__.py first: when that imports what imports
+    back, it is a circle, though no module names the other directly."""
+    pkg = tmp_path / "pkg"
+    (pkg / "runs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runs" / "__init__.py").write_text("from pkg.runs.pipeline import up\n")
+    (pkg / "runs" / "pipeline.py").write_text("from pkg import fit\n")
+    (pkg / "runs" / "store.py").write_text("")
+    (pkg / "fit.py").write_text("from pkg.runs.store import Run\n")
+    assert cycles(import_graph(pkg)) == [["pkg.fit", "pkg.runs", "pkg.runs.pipeline", "pkg.fit"]]
+    (pkg / "runs" / "__init__.py").write_text("")
+    assert cycles(import_graph(pkg)) == []
 
 
 def test_the_walker_sees_a_circle_through_type_checking(tmp_path):
@@ -241,10 +306,11 @@ def test_the_walker_sees_an_upward_arrow(tmp_path):
 def main() -> int:
     graph = import_graph()
     lines = sum(len(p.read_text().splitlines()) for p in _modules(PACKAGE).values())
-    found, arrows, lazy = cycles(graph), upward_arrows(graph), lazy_imports()
+    found, arrows, lazy = components(graph), upward_arrows(graph), lazy_imports()
     print(f"{len(graph)} modules, {lines} lines, {sum(map(len, graph.values()))} import edges")
     print(f"circles (TYPE_CHECKING and function bodies included): {len(found)}"
-          + "".join(f"\n  {len(c) - 1} modules: " + " -> ".join(c) for c in found))
+          + "".join(f"\n  {len(c)} modules in a circle, e.g. " + " -> ".join(_circle(graph, c)) + "\n    all: "
+                    + " ".join(sorted(c)) for c in found))
     print(f"imports pointing up the layers: {len(arrows)}" + "".join(f"\n  {a}" for a in arrows))
     total = sum(lazy.values())
     print(f"own-module imports inside a function: {total} ({1000 * total / lines:.1f} per 1000 lines)")

@@ -45,6 +45,12 @@ import logging
 import os
 from dataclasses import dataclass
 
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+
+# Imported inside functions: the FP8 head (torch, triton) and the activation report (SGLang's
+# runtime), in the hooks that use them: this module loads in every SGLang process, enabled or not,
+# and sparkit's planner imports its environment names without torch.
+
 # How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
 # group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
 PLUGIN_NAME = "sparkit"
@@ -124,8 +130,6 @@ def sharing_enabled() -> bool:
 
 def exact_top_k() -> int:
     """The re-scoring depth from the environment; a bad value falls back to the default (logged)."""
-    from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
-
     raw = os.environ.get(EXACT_TOP_K_ENV, "").strip()
     if not raw:
         return DEFAULT_EXACT_TOP_K
