@@ -57,7 +57,7 @@ class Expectations:
 
 @dataclass
 class LaunchPlan:
-    engine: str  # a name in sparkit.engines.base.registry()
+    engine: str  # a name in sparkit.contract.engine.engine_names()
     argv: list[str]  # argv[0] is the executable (sys.executable for python -m ...)
     env: dict[str, str]  # only the variables sparkit sets (merged over os.environ at start)
     host: str

@@ -1,10 +1,12 @@
-"""Compatibility rules over a recipe (and what the installed engine supports).
+"""The general compatibility rules over a recipe: the ones that need neither an engine nor the
+built-in models (those that do live in sparkit.planning.rules, above the engines).
 
-Each rule has a name, a one-sentence reason and a fix. A rule returns the
-violations it finds; `error` violations stop planning, `warning`s are printed
-with the plan. What one engine cannot run is that engine's adapter's `rules()`, checked
-with these; what needs the installed engine (flags its parser no longer has, env names its
-registry ignores) its adapter checks while it compiles.
+Each rule (sparkit.contract.rules.Rule) has a name, a one-sentence reason and a fix. A rule returns
+the violations it finds; `error` violations stop planning, `warning`s are printed with the plan.
+What one engine cannot run is that engine's adapter's `rules()` (SGLang's:
+sparkit.engines.sglang.rules), checked with these by sparkit.planning.rules; what needs the
+installed engine (flags its parser no longer has, env names its registry ignores) its adapter
+checks while it compiles.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
 class LaunchProgress:
     """One progress event of `launch` (for a live phase line)."""
 
-    phase: str  # "building model", or one of sparkit.engines.base.STARTUP_PHASES
+    phase: str  # "building model", or one of sparkit.contract.engine.STARTUP_PHASES
     elapsed_s: float
     message: str = ""
     fraction: float | None = None  # known only while building a model

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
-# Imported inside functions: the FP8 head (torch, triton) and the activation report (SGLang's
-# runtime), in the hooks that use them: this module loads in every SGLang process, enabled or not,
-# and sparkit's planner imports its environment names without torch.
+# Imported inside functions: the FP8 head and the activation report, in the hooks that use them
+# (inside their `try`, which logs rather than raises: a hook must never stop SGLang). This module
+# loads in every SGLang process, enabled or not, and needs neither until a hook runs.
 
 # How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
 # group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
