@@ -462,14 +462,20 @@ def extrapolate(session: Session, gb_s: float | None) -> None:
             spark = estimate(recipe, context=INPUT_LEN + OUTPUT_LEN // 2,
                              bandwidth=Bandwidth(GB10_GB_S, 1, "spec", "GB10 spec sheet"))
             fraction = row["tok_s42"] / h200.tok_s()
+            # Two readings of GB10: the H200's fraction of the bound (scales the host's fixed cost with
+            # bandwidth, so it is a floor), and the step's bytes at 273 GB/s plus the fixed cost measured
+            # here (the host's share does not shrink on a slower memory).
+            gb10_step_ms = h200.step_bytes / (GB10_GB_S * 1e9) * 1000.0 + fixed
             row.update(bound42_h200_tok_s=h200.tok_s(), fraction42=fraction, bound42_gb10_tok_s=spark.tok_s(),
-                       gb10_at_that_fraction_tok_s=fraction * spark.tok_s(), step42_bytes=h200.step_bytes)
+                       gb10_at_that_fraction_tok_s=fraction * spark.tok_s(), step42_bytes=h200.step_bytes,
+                       gb10_bytes_plus_fixed_ms=gb10_step_ms, gb10_bytes_plus_fixed_tok_s=1000.0 / gb10_step_ms)
         out.append(row)
         session.say(f"line {experts} experts, {head} head: step = {fixed:.3f} ms + {per_layer:.4f} ms x layers "
                     f"-> 42 layers {step42:.2f} ms = {row['tok_s42']:.0f} tok/s"
                     + (f", {row['fraction42']:.0%} of the H200 bound {row['bound42_h200_tok_s']:.0f}; on GB10 at that "
                        f"fraction {row['gb10_at_that_fraction_tok_s']:.1f} tok/s of a {row['bound42_gb10_tok_s']:.1f} "
-                       "tok/s bound" if gb_s else ""))
+                       f"tok/s bound; its bytes at 273 GB/s + this fixed cost {row['gb10_bytes_plus_fixed_ms']:.1f} ms "
+                       f"= {row['gb10_bytes_plus_fixed_tok_s']:.1f} tok/s" if gb_s else ""))
     session.results["extrapolation"] = out
     from sparkit.roofline.published import PUBLISHED
 

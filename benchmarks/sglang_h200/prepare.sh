@@ -6,7 +6,7 @@
 # 1. The kit in ../shared/gpu/sglang-h200 (prepare_cpu.sh) downloads, trims and packs torch 2.14.1,
 #    sglang 0.5.23 and what the H200 image lacks (659 MB), plus a wheel of this checkout (sparkit's
 #    `sglang.srt.plugins` entry point). Pieces of PIECE bytes: a `run` call carries at most 64 MiB,
-#    and this tree (about 9 MiB with the shipped tiny-ling) travels with every call.
+#    and this tree (18 MiB in session 8: tiny-ling, GSM8K, the results) travels with every call.
 # 2. Wheels sparkit needs on the device that neither the image nor the kit provides (typer, rich,
 #    textual, httpx, platformdirs, ...; session.sh installs only those the device cannot import),
 #    and humming-kernels' own dependencies (cuda-bindings, the CUDA C++ headers for NVRTC, tabulate).
@@ -19,7 +19,17 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${KIT:-../shared/gpu/sglang-h200}
 SHARED=${SPARKIT_SHARED_DIR:-../shared}
-export PIECE=${PIECE:-50000000}
+# A `run` call refuses a working tree over 64 MiB (tracked + untracked-not-ignored files + what it
+# carries): the pieces are sized from this tree, with 2 MiB to spare (the tree grew from 9 to 18 MiB
+# in session 8, and 48 MB pieces were refused). PIECE=N overrides; one that cannot fit is an error.
+TREE_BYTES=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+LIMIT_BYTES=$(( 64 * 1048576 ))
+export PIECE=${PIECE:-$(( LIMIT_BYTES - TREE_BYTES - 2 * 1048576 ))}
+if [ $(( PIECE + TREE_BYTES )) -ge "$LIMIT_BYTES" ] || [ "$PIECE" -le 0 ]; then
+  echo "prepare.sh: PIECE=$PIECE bytes + this tree's $TREE_BYTES bytes do not fit a run call's 64 MiB;" \
+       "set PIECE smaller, or make the tree smaller" >&2
+  exit 2
+fi
 REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh"
 
 DEPS=.sglang-h200/deps
@@ -76,4 +86,8 @@ for p in $pieces; do
   size=$(du -sb "$p" | cut -f1)
   [ "$p" = "$last" ] && size=$(( size + $(du -sb .sglang-h200/deps .sglang-h200/scripts .sglang-h200/gsm8k $([ -d .sglang-h200/b01 ] && echo .sglang-h200/b01) | awk '{s+=$1} END {print s}') ))
   printf '  %s: %.1f MiB with the tree\n' "$p" "$(echo "($size + $tree) / 1048576" | bc -l)"
+  [ $(( size + tree )) -ge $(( 64 * 1048576 )) ] && echo "  ^ over the 64 MiB a run call takes: set PIECE smaller" >&2
 done
+echo "Later calls in the same warm session (STEPS=ling, ...) carry what session.sh reads again:"
+echo "  carry=[\".sglang-h200/scripts\", \".sglang-h200/gsm8k\"] (an ignored path a call does not name is gone there)"
+
