@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 TOP_IMPORTS = ("sparkit.contract", "sparkit.recipes", "sparkit.planning", "sparkit.engines.base",
                "sparkit.engines.builtin_models", "sparkit.engines.activation", "sparkit.engines.startup_log",
                "sparkit.engines.sglang", "sparkit.checks", "sparkit.runs", "sparkit.memory", "sparkit.roofline",
-               "sparkit.host")
+               "sparkit.host", "sparkit.hub")
 LAZY_REASON = "# Imported inside functions:"
 
 
