@@ -350,18 +350,8 @@ class EngineClient:
         speculative details (return_spec_tokens_details) so that accept length is
         known per reply when the server speculates.
         """
-        body: dict[str, Any] = {
-            "model": model or "default",
-            "messages": messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_spec_tokens_details": True,
-        }
-        for key, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("max_tokens", max_tokens)):
-            if value is not None:
-                body[key] = value
-        if extra:
-            body.update(extra)
+        body = _chat_stream_body(messages, model, extra, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 max_tokens=max_tokens)
         t0 = time.perf_counter()
         chunks: list[StreamChunk] = []
         parts: list[str] = []
@@ -392,16 +382,7 @@ class EngineClient:
                         if first is None:
                             first = now
                         parts.append(delta)
-                        # With stream_options.continuous_usage_stats SGLang puts the cumulative usage on
-                        # every chunk: a speculative chunk then counts all the tokens it carries.
-                        running = (data.get("usage") or {}).get("completion_tokens")
-                        counted = chunks[-1].completion_tokens if chunks else 0
-                        if isinstance(running, int) and running > counted:
-                            new_tokens, cumulative = running - counted, running
-                        else:
-                            new_tokens, cumulative = 1, counted + 1
-                        chunk = StreamChunk(t=now, text=delta, new_tokens=new_tokens, completion_tokens=cumulative,
-                                            meta={"usage": data["usage"]} if isinstance(running, int) else {})
+                        chunk = _stream_chunk(data, delta, now, chunks[-1].completion_tokens if chunks else 0)
                         chunks.append(chunk)
                         yield chunk
         except httpx.HTTPError as exc:
@@ -420,6 +401,38 @@ class EngineClient:
             spec_verify_ct=details.get("spec_verify_ct"),
             meta={"usage": usage, "sglext": sglext},
         )
+
+
+def _chat_stream_body(messages: list[dict[str, str]], model: str | None, extra: dict[str, Any] | None,
+                      **sampling: Any) -> dict[str, Any]:
+    """A streamed chat request asking for usage and SGLang's speculative details; sampling
+    settings that are None are left to the server."""
+    body: dict[str, Any] = {
+        "model": model or "default",
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True,
+    }
+    for key, value in sampling.items():
+        if value is not None:
+            body[key] = value
+    if extra:
+        body.update(extra)
+    return body
+
+
+def _stream_chunk(data: dict[str, Any], delta: str, now: float, counted: int) -> StreamChunk:
+    """The chunk of a stream event carrying `delta`, `counted` tokens having come before it."""
+    # With stream_options.continuous_usage_stats SGLang puts the cumulative usage on
+    # every chunk: a speculative chunk then counts all the tokens it carries.
+    running = (data.get("usage") or {}).get("completion_tokens")
+    if isinstance(running, int) and running > counted:
+        new_tokens, cumulative = running - counted, running
+    else:
+        new_tokens, cumulative = 1, counted + 1
+    return StreamChunk(t=now, text=delta, new_tokens=new_tokens, completion_tokens=cumulative,
+                       meta={"usage": data["usage"]} if isinstance(running, int) else {})
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

@@ -457,23 +457,26 @@ def _check_figures(checks: list) -> dict[str, Any]:
 
 def _gsm8k(url: str, api_key: str | None, settings: LadderSettings, path: Path, recipe: str, run_id: str,
            on_progress: ProgressFn | None, step: StepRecord) -> dict[str, Any]:
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.data import load_dataset
+    from sparkit.evals.gsm8k.eval_settings import EvalSettings
+    from sparkit.evals.gsm8k.evaluate import EvalRequest, run_eval
+    from sparkit.evals.gsm8k.prompts import choose_exemplars
 
-    dataset = core.load_dataset(Path(settings.gsm8k_data) if settings.gsm8k_data else None,
-                                need_train=settings.gsm8k_shots > 0)
+    dataset = load_dataset(Path(settings.gsm8k_data) if settings.gsm8k_data else None,
+                           need_train=settings.gsm8k_shots > 0)
     questions = dataset.test[: settings.gsm8k_questions]
-    exemplars = core.choose_exemplars(dataset.train, settings.gsm8k_shots, exclude=questions)
-    eval_settings = core.EvalSettings(data_sha256=dataset.sha256, shots=settings.gsm8k_shots, format=settings.gsm8k_format,
-                                      temperature=0.0, top_p=1.0, top_k=-1, max_tokens=settings.gsm8k_max_tokens,
-                                      exemplar_ids=[e.id for e in exemplars])
-    request = core.EvalRequest(url=url, settings=eval_settings, questions=questions, exemplars=exemplars, out=path,
-                               api_key=api_key, recipe=recipe, run_id=run_id, data_path=str(dataset.test_path))
+    exemplars = choose_exemplars(dataset.train, settings.gsm8k_shots, exclude=questions)
+    eval_settings = EvalSettings(data_sha256=dataset.sha256, shots=settings.gsm8k_shots, format=settings.gsm8k_format,
+                                 temperature=0.0, top_p=1.0, top_k=-1, max_tokens=settings.gsm8k_max_tokens,
+                                 exemplar_ids=[e.id for e in exemplars])
+    request = EvalRequest(url=url, settings=eval_settings, questions=questions, exemplars=exemplars, out=path,
+                          api_key=api_key, recipe=recipe, run_id=run_id, data_path=str(dataset.test_path))
 
     def said(p: Any) -> None:
         if on_progress:
             on_progress(f"step {step.index + 1} gsm8k", p.done, p.total)
 
-    summary = asyncio.run(core.run_eval(request, said))
+    summary = asyncio.run(run_eval(request, said))
     return {"n": summary["n"], "accuracy": summary["accuracy"]["flexible"]["value"],
             "accuracy_strict": summary["accuracy"]["strict"]["value"], "mean_latency_s": summary["mean_latency_s"]}
 

@@ -10,6 +10,7 @@ because its wall time would be meaningless).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -277,19 +278,10 @@ async def run_bench(
     writer = _DocWriter(out_path)
     async with EngineClient(url, api_key=api_key) as client:
         server_info = await client.server_info()
-        try:
-            model_info = await client.model_info()
-        except EngineError:
-            model_info = {}
-        vocabulary = vocabulary_from_server(model_info, server_info) if config.dataset == "random" else None
-        tokenizer = (tokenizer_from_server(model_info, server_info) if config.dataset.startswith("profile:")
-                     else None)
-        # Warm-up prompts use a different seed so they never prime a cache for measured prompts.
-        warm = build_workload(
-            config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
-            output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary, tokenizer=tokenizer,
-        )
-        sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
+        model_info = await _model_info(client)
+        vocabulary, tokenizer = _prompt_sources(config, model_info, server_info)
+        warm = _warm_workload(config, vocabulary, tokenizer)
+        sampling = _sampling(config)
         kept = _resumable(out_path, config, url)
         doc: dict[str, Any] = {
             "kind": BENCH_KIND,
@@ -297,13 +289,7 @@ async def run_bench(
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "config": asdict(config),
             "workload": None,
-            "server": {
-                "url": url,
-                "run_id": run_id,
-                "model": model_info.get("model_path") or server_info.get("model_path"),
-                "served_model_name": server_info.get("served_model_name"),
-                "server_args": server_args_of(server_info),
-            },
+            "server": _server_record(url, run_id, model_info, server_info),
             "recipe": recipe,
             "host": host_record(),
             "versions": versions_record(server_info),
@@ -325,49 +311,93 @@ async def run_bench(
                 **workload.details,
             }
             if config.warmup > 0:
-                warm_prompts = Workload(warm.dataset, warm.prompts[: config.warmup], warm.output_len, warm.synthetic, "warm-up")
-                done_warm = 0
-
-                def warm_done(_: RequestTimeline) -> None:
-                    nonlocal done_warm
-                    done_warm += 1
-                    progress("warmup", done_warm, config.warmup)
-
-                progress("warmup", 0, config.warmup)
-                await _run_requests(client, warm_prompts, sampling, config.concurrency, warm_done)
-
-            before = counter_snapshot(await client.metrics(), await client.server_info())
-            repeat: dict[str, Any] = {"index": index, "complete": False, "requests": []}
-            doc["repeats"].append(repeat)
-            label = f"repeat {index + 1}/{config.repeats}" if config.repeats > 1 else "bench"
-
-            def request_done(timeline: RequestTimeline) -> None:
-                repeat["requests"].append(timeline.to_dict())
-                progress(label, len(repeat["requests"]), config.num_prompts)
-                writer.write(doc)
-
-            progress(label, 0, config.num_prompts)
-            timelines, t_begin, t_finish = await _run_requests(
-                client, workload, sampling, config.concurrency, request_done
-            )
-            after_info = await client.server_info()
-            after = counter_snapshot(await client.metrics(), after_info)
-            metrics = compute_metrics(timelines, t_begin=t_begin, t_finish=t_finish)
-            counters = counter_delta(before, after)
-            repeat.update(
-                complete=True,
-                requests=[t.to_dict() for t in timelines],
-                metrics=metrics.to_dict(),
-                server_counters=counters,
-                figures=headline_figures(metrics, counters),
-            )
-            doc["summary"] = summarise(doc["repeats"])
-            writer.write(doc, force=True)
+                await _warm_up(client, config, warm, sampling, progress)
+            await _measure_repeat(client, config, workload, sampling, doc, writer, index, progress)
         doc["complete"] = True
         doc["summary"] = summarise(doc["repeats"])
         doc["limit"] = against_limit(doc)
         writer.write(doc, force=True)
     return _finite(doc)
+
+
+async def _model_info(client: Any) -> dict[str, Any]:
+    try:
+        return await client.model_info()
+    except EngineError:
+        return {}
+
+
+def _prompt_sources(config: BenchConfig, model_info: dict[str, Any], server_info: dict[str, Any]) -> tuple[Any, Any]:
+    """The served model's vocabulary (for random prompts) and tokenizer (for a profile's prompts)."""
+    vocabulary = vocabulary_from_server(model_info, server_info) if config.dataset == "random" else None
+    tokenizer = tokenizer_from_server(model_info, server_info) if config.dataset.startswith("profile:") else None
+    return vocabulary, tokenizer
+
+
+def _warm_workload(config: BenchConfig, vocabulary: Any, tokenizer: Any) -> Workload:
+    # Warm-up prompts use a different seed so they never prime a cache for measured prompts.
+    return build_workload(config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
+                          output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary,
+                          tokenizer=tokenizer)
+
+
+def _sampling(config: BenchConfig) -> dict[str, Any]:
+    return {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
+
+
+def _server_record(url: str, run_id: str | None, model_info: dict[str, Any], server_info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "url": url,
+        "run_id": run_id,
+        "model": model_info.get("model_path") or server_info.get("model_path"),
+        "served_model_name": server_info.get("served_model_name"),
+        "server_args": server_args_of(server_info),
+    }
+
+
+async def _warm_up(client: Any, config: BenchConfig, warm: Workload, sampling: dict[str, Any], progress: ProgressFn) -> None:
+    warm_prompts = Workload(warm.dataset, warm.prompts[: config.warmup], warm.output_len, warm.synthetic, "warm-up")
+    done_warm = 0
+
+    def warm_done(_: RequestTimeline) -> None:
+        nonlocal done_warm
+        done_warm += 1
+        progress("warmup", done_warm, config.warmup)
+
+    progress("warmup", 0, config.warmup)
+    await _run_requests(client, warm_prompts, sampling, config.concurrency, warm_done)
+
+
+async def _measure_repeat(client: Any, config: BenchConfig, workload: Workload, sampling: dict[str, Any],
+                          doc: dict[str, Any], writer: _DocWriter, index: int, progress: ProgressFn) -> None:
+    """One measured repeat, appended to doc["repeats"]; the document is rewritten as requests finish."""
+    before = counter_snapshot(await client.metrics(), await client.server_info())
+    repeat: dict[str, Any] = {"index": index, "complete": False, "requests": []}
+    doc["repeats"].append(repeat)
+    label = f"repeat {index + 1}/{config.repeats}" if config.repeats > 1 else "bench"
+
+    def request_done(timeline: RequestTimeline) -> None:
+        repeat["requests"].append(timeline.to_dict())
+        progress(label, len(repeat["requests"]), config.num_prompts)
+        writer.write(doc)
+
+    progress(label, 0, config.num_prompts)
+    timelines, t_begin, t_finish = await _run_requests(
+        client, workload, sampling, config.concurrency, request_done
+    )
+    after_info = await client.server_info()
+    after = counter_snapshot(await client.metrics(), after_info)
+    metrics = compute_metrics(timelines, t_begin=t_begin, t_finish=t_finish)
+    counters = counter_delta(before, after)
+    repeat.update(
+        complete=True,
+        requests=[t.to_dict() for t in timelines],
+        metrics=metrics.to_dict(),
+        server_counters=counters,
+        figures=headline_figures(metrics, counters),
+    )
+    doc["summary"] = summarise(doc["repeats"])
+    writer.write(doc, force=True)
 
 
 @dataclass
@@ -393,7 +423,6 @@ async def run_interleaved(
     shared machine"). Only one request is in flight at a time. Each server's
     throughput is its output tokens over the time its own requests took, and the
     peak 1-second window is not defined here (the windows mix servers)."""
-    import dataclasses
     from contextlib import AsyncExitStack
 
     from sparkit.client import EngineClient
@@ -404,21 +433,13 @@ async def run_interleaved(
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(EngineClient(t.url, api_key=t.api_key)) for t in targets]
         infos = [await c.server_info() for c in clients]
-        models = []
-        for c in clients:
-            try:
-                models.append(await c.model_info())
-            except EngineError:
-                models.append({})
-        vocabulary = vocabulary_from_server(models[0], infos[0]) if config.dataset == "random" else None
-        tokenizer = tokenizer_from_server(models[0], infos[0]) if config.dataset.startswith("profile:") else None
+        models = [await _model_info(c) for c in clients]
+        vocabulary, tokenizer = _prompt_sources(config, models[0], infos[0])
         workload = build_workload(config.dataset, count=config.num_prompts, input_len=config.input_len,
                                   output_len=config.output_len, seed=config.seed, vocabulary=vocabulary,
                                   tokenizer=tokenizer)
-        warm = build_workload(config.dataset, count=max(config.warmup, 1), input_len=config.input_len,
-                              output_len=config.output_len, seed=config.seed + 7919, vocabulary=vocabulary,
-                              tokenizer=tokenizer)
-        sampling = {"temperature": config.temperature, "max_new_tokens": config.output_len, "ignore_eos": config.ignore_eos}
+        warm = _warm_workload(config, vocabulary, tokenizer)
+        sampling = _sampling(config)
         docs = []
         for t, info, model in zip(targets, infos, models):
             docs.append({
@@ -428,8 +449,7 @@ async def run_interleaved(
                 "workload": {"dataset": workload.dataset, "synthetic": workload.synthetic,
                              "description": workload.description + f"; interleaved with {len(targets) - 1} other server(s)",
                              "interleaved_with": len(targets) - 1, **workload.details},
-                "server": {"url": t.url, "run_id": t.run_id, "model": model.get("model_path") or info.get("model_path"),
-                           "served_model_name": info.get("served_model_name"), "server_args": server_args_of(info)},
+                "server": _server_record(t.url, t.run_id, model, info),
                 "recipe": t.recipe, "host": host_record(), "versions": versions_record(info),
                 "repeats": [], "summary": summarise([]), "complete": False,
             })
@@ -452,22 +472,7 @@ async def run_interleaved(
                     progress("interleaved", done, total)
             for s, client in enumerate(clients):
                 after = counter_snapshot(await client.metrics(), await client.server_info())
-                metrics = compute_metrics(timelines[s])
-                busy = sum(t.latency for t in timelines[s] if t.ok)
-                metrics = dataclasses.replace(
-                    metrics,
-                    duration_s=busy,
-                    output_throughput_tok_s=metrics.total_output_tokens / busy if busy > 0 else math.nan,
-                    request_throughput_req_s=metrics.completed / busy if busy > 0 else math.nan,
-                    peak_window_throughput_tok_s=math.nan,
-                    notes=metrics.notes + ["interleaved: throughput = output tokens / this server's request time; no 1-s window peak"],
-                )
-                counters = counter_delta(befores[s], after)
-                docs[s]["repeats"].append({
-                    "index": index, "complete": True, "requests": [t.to_dict() for t in timelines[s]],
-                    "metrics": metrics.to_dict(), "server_counters": counters,
-                    "figures": headline_figures(metrics, counters),
-                })
+                docs[s]["repeats"].append(_interleaved_repeat(index, timelines[s], counter_delta(befores[s], after)))
                 docs[s]["summary"] = summarise(docs[s]["repeats"])
                 writers[s].write(docs[s], force=True)
         for s in range(n):
@@ -475,3 +480,22 @@ async def run_interleaved(
             docs[s]["limit"] = against_limit(docs[s])
             writers[s].write(docs[s], force=True)
     return [_finite(d) for d in docs]
+
+
+def _interleaved_repeat(index: int, timelines: list[RequestTimeline], counters: dict[str, Any]) -> dict[str, Any]:
+    """One server's repeat of an interleaved run: its throughput is over its own requests' time."""
+    metrics = compute_metrics(timelines)
+    busy = sum(t.latency for t in timelines if t.ok)
+    metrics = dataclasses.replace(
+        metrics,
+        duration_s=busy,
+        output_throughput_tok_s=metrics.total_output_tokens / busy if busy > 0 else math.nan,
+        request_throughput_req_s=metrics.completed / busy if busy > 0 else math.nan,
+        peak_window_throughput_tok_s=math.nan,
+        notes=metrics.notes + ["interleaved: throughput = output tokens / this server's request time; no 1-s window peak"],
+    )
+    return {
+        "index": index, "complete": True, "requests": [t.to_dict() for t in timelines],
+        "metrics": metrics.to_dict(), "server_counters": counters,
+        "figures": headline_figures(metrics, counters),
+    }

@@ -28,6 +28,7 @@ import json
 import re
 import statistics
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,81 +211,15 @@ def summarise(doc: dict[str, Any], *, stage: str | None = None, top: int = 15, t
     if not spans:
         raise DataError(f"{trace or 'the trace'}: no step spans (`step[DECODE bs=1]`): not a trace of an engine's "
                         "forward passes (profile while requests decode)")
-    starts = [s[0] for s in spans]
-
-    def step_of(ts: float) -> tuple[int | None, bool]:
-        i = bisect_right(starts, ts) - 1
-        if i < 0:
-            return None, True
-        return i, ts > spans[i][1]
-
-    device = [e for e in events if e.get("cat") in _DEVICE_CATS]
+    step_of = _step_locator(spans)
     notes: list[str] = []
-    kernels: list[Kernel] = []
-    if device:
+    if any(e.get("cat") in _DEVICE_CATS for e in events):
         source = "gpu kernels"
-        launches: dict[int, float] = {}
-        launch_op: dict[int, str] = {}
-        cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-        for e in events:
-            if e.get("cat") in ("cuda_runtime", "cuda_driver", "runtime"):
-                corr = (e.get("args") or {}).get("correlation")
-                if isinstance(corr, int):
-                    launches[corr] = float(e["ts"])
-        op_starts = [float(e["ts"]) for e in cpu_ops]
-        for corr, ts in launches.items():
-            i = bisect_right(op_starts, ts) - 1
-            while i >= 0 and cpu_ops[i]["ts"] + cpu_ops[i]["dur"] < ts:
-                i -= 1
-            if i >= 0:
-                launch_op[corr] = str(cpu_ops[i].get("name", ""))
-        for e in sorted(device, key=lambda e: e["ts"]):
-            corr = (e.get("args") or {}).get("correlation")
-            k = Kernel(str(e.get("name", "")), float(e["ts"]), float(e["dur"]), corr if isinstance(corr, int) else None)
-            launched = launches.get(k.correlation) if k.correlation is not None else None
-            if launched is None:
-                k.step, k.outside = step_of(k.ts)  # no launch event: place it by its own time
-            else:
-                k.step, k.outside = step_of(launched)
-            launcher = launch_op.get(k.correlation, "") if k.correlation is not None else ""
-            k.category = _named_category(k.name) or _named_category(launcher) or "other"
-            kernels.append(k)
-        annotations = [e for e in events if e.get("cat") == "gpu_user_annotation"
-                       and str(e.get("name", "")).lower() in _ANNOTATION_CATEGORIES]
+        kernels, annotations = _device_kernels(events, step_of)
     else:
         source = "cpu ops (no device events in the trace)"
-        threads = {(e.get("pid"), e.get("tid")) for e in events
-                   if e.get("cat") == "user_annotation" and _STEP.match(str(e.get("name", "")))}
-        ops = sorted((e for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) in threads),
-                     key=lambda e: (e["ts"], -e["dur"]))
-        end = -1.0
-        for e in ops:  # top-level ops only: a child's time is in its parent's
-            if e["ts"] >= end:
-                k = Kernel(str(e.get("name", "")), float(e["ts"]), float(e["dur"]), None)
-                k.step, k.outside = step_of(k.ts)
-                k.category = _named_category(k.name) or "other"
-                kernels.append(k)
-                end = e["ts"] + e["dur"]
-        annotations = [e for e in events if e.get("cat") == "user_annotation"
-                       and str(e.get("name", "")).lower() in _ANNOTATION_CATEGORIES]
-    # explicit annotations win
-    for a in annotations:
-        category = _ANNOTATION_CATEGORIES[str(a["name"]).lower()]
-        lo, hi = float(a["ts"]), float(a["ts"] + a["dur"])
-        for k in kernels:
-            if lo <= k.ts < hi:
-                k.category = category
-                k.outside = False if category not in ("sampling",) else k.outside
-    # block rules within each forward; outside it, what names do not say is "outside the forward"
-    by_step: dict[int, list[Kernel]] = {}
-    for k in kernels:
-        if k.step is not None and not k.outside:
-            by_step.setdefault(k.step, []).append(k)
-    for members in by_step.values():
-        _assign_blocks(members)
-    for k in kernels:
-        if k.outside and k.category in ("other", "norm"):
-            k.category = "outside_forward"
+        kernels, annotations = _cpu_kernels(events, step_of)
+    _categorise(kernels, annotations)
 
     if stage is None:
         have_stages = {s[2] for s in spans}
@@ -293,73 +228,24 @@ def summarise(doc: dict[str, Any], *, stage: str | None = None, top: int = 15, t
     if not wanted:
         have = sorted({s[2] for s in spans})
         raise DataError(f"{trace or 'the trace'}: no {stage} steps (it has {', '.join(have)})")
-    # a step's period runs from its first kernel to the next step of the same stage's first kernel
-    # (a NEXTN cycle: a verify step and the draft steps after it); the last has no successor and is
-    # left out; the kernels of other stages' steps in between count as "draft"
-    first_of: dict[int, float] = {}
-    for k in kernels:
-        if k.step is not None:
-            first_of[k.step] = min(first_of.get(k.step, k.ts), k.ts)
-    for k in kernels:
-        if k.step is not None and spans[k.step][2] != stage:
-            k.category = "draft" if spans[k.step][2] == "DRAFT" else k.category
-    periods, busy, per_cat, count, wanted_done = [], [], [], [], []
-    kernel_time: dict[tuple[str, str], list[float]] = {}
-    for n_, i in enumerate(wanted):
-        following = wanted[n_ + 1] if n_ + 1 < len(wanted) else None
-        if i not in first_of or following is None or following not in first_of:
-            continue
-        if any(spans[j][2] not in (stage, "DRAFT") for j in range(i + 1, following)):
-            continue  # a prefill or another request's step in between: not one cycle
-        wanted_done.append(i)
-        lo, hi = first_of[i], first_of[following]
-        members = [k for k in kernels if k.step is not None and i <= k.step < following]
-        period = hi - lo
-        intervals = sorted((max(k.ts, lo), min(k.ts + k.dur, hi)) for k in members if k.ts < hi)
-        covered, cursor = 0.0, lo
-        for a, b in intervals:
-            if b <= cursor:
-                continue
-            covered += b - max(a, cursor)
-            cursor = b
-        periods.append(period)
-        busy.append(covered)
-        cats: dict[str, float] = {}
-        for k in members:
-            cats[k.category] = cats.get(k.category, 0.0) + k.dur
-            kernel_time.setdefault((k.name, k.category), []).append(k.dur)
-        cats["gaps"] = max(0.0, period - covered)
-        per_cat.append(cats)
-        count.append(len(members))
-    if not periods:
+    cycles = _cycles(kernels, spans, wanted, stage)
+    if not cycles.periods:
         raise DataError(f"{trace or 'the trace'}: {len(wanted)} {stage} step(s) but none followed by another step: "
                         "profile more steps")
-    median_period = statistics.median(periods)
-    keep = [j for j, period in enumerate(periods) if period <= 3 * median_period]
-    left_out = len(periods) - len(keep)
-    if len(keep) < len(periods):
-        notes.append(f"{len(periods) - len(keep)} step(s) over 3x the median left out (the profiler starting, a "
+    median_period = statistics.median(cycles.periods)
+    left_out = cycles.drop_outliers(kernels, wanted, 3 * median_period)
+    if left_out:
+        notes.append(f"{left_out} step(s) over 3x the median left out (the profiler starting, a "
                      "prefill's tail)")
-        periods = [periods[j] for j in keep]
-        busy = [busy[j] for j in keep]
-        per_cat = [per_cat[j] for j in keep]
-        count = [count[j] for j in keep]
-        kept = [wanted_done[j] for j in keep]
-        kernel_time = {}
-        for i in kept:
-            following = wanted[wanted.index(i) + 1]
-            for k in kernels:
-                if k.step is not None and i <= k.step < following:
-                    kernel_time.setdefault((k.name, k.category), []).append(k.dur)
-    n = len(periods)
+    periods, n = cycles.periods, len(cycles.periods)
     categories = {}
     for key, _label in CATEGORIES:
-        values = [c.get(key, 0.0) for c in per_cat]
+        values = [c.get(key, 0.0) for c in cycles.per_cat]
         total = sum(values) / n
         if total > 0:
             categories[key] = {"us_per_step": round(total, 2), "share": round(total / statistics.mean(periods), 4)}
     rows = []
-    for (name, category), durs in kernel_time.items():
+    for (name, category), durs in cycles.kernel_time.items():
         rows.append({"name": name, "category": category, "per_step": round(len(durs) / n, 2),
                      "us_per_step": round(sum(durs) / n, 2), "mean_us": round(sum(durs) / len(durs), 2)})
     rows.sort(key=lambda r: -r["us_per_step"])
@@ -370,10 +256,179 @@ def summarise(doc: dict[str, Any], *, stage: str | None = None, top: int = 15, t
         stage=stage, batch_size=batch, steps=n,
         step_us={"median": round(median_period, 2), "mean": round(statistics.mean(periods), 2),
                  "min": round(min(periods), 2), "max": round(max(periods), 2)},
-        busy_us=round(statistics.median(busy), 2), gaps_us=round(statistics.median(p - b for p, b in zip(periods, busy)), 2),
-        categories=categories, kernels=rows[:top], kernels_per_step=round(sum(count) / n, 1), source=source,
+        busy_us=round(statistics.median(cycles.busy), 2),
+        gaps_us=round(statistics.median(p - b for p, b in zip(periods, cycles.busy)), 2),
+        categories=categories, kernels=rows[:top], kernels_per_step=round(sum(cycles.count) / n, 1), source=source,
         left_out=left_out, trace=trace, notes=notes,
     )
+
+
+_Spans = list[tuple[float, float, str, int | None]]
+
+
+def _step_locator(spans: _Spans) -> Callable[[float], tuple[int | None, bool]]:
+    """ts -> (the index of the last step span starting at or before it, whether ts is past its end)."""
+    starts = [s[0] for s in spans]
+
+    def step_of(ts: float) -> tuple[int | None, bool]:
+        i = bisect_right(starts, ts) - 1
+        if i < 0:
+            return None, True
+        return i, ts > spans[i][1]
+
+    return step_of
+
+
+def _device_kernels(events: list[dict[str, Any]], step_of: Callable[[float], tuple[int | None, bool]]
+                    ) -> tuple[list[Kernel], list[dict[str, Any]]]:
+    """A GPU trace's kernels, each in the step its launch falls in and named by its kernel's name or
+    else the CPU op that launched it; and the trace's GPU annotations."""
+    launches: dict[int, float] = {}
+    launch_op: dict[int, str] = {}
+    cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver", "runtime"):
+            corr = (e.get("args") or {}).get("correlation")
+            if isinstance(corr, int):
+                launches[corr] = float(e["ts"])
+    op_starts = [float(e["ts"]) for e in cpu_ops]
+    for corr, ts in launches.items():
+        i = bisect_right(op_starts, ts) - 1
+        while i >= 0 and cpu_ops[i]["ts"] + cpu_ops[i]["dur"] < ts:
+            i -= 1
+        if i >= 0:
+            launch_op[corr] = str(cpu_ops[i].get("name", ""))
+    kernels: list[Kernel] = []
+    for e in sorted((e for e in events if e.get("cat") in _DEVICE_CATS), key=lambda e: e["ts"]):
+        corr = (e.get("args") or {}).get("correlation")
+        k = Kernel(str(e.get("name", "")), float(e["ts"]), float(e["dur"]), corr if isinstance(corr, int) else None)
+        launched = launches.get(k.correlation) if k.correlation is not None else None
+        if launched is None:
+            k.step, k.outside = step_of(k.ts)  # no launch event: place it by its own time
+        else:
+            k.step, k.outside = step_of(launched)
+        launcher = launch_op.get(k.correlation, "") if k.correlation is not None else ""
+        k.category = _named_category(k.name) or _named_category(launcher) or "other"
+        kernels.append(k)
+    annotations = [e for e in events if e.get("cat") == "gpu_user_annotation"
+                   and str(e.get("name", "")).lower() in _ANNOTATION_CATEGORIES]
+    return kernels, annotations
+
+
+def _cpu_kernels(events: list[dict[str, Any]], step_of: Callable[[float], tuple[int | None, bool]]
+                 ) -> tuple[list[Kernel], list[dict[str, Any]]]:
+    """A CPU trace's top-level ops on the threads that run steps (a child's time is in its
+    parent's); and the trace's annotations."""
+    kernels: list[Kernel] = []
+    threads = {(e.get("pid"), e.get("tid")) for e in events
+               if e.get("cat") == "user_annotation" and _STEP.match(str(e.get("name", "")))}
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) in threads),
+                 key=lambda e: (e["ts"], -e["dur"]))
+    end = -1.0
+    for e in ops:  # top-level ops only: a child's time is in its parent's
+        if e["ts"] >= end:
+            k = Kernel(str(e.get("name", "")), float(e["ts"]), float(e["dur"]), None)
+            k.step, k.outside = step_of(k.ts)
+            k.category = _named_category(k.name) or "other"
+            kernels.append(k)
+            end = e["ts"] + e["dur"]
+    annotations = [e for e in events if e.get("cat") == "user_annotation"
+                   and str(e.get("name", "")).lower() in _ANNOTATION_CATEGORIES]
+    return kernels, annotations
+
+
+def _categorise(kernels: list[Kernel], annotations: list[dict[str, Any]]) -> None:
+    """Explicit annotations win; then the block rules within each forward; outside it, what names
+    do not say is "outside the forward"."""
+    for a in annotations:
+        category = _ANNOTATION_CATEGORIES[str(a["name"]).lower()]
+        lo, hi = float(a["ts"]), float(a["ts"] + a["dur"])
+        for k in kernels:
+            if lo <= k.ts < hi:
+                k.category = category
+                k.outside = False if category not in ("sampling",) else k.outside
+    by_step: dict[int, list[Kernel]] = {}
+    for k in kernels:
+        if k.step is not None and not k.outside:
+            by_step.setdefault(k.step, []).append(k)
+    for members in by_step.values():
+        _assign_blocks(members)
+    for k in kernels:
+        if k.outside and k.category in ("other", "norm"):
+            k.category = "outside_forward"
+
+
+@dataclass
+class _Cycles:
+    """One entry per measured cycle of the wanted stage: its period, busy time, time per category,
+    kernel count and step index; and each (kernel, category)'s durations over the cycles."""
+
+    periods: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)
+    per_cat: list[dict[str, float]] = field(default_factory=list)
+    count: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    kernel_time: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def drop_outliers(self, kernels: list[Kernel], wanted: list[int], bound: float) -> int:
+        """Leave out the cycles longer than `bound`; how many were left out."""
+        keep = [j for j, period in enumerate(self.periods) if period <= bound]
+        left_out = len(self.periods) - len(keep)
+        if not left_out:
+            return 0
+        self.periods = [self.periods[j] for j in keep]
+        self.busy = [self.busy[j] for j in keep]
+        self.per_cat = [self.per_cat[j] for j in keep]
+        self.count = [self.count[j] for j in keep]
+        self.steps = [self.steps[j] for j in keep]
+        self.kernel_time = {}
+        for i in self.steps:
+            following = wanted[wanted.index(i) + 1]
+            for k in kernels:
+                if k.step is not None and i <= k.step < following:
+                    self.kernel_time.setdefault((k.name, k.category), []).append(k.dur)
+        return left_out
+
+
+def _cycles(kernels: list[Kernel], spans: _Spans, wanted: list[int], stage: str) -> _Cycles:
+    """A step's period runs from its first kernel to the next step of the same stage's first kernel
+    (a NEXTN cycle: a verify step and the draft steps after it); the last has no successor and is
+    left out; the kernels of other stages' steps in between count as "draft"."""
+    first_of: dict[int, float] = {}
+    for k in kernels:
+        if k.step is not None:
+            first_of[k.step] = min(first_of.get(k.step, k.ts), k.ts)
+    for k in kernels:
+        if k.step is not None and spans[k.step][2] != stage:
+            k.category = "draft" if spans[k.step][2] == "DRAFT" else k.category
+    cycles = _Cycles()
+    for n_, i in enumerate(wanted):
+        following = wanted[n_ + 1] if n_ + 1 < len(wanted) else None
+        if i not in first_of or following is None or following not in first_of:
+            continue
+        if any(spans[j][2] not in (stage, "DRAFT") for j in range(i + 1, following)):
+            continue  # a prefill or another request's step in between: not one cycle
+        cycles.steps.append(i)
+        lo, hi = first_of[i], first_of[following]
+        members = [k for k in kernels if k.step is not None and i <= k.step < following]
+        period = hi - lo
+        intervals = sorted((max(k.ts, lo), min(k.ts + k.dur, hi)) for k in members if k.ts < hi)
+        covered, cursor = 0.0, lo
+        for a, b in intervals:
+            if b <= cursor:
+                continue
+            covered += b - max(a, cursor)
+            cursor = b
+        cycles.periods.append(period)
+        cycles.busy.append(covered)
+        cats: dict[str, float] = {}
+        for k in members:
+            cats[k.category] = cats.get(k.category, 0.0) + k.dur
+            cycles.kernel_time.setdefault((k.name, k.category), []).append(k.dur)
+        cats["gaps"] = max(0.0, period - covered)
+        cycles.per_cat.append(cats)
+        cycles.count.append(len(members))
+    return cycles
 
 
 def summarise_file(path: str | Path, *, stage: str | None = None, top: int = 15) -> StepBreakdown:

@@ -19,6 +19,8 @@ error, paired over the same prompts (every point gets the same prompts).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.bench.metrics import RequestTimeline, mean, stdev
-from sparkit.bench.runner import BenchConfig
+from sparkit.bench.runner import BenchConfig, BenchTarget, run_bench, run_interleaved
 from sparkit.errors import SparkitError, UsageError
 
 TUNE_KIND = "sparkit-tune"
@@ -282,13 +284,7 @@ def run_tune(
     interleave: bool = True,
 ) -> dict[str, Any]:
     """Run the sweep; return the sweep document (also kept up to date at `out_path`)."""
-    from sparkit.bench.runner import run_bench
-    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
-    import asyncio
-    import contextlib
-
-    from sparkit import runs
 
     params = parse_params(param_specs)
     base_overrides = list(base_overrides or [])
@@ -316,89 +312,23 @@ def run_tune(
         old = previous.get(json.dumps(point.values, sort_keys=True))
         if old is not None and old.status == "done":
             points[i] = old
-    doc["points"] = [asdict(p) for p in points]
-    _write_json(out_path, doc)
-
-    def bench_file(point: SweepPoint) -> Path:
-        return out_path.with_name(f"{out_path.stem}-{_safe(point.label)}.json")
-
-    def record(point: SweepPoint, bench_doc: dict[str, Any], path: Path) -> None:
-        point.figures = bench_doc["summary"]["figures"]
-        point.tpot_per_request_ms, point.step_time_per_request_ms = per_request(bench_doc)
-        point.bench_file = str(path)
-        point.status = "done"
-
-    def save() -> None:
-        doc["points"] = [asdict(p) for p in points]
-        _write_json(out_path, doc)
-
-    def start(point: SweepPoint, servers: contextlib.ExitStack) -> Any | None:
-        """A transient server for the point (stopped when `servers` closes); None when it could
-        not start (the point is recorded as failed)."""
-        try:
-            loaded = load_recipe(recipe_ref, point.overrides)
-            plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
-            if on_progress:
-                on_progress(f"start {point.label}", 0, 1)
-            started = servers.enter_context(runs.transient_server(plan, timeout=launch_timeout, checks=True))
-            point.startup_failed = [r.name for r in started.failed_checks]
-            if on_progress:
-                on_progress(f"start {point.label}", 1, 1)
-            return started
-        except SparkitError as exc:
-            point.status, point.error = "failed", str(exc)
-            return None
+    sweep = _Sweep(recipe_ref, config, points, doc, out_path, on_progress, launch_timeout)
+    sweep.save()
 
     for index, point in enumerate(points):
         if point.status == "done" and on_point:
             on_point(point, index, len(points))
     pending = [i for i, p in enumerate(points) if p.status != "done"]
-
     if interleave and len(pending) > 1:
-        from sparkit.bench.runner import BenchTarget, run_interleaved
-
-        started: dict[int, Any] = {}
-        try:
-            with contextlib.ExitStack() as servers:
-                for i in pending:
-                    got = start(points[i], servers)
-                    if got is not None:
-                        started[i] = got
-                save()
-                targets = [BenchTarget(s.server.url, s.server.api_key, bench_file(points[i]), s.plan.recipe, s.run.id)
-                           for i, s in started.items()]
-                if targets:
-                    docs = asyncio.run(run_interleaved(targets, config, on_progress=on_progress))
-                    for i, bench_doc in zip(started, docs):
-                        record(points[i], bench_doc, bench_file(points[i]))
-        except SparkitError as exc:
-            for i in started:
-                points[i].status, points[i].error = "failed", str(exc)
-        finally:
-            save()
+        sweep.bench_interleaved(pending)
         for i in pending:
             if on_point:
                 on_point(points[i], i, len(points))
     else:
         for index in pending:
-            point = points[index]
-            try:
-                with contextlib.ExitStack() as servers:
-                    got = start(point, servers)
-                    if got is not None:
-                        path = bench_file(point)
-                        bench_doc = asyncio.run(
-                            run_bench(got.server.url, config, api_key=got.server.api_key, out_path=path,
-                                      recipe=got.plan.recipe, run_id=got.run.id,
-                                      on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
-                        )
-                        record(point, bench_doc, path)
-            except SparkitError as exc:
-                point.status, point.error = "failed", str(exc)
-            finally:
-                save()
+            sweep.bench_alone(points[index])
             if on_point:
-                on_point(point, index, len(points))
+                on_point(points[index], index, len(points))
 
     ranking = rank(points)
     doc["ranking"] = asdict(ranking)
@@ -411,6 +341,96 @@ def run_tune(
     _write_json(out_path, doc)
     return doc
 
+
+@dataclass
+class _Sweep:
+    """The points of one sweep on their way: each gets a transient server and a bench run, and
+    the sweep document at `out_path` is rewritten after each."""
+
+    recipe_ref: str
+    config: BenchConfig
+    points: list[SweepPoint]
+    doc: dict[str, Any]
+    out_path: Path
+    on_progress: Callable[[str, int, int], None] | None
+    launch_timeout: float
+
+    def bench_file(self, point: SweepPoint) -> Path:
+        return self.out_path.with_name(f"{self.out_path.stem}-{_safe(point.label)}.json")
+
+    def record(self, point: SweepPoint, bench_doc: dict[str, Any], path: Path) -> None:
+        point.figures = bench_doc["summary"]["figures"]
+        point.tpot_per_request_ms, point.step_time_per_request_ms = per_request(bench_doc)
+        point.bench_file = str(path)
+        point.status = "done"
+
+    def save(self) -> None:
+        self.doc["points"] = [asdict(p) for p in self.points]
+        _write_json(self.out_path, self.doc)
+
+    def start(self, point: SweepPoint, servers: contextlib.ExitStack) -> Any | None:
+        """A transient server for the point (stopped when `servers` closes); None when it could
+        not start (the point is recorded as failed)."""
+        from sparkit import runs
+        from sparkit.planning.compile import compile_plan
+        from sparkit.recipes.load import load_recipe
+
+        on_progress = self.on_progress
+        try:
+            loaded = load_recipe(self.recipe_ref, point.overrides)
+            plan = compile_plan(loaded, port=runs.free_port())  # transient server: never clash with a running one
+            if on_progress:
+                on_progress(f"start {point.label}", 0, 1)
+            started = servers.enter_context(runs.transient_server(plan, timeout=self.launch_timeout, checks=True))
+            point.startup_failed = [r.name for r in started.failed_checks]
+            if on_progress:
+                on_progress(f"start {point.label}", 1, 1)
+            return started
+        except SparkitError as exc:
+            point.status, point.error = "failed", str(exc)
+            return None
+
+    def bench_interleaved(self, pending: list[int]) -> None:
+        """Every pending point's server up at once, benched in one run interleaved request by request."""
+        points = self.points
+        started: dict[int, Any] = {}
+        try:
+            with contextlib.ExitStack() as servers:
+                for i in pending:
+                    got = self.start(points[i], servers)
+                    if got is not None:
+                        started[i] = got
+                self.save()
+                targets = [BenchTarget(s.server.url, s.server.api_key, self.bench_file(points[i]), s.plan.recipe, s.run.id)
+                           for i, s in started.items()]
+                if targets:
+                    docs = asyncio.run(run_interleaved(targets, self.config, on_progress=self.on_progress))
+                    for i, bench_doc in zip(started, docs):
+                        self.record(points[i], bench_doc, self.bench_file(points[i]))
+        except SparkitError as exc:
+            for i in started:
+                points[i].status, points[i].error = "failed", str(exc)
+        finally:
+            self.save()
+
+    def bench_alone(self, point: SweepPoint) -> None:
+        """One point: its server, its bench run, the server stopped."""
+        on_progress = self.on_progress
+        try:
+            with contextlib.ExitStack() as servers:
+                got = self.start(point, servers)
+                if got is not None:
+                    path = self.bench_file(point)
+                    bench_doc = asyncio.run(
+                        run_bench(got.server.url, self.config, api_key=got.server.api_key, out_path=path,
+                                  recipe=got.plan.recipe, run_id=got.run.id,
+                                  on_progress=(lambda ph, d, t, _l=point.label: on_progress(f"{_l} {ph}", d, t)) if on_progress else None)
+                    )
+                    self.record(point, bench_doc, path)
+        except SparkitError as exc:
+            point.status, point.error = "failed", str(exc)
+        finally:
+            self.save()
 
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)

@@ -200,7 +200,7 @@ def tune_shape(context: ModelContext | None) -> tuple[int, int]:
 
 def default_gsm8k_file() -> Path:
     """GSM8K test split: $SPARKIT_GSM8K, else the copy shipped with sparkit (sparkit.evals.gsm8k)."""
-    from sparkit.evals.gsm8k import SHIPPED_DIR
+    from sparkit.evals.gsm8k.data import SHIPPED_DIR
 
     env = os.environ.get("SPARKIT_GSM8K")
     return Path(env).expanduser() if env else SHIPPED_DIR / "test.jsonl"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sparkit.checks.activation import ProbeRequest, ProbeResult, ServerEvidence, evaluate
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.activation import evaluate
+from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence, parse_server_info
 from sparkit.checks.known_answer import score_reference
 from sparkit.client import EngineClient, Generation
 from sparkit.contract.checks import CheckResult, Status

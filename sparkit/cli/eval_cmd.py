@@ -42,7 +42,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkit.cli.common import ProgressLines, err_console, is_terminal
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.data import load_dataset
 
     bar: Optional[Progress] = None
     lines = None if is_terminal(sys.stderr) else ProgressLines()
@@ -60,7 +60,7 @@ def _load_dataset(data: Optional[Path], need_train: bool, from_hub: bool = False
         bar.update(bar.task_ids[0], completed=p.done, split=p.split)
 
     try:
-        return core.load_dataset(data, need_train=need_train, from_hub=from_hub, on_download=on_download)
+        return load_dataset(data, need_train=need_train, from_hub=from_hub, on_download=on_download)
     finally:
         if bar is not None:
             bar.stop()
@@ -89,21 +89,17 @@ def gsm8k(
 ) -> None:
     """Measure GSM8K accuracy (5-shot CoT, train-split exemplars) on a live server."""
     from sparkit.cli.common import err_console, print_json, run_async
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.eval_settings import EvalSettings
+    from sparkit.evals.gsm8k.evaluate import EvalRequest, run_eval
+    from sparkit.evals.gsm8k.prompts import choose_exemplars
+    from sparkit.evals.gsm8k.summary import summary_path_for
     from sparkit.runs import resolve_server
+
+    from sparkit.cli.common import writable_file
 
     if fmt not in ("chat", "completion"):
         raise UsageError(f"--format must be chat or completion, got {fmt!r}")
-    if greedy and any(v is not None for v in (temperature, top_p, top_k)):
-        raise UsageError("--greedy cannot be combined with --temperature/--top-p/--top-k")
-    if greedy:
-        temperature, top_p, top_k = 0.0, 1.0, -1
-    else:
-        temperature = 0.6 if temperature is None else temperature
-        top_p = 0.95 if top_p is None else top_p
-        top_k = 29 if top_k is None else top_k
-
-    from sparkit.cli.common import writable_file
+    temperature, top_p, top_k = _sampling_flags(greedy, temperature, top_p, top_k)
 
     out = writable_file(out, "--out")
     if out is None:
@@ -114,61 +110,30 @@ def gsm8k(
     target = resolve_server(run, url, api_key)
     dataset = _load_dataset(data, need_train=shots > 0, from_hub=from_hub)
     questions = dataset.test[:limit] if limit else dataset.test
-    exemplars = core.choose_exemplars(dataset.train, shots, exclude=questions)
-    settings = core.EvalSettings(
-        data_sha256=dataset.sha256,
-        shots=shots,
-        format=fmt,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
-        seed=seed,
-        exemplar_ids=[e.id for e in exemplars],
+    exemplars = choose_exemplars(dataset.train, shots, exclude=questions)
+    settings = EvalSettings(
+        data_sha256=dataset.sha256, shots=shots, format=fmt, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_tokens=max_tokens, seed=seed, exemplar_ids=[e.id for e in exemplars],
     )
-    recipe = None
-    if target.run is not None:
-        recipe = target.run.recipe_name
-    request = core.EvalRequest(
-        url=target.url,
-        settings=settings,
-        questions=questions,
-        exemplars=exemplars,
-        out=out,
-        concurrency=concurrency,
-        resume=resume,
-        api_key=target.api_key,
-        recipe=recipe,
-        run_id=target.run.id if target.run else None,
-        data_path=str(dataset.test_path),
+    request = EvalRequest(
+        url=target.url, settings=settings, questions=questions, exemplars=exemplars, out=out,
+        concurrency=concurrency, resume=resume, api_key=target.api_key,
+        recipe=target.run.recipe_name if target.run is not None else None,
+        run_id=target.run.id if target.run else None, data_path=str(dataset.test_path),
     )
-
-    import contextlib
-    import sys
-
-    from sparkit.cli.common import ProgressLines, is_terminal
 
     err = err_console()
     err.print(f"GSM8K ({dataset.source}): {len(questions)} questions, {shots}-shot {fmt}, "
               f"{'greedy' if greedy else f'T={temperature} top_p={top_p} top_k={top_k}'}, "
               f"concurrency {concurrency} -> {out}", highlight=False, soft_wrap=True)
-    if not is_terminal(sys.stderr):  # a log or CI: a line per finished question, not a bar drawn at the end
-        lines = ProgressLines()
-
-        def on_progress(p: core.Progress) -> None:
-            acc = f"acc {100 * p.correct_flexible / p.done:.1f}%" if p.done else ""
-            lines.update("gsm8k", p.done, p.total, acc)
-
-        display: Any = contextlib.nullcontext()
-    else:
-        display, on_progress = _progress_bar(err, len(questions))
+    display, on_progress = _progress_display(err, len(questions))
 
     from sparkit.cli.common import resume_command, say, signals_as_interrupt
 
     signals_as_interrupt()  # SIGTERM and SIGHUP too: the answers so far are kept and the hint is said
     try:
         with display:
-            summary = run_async(core.run_eval(request, on_progress))
+            summary = run_async(run_eval(request, on_progress))
     except KeyboardInterrupt:
         say(err, f"interrupted; finished questions are saved in {out}\n  resume with: "
             f"{resume_command('--out', str(out), '--resume')}", highlight=False, soft_wrap=True)
@@ -178,14 +143,45 @@ def gsm8k(
         print_json(summary)
     else:
         render_summary(summary)
-        err.print(f"results: {out}\nsummary: {core.summary_path_for(out)}", highlight=False)
+        err.print(f"results: {out}\nsummary: {summary_path_for(out)}", highlight=False)
+
+
+def _sampling_flags(greedy: bool, temperature: Optional[float], top_p: Optional[float],
+                    top_k: Optional[int]) -> tuple[float, float, int]:
+    """--greedy, or the published protocol's sampling where a flag is not given."""
+    if greedy and any(v is not None for v in (temperature, top_p, top_k)):
+        raise UsageError("--greedy cannot be combined with --temperature/--top-p/--top-k")
+    if greedy:
+        return 0.0, 1.0, -1
+    return (0.6 if temperature is None else temperature, 0.95 if top_p is None else top_p,
+            29 if top_k is None else top_k)
+
+
+def _progress_display(err: Any, total: int) -> tuple[Any, Any]:
+    """What shows a GSM8K run's progress (a context to hold it in) and its callback: a bar on a
+    terminal; in a log or CI a line per finished question, not a bar drawn at the end."""
+    import contextlib
+    import sys
+
+    from sparkit.cli.common import ProgressLines, is_terminal
+    from sparkit.evals.gsm8k.evaluate import Progress
+
+    if is_terminal(sys.stderr):
+        return _progress_bar(err, total)
+    lines = ProgressLines()
+
+    def on_progress(p: Progress) -> None:
+        acc = f"acc {100 * p.correct_flexible / p.done:.1f}%" if p.done else ""
+        lines.update("gsm8k", p.done, p.total, acc)
+
+    return contextlib.nullcontext(), on_progress
 
 
 def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     """The terminal's progress bar of a GSM8K run and its callback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from sparkit.evals import gsm8k as core
+    from sparkit.evals.gsm8k.evaluate import Progress as EvalProgress
 
     bar = Progress(
         TextColumn("[bold]gsm8k"),
@@ -200,7 +196,7 @@ def _progress_bar(err: Any, total: int) -> tuple[Any, Any]:
     )
     task = bar.add_task("gsm8k", total=total, acc="-")
 
-    def on_progress(p: core.Progress) -> None:
+    def on_progress(p: EvalProgress) -> None:
         acc = f"{100 * p.correct_flexible / p.done:.1f}%" if p.done else "-"
         bar.update(task, completed=p.done, acc=acc)
 

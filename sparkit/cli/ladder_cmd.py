@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -60,24 +61,9 @@ def ladder_cmd(
             render_ladder(doc)
         return
     if list_:
-        shipped = [{"name": n, "file": str(p), "description": core.load_ladder(n).spec.description,
-                    "steps": [s.recipe for s in core.load_ladder(n).spec.steps]} for n, p in core.shipped_ladders()]
-        if as_json:
-            print_json(shipped)
-        else:
-            for item in shipped:
-                console().print(f"{item['name']:12} {item['description']}", highlight=False, markup=False, soft_wrap=True)
+        _list_ladders(as_json)
         return
-    refs = list(ladder_or_recipes or [])
-    if not refs:
-        ladder = core.load_ladder(core.DEFAULT_LADDER)
-    elif len(refs) == 1 and _is_ladder(refs[0]):
-        ladder = core.load_ladder(refs[0])
-    elif any(_is_ladder(r) for r in refs):
-        raise UsageError("give one ladder, or recipes (one step each), not both",
-                         hint="`sparkit ladder tiny` runs the shipped tiny ladder; `sparkit ladder A B C` runs recipes A, B, C")
-    else:
-        ladder = core.ladder_of_recipes(refs)
+    ladder = _chosen_ladder(list(ladder_or_recipes or []))
     settings = core.settings_for(ladder, input_len=input_len, output_len=output_len, num_prompts=num_prompts,
                                  warmup=warmup, dataset=dataset, gsm8k_questions=gsm8k,
                                  gsm8k_data=str(gsm8k_data.expanduser()) if gsm8k_data else None, overrides=list(set_))
@@ -94,25 +80,7 @@ def ladder_cmd(
               f"{settings.bench.input_len} in / {settings.bench.output_len} out x {settings.bench.num_prompts}"
               + (f", GSM8K {settings.gsm8k_questions} questions" if settings.gsm8k_questions else "")
               + f" -> {out_path}", highlight=False, soft_wrap=True)
-
-    def on_step(step: Any, total: int, starting: bool) -> None:
-        head = f"[{step.index + 1}/{total}] {step.label} ({step.recipe}{' ' + ' '.join(step.overrides) if step.overrides else ''})"
-        if starting:
-            err.print(f"{head}: starting", highlight=False, markup=False, soft_wrap=True)
-            return
-        f = step.figures
-        parts = [step.status]
-        if step.failed_checks:
-            parts.append(f"startup checks failed: {', '.join(step.failed_checks)}")
-        if f.get("decode_tok_s"):
-            parts.append(f"decode {f['decode_tok_s']:.1f} tok/s")
-        if f.get("accept_length"):
-            parts.append(f"accept {f['accept_length']:.2f}")
-        if f.get("perplexity"):
-            parts.append(f"perplexity {f['perplexity']:.3f}")
-        if step.error:
-            parts.append(step.error.splitlines()[0])
-        err.print(f"{head}: " + "; ".join(parts), highlight=False, markup=False, soft_wrap=True)
+    on_step = _step_reporter(err)
 
     from sparkit.cli.bench_cmd import progress_reporter
 
@@ -134,6 +102,58 @@ def ladder_cmd(
         raise CheckFailed("ladder finished with " + "; ".join(f"step {s['index'] + 1} ({s['label']}) {s['status']}"
                                                              for s in unfinished),
                           hint="each step's startup checks and error are in the table above (and --json)")
+
+
+def _list_ladders(as_json: bool) -> None:
+    from sparkit.bench import ladder as core
+
+    shipped = [{"name": n, "file": str(p), "description": core.load_ladder(n).spec.description,
+                "steps": [s.recipe for s in core.load_ladder(n).spec.steps]} for n, p in core.shipped_ladders()]
+    if as_json:
+        print_json(shipped)
+    else:
+        for item in shipped:
+            console().print(f"{item['name']:12} {item['description']}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _chosen_ladder(refs: list[str]) -> Any:
+    """The ladder the arguments name: none (the default ladder), one ladder, or recipes (one step each)."""
+    from sparkit.bench import ladder as core
+    from sparkit.errors import UsageError
+
+    if not refs:
+        return core.load_ladder(core.DEFAULT_LADDER)
+    if len(refs) == 1 and _is_ladder(refs[0]):
+        return core.load_ladder(refs[0])
+    if any(_is_ladder(r) for r in refs):
+        raise UsageError("give one ladder, or recipes (one step each), not both",
+                         hint="`sparkit ladder tiny` runs the shipped tiny ladder; `sparkit ladder A B C` runs recipes A, B, C")
+    return core.ladder_of_recipes(refs)
+
+
+def _step_reporter(err: Any) -> Callable[[Any, int, bool], None]:
+    """A line on stderr as each step starts and ends, with what it measured."""
+
+    def on_step(step: Any, total: int, starting: bool) -> None:
+        head = f"[{step.index + 1}/{total}] {step.label} ({step.recipe}{' ' + ' '.join(step.overrides) if step.overrides else ''})"
+        if starting:
+            err.print(f"{head}: starting", highlight=False, markup=False, soft_wrap=True)
+            return
+        f = step.figures
+        parts = [step.status]
+        if step.failed_checks:
+            parts.append(f"startup checks failed: {', '.join(step.failed_checks)}")
+        if f.get("decode_tok_s"):
+            parts.append(f"decode {f['decode_tok_s']:.1f} tok/s")
+        if f.get("accept_length"):
+            parts.append(f"accept {f['accept_length']:.2f}")
+        if f.get("perplexity"):
+            parts.append(f"perplexity {f['perplexity']:.3f}")
+        if step.error:
+            parts.append(step.error.splitlines()[0])
+        err.print(f"{head}: " + "; ".join(parts), highlight=False, markup=False, soft_wrap=True)
+
+    return on_step
 
 
 def _num(value: Any, digits: int = 1) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.errors import DataError, UsageError
-from sparkit.evals.gsm8k import ResultsFile, read_results
+from sparkit.evals.gsm8k.results_file import ResultsFile, read_results
 from sparkit.evals.stats import mcnemar_exact, proportion
 
 METRICS = ("strict", "flexible")

@@ -489,7 +489,7 @@ class _Runner:
         self._finish(repo, f, partial)
 
     def _download(self, repo: RepoPull, f: PullFile) -> None:
-        from huggingface_hub.file_download import get_hf_file_metadata, http_get
+        from huggingface_hub.file_download import get_hf_file_metadata
         from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
         ref, commit = repo.ref, repo.commit
@@ -518,42 +518,7 @@ class _Runner:
                     f.state = "done"
                     return
             for attempt in range(1, MISMATCH_ATTEMPTS + 1):
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                held = partial.stat().st_size if partial.is_file() else 0
-                if held > f.size:
-                    held = 0
-                f.state, f.done = "fetching", held
-                if attempt == 1:
-                    f.resumed_from = held
-                self.emit("fetching", repo, f)
-                try:
-                    with open(partial, "r+b" if held else "wb") as handle:
-                        handle.truncate(held)
-                        handle.seek(held)
-                        hasher = _hash_file(partial, f, lambda n: None, self.cancel, upto=held) if held else _hasher(f)
-                        sink = _Sink(handle, f, hasher, lambda n: self._got(repo, f, n, attempt), self.cancel)
-                        http_get(meta.location, sink, resume_size=held, headers=headers, expected_size=f.size,
-                                 displayed_filename=f.path)
-                        handle.flush()
-                        os.fsync(handle.fileno())
-                except (_Cancelled, KeyboardInterrupt):
-                    raise
-                except OSError as exc:
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise self._disk_error(exc, repo, f, partial) from None
-                    if str(exc).startswith("Consistency check failed"):  # http_get: fewer bytes than the file has
-                        raise self._dropped(ConnectionError(f"the hub sent {f.done} of the file's {f.size} bytes"),
-                                            repo, f, partial) from None
-                    if _is_transport(exc):
-                        raise self._dropped(exc, repo, f, partial) from None
-                    if isinstance(exc, _hf_http_error()):
-                        raise remote.hub_error(exc, ref, "downloading a file", f.path) from None
-                    raise self._disk_error(exc, repo, f, partial) from None
-                except Exception as exc:
-                    if _is_transport(exc):
-                        raise self._dropped(exc, repo, f, partial) from None
-                    raise remote.hub_error(exc, ref, "downloading a file", f.path) from None
-                digest = sink.hasher.hexdigest() if sink.valid else _hash_file(partial, f, lambda n: None, self.cancel).hexdigest()
+                digest = self._fetch_once(repo, f, meta.location, headers, partial, attempt)
                 if digest == _expected(f):
                     self._finish(repo, f, partial)
                     return
@@ -569,6 +534,49 @@ class _Runner:
                                 f"{MISMATCH_ATTEMPTS} downloads ({f.note}); nothing of it was kept",
                                 hint="the hub's copy (or something between it and this machine: a proxy, a mirror "
                                      "behind HF_ENDPOINT) is damaged; try again later, or report it to the repository")
+
+    def _fetch_once(self, repo: RepoPull, f: PullFile, location: str, headers: dict[str, str], partial: Path,
+                    attempt: int) -> str:
+        """One download of `f` into `partial` (resumed from the bytes it holds), hashed on the way;
+        the digest of what it holds. Errors say what to do: a full disk, a dropped connection, the hub's answer."""
+        from huggingface_hub.file_download import http_get
+
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        held = partial.stat().st_size if partial.is_file() else 0
+        if held > f.size:
+            held = 0
+        f.state, f.done = "fetching", held
+        if attempt == 1:
+            f.resumed_from = held
+        self.emit("fetching", repo, f)
+        try:
+            with open(partial, "r+b" if held else "wb") as handle:
+                handle.truncate(held)
+                handle.seek(held)
+                hasher = _hash_file(partial, f, lambda n: None, self.cancel, upto=held) if held else _hasher(f)
+                sink = _Sink(handle, f, hasher, lambda n: self._got(repo, f, n, attempt), self.cancel)
+                http_get(location, sink, resume_size=held, headers=headers, expected_size=f.size,
+                         displayed_filename=f.path)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except (_Cancelled, KeyboardInterrupt):
+            raise
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._disk_error(exc, repo, f, partial) from None
+            if str(exc).startswith("Consistency check failed"):  # http_get: fewer bytes than the file has
+                raise self._dropped(ConnectionError(f"the hub sent {f.done} of the file's {f.size} bytes"),
+                                    repo, f, partial) from None
+            if _is_transport(exc):
+                raise self._dropped(exc, repo, f, partial) from None
+            if isinstance(exc, _hf_http_error()):
+                raise remote.hub_error(exc, repo.ref, "downloading a file", f.path) from None
+            raise self._disk_error(exc, repo, f, partial) from None
+        except Exception as exc:
+            if _is_transport(exc):
+                raise self._dropped(exc, repo, f, partial) from None
+            raise remote.hub_error(exc, repo.ref, "downloading a file", f.path) from None
+        return sink.hasher.hexdigest() if sink.valid else _hash_file(partial, f, lambda n: None, self.cancel).hexdigest()
 
     def _download_with_xet(self, repo: RepoPull, f: PullFile) -> None:
         """A file stored with Xet, hf_xet installed: huggingface_hub's own download, then sparkit's

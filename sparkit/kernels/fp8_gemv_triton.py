@@ -602,16 +602,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot."""
     stream = None
     if config is not None:
-        if config.kind == STREAM_KIND:
-            stream = config
-            mode = 4
-        elif config.kind in PACKED_MODES:
-            mode = PACKED_MODES[config.kind]
-            num_warps, num_stages = config.num_warps, config.num_stages
-        else:
-            raise ValueError(f"kernel config {config.label()} does not read a packed weight "
-                             f"(kinds: {', '.join([*PACKED_MODES, STREAM_KIND])})")
-        _check_config_fits(config, packed)
+        stream, mode, num_warps, num_stages = _packed_config(config, packed, num_warps, num_stages)
     out_dtype = out_dtype or x.dtype
     if exact is None:
         exact = packed.exact
@@ -619,15 +610,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         exact_top_k = packed.exact_top_k if exact is not None else 0
     n, k = packed.n, packed.k
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    if x2.dtype not in (torch.bfloat16, torch.float16) and not (mode >= 1 and x2.dtype == torch.float32):
-        x2 = x2.to(torch.bfloat16)
-    if x2.data_ptr() % 16 or (k * x2.element_size()) % 16:
-        x2 = x2.clone()  # TMA needs 16-byte aligned rows; a fresh allocation is aligned
-        if (k * x2.element_size()) % 16:
-            raise ValueError(f"fp8_linear_packed needs K * itemsize divisible by 16 (K={k})")
+    x2 = _kernel_rows(x, k, mode)
     m = x2.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
@@ -647,24 +630,9 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
     n_tiles = grid[0]
     top_k = min(exact_top_k, n) if exact is not None else 0
-    slots = RESCORE_SLOTS if key_slots is None else key_slots
-    key_group = triton.cdiv(n_tiles, slots) if top_k else 0
-    n_slots = triton.cdiv(n_tiles, key_group) if key_group else 0
-    if key_group:
-        keys = torch.empty((m, n_slots), dtype=torch.int64, device=x2.device)
-        if mode != 4:  # mode 4's pre-scaling kernel empties the slots itself
-            keys.fill_(-(2 ** 63))
-    else:
-        keys = out  # unused
+    key_group, n_slots, keys = _candidate_slots(m, n_tiles, top_k, key_slots, mode, out)
     if mode == 4:
-        xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-        exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
-        # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
-        one_pass = k <= PRESCALE_ONE_PASS_K
-        _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots,
-                                    BLOCK_K=triton.next_power_of_2(k) if one_pass else 512,
-                                    num_warps=4, PDL=pdl, ONE_PASS=one_pass,
-                                    NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
+        xs, exps = _prescaled_rows(x2, keys, n_slots, key_group, pdl)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
     else:
         x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
@@ -696,17 +664,83 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
             PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
         )
     if key_group and rescore:
-        warps = RESCORE_WARPS if rescore_warps is None else rescore_warps
-        tokens = RESCORE_PER_SLOT if per_slot is None else per_slot
-        block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
-        slot_tokens = key_group * packed.block_n
-        _rescore_kernel[(m, min(top_k, n_slots), tokens)](
-            x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
-            NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
-            ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-            num_warps=warps, PDL=pdl, **launch,
-        )
+        _rescore(x2, exact, keys, out, n_slots, key_group * packed.block_n, min(top_k, n_slots),
+                 RESCORE_WARPS if rescore_warps is None else rescore_warps,
+                 RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch)
     return out.reshape(*lead, n)
+
+
+def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: int, warps: int, tokens: int,
+             pdl: bool, launch: dict) -> None:
+    """The exact (bf16) logits of the candidates in the key slots, written over their FP8 ones in `out`."""
+    m, k = x2.shape
+    n = out.shape[1]
+    block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
+    _rescore_kernel[(m, slots_read, tokens)](
+        x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
+        NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
+        ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
+        num_warps=warps, PDL=pdl, **launch,
+    )
+
+
+def _packed_config(config: KernelConfig, packed: PackedFp8Weight, num_warps: int,
+                   num_stages: int) -> tuple[KernelConfig | None, int, int, int]:
+    """A kernel config -> (the stream config or None, mode, num_warps, num_stages), checked against the weight."""
+    stream = None
+    if config.kind == STREAM_KIND:
+        stream, mode = config, 4
+    elif config.kind in PACKED_MODES:
+        mode = PACKED_MODES[config.kind]
+        num_warps, num_stages = config.num_warps, config.num_stages
+    else:
+        raise ValueError(f"kernel config {config.label()} does not read a packed weight "
+                         f"(kinds: {', '.join([*PACKED_MODES, STREAM_KIND])})")
+    _check_config_fits(config, packed)
+    return stream, mode, num_warps, num_stages
+
+
+def _prescaled_rows(x2, keys, n_slots: int, key_group: int, pdl: bool):
+    """Mode 4's fp16 copy of the rows, each scaled by a power of two, and those exponents (the
+    kernel also empties the candidates' slots)."""
+    m, k = x2.shape
+    xs = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
+    # A plain launch (it reads x, written by whatever ran before); it lets the next launch early.
+    one_pass = k <= PRESCALE_ONE_PASS_K
+    _prescale_rows_kernel[(m,)](x2, xs, exps, k, x2.stride(0), keys, n_slots,
+                                BLOCK_K=triton.next_power_of_2(k) if one_pass else 512,
+                                num_warps=4, PDL=pdl, ONE_PASS=one_pass,
+                                NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
+    return xs, exps
+
+
+def _kernel_rows(x, k: int, mode: int):
+    """x as the kernels read it: 2-D rows of K, contiguous, 16-byte aligned (TMA), bf16/fp16 (fp32 too from mode 1)."""
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    if x2.dtype not in (torch.bfloat16, torch.float16) and not (mode >= 1 and x2.dtype == torch.float32):
+        x2 = x2.to(torch.bfloat16)
+    if x2.data_ptr() % 16 or (k * x2.element_size()) % 16:
+        x2 = x2.clone()  # TMA needs 16-byte aligned rows; a fresh allocation is aligned
+        if (k * x2.element_size()) % 16:
+            raise ValueError(f"fp8_linear_packed needs K * itemsize divisible by 16 (K={k})")
+    return x2
+
+
+def _candidate_slots(m: int, n_tiles: int, top_k: int, key_slots: int | None, mode: int, out):
+    """(tiles per key slot, slots, the slots' tensor) of the candidates the re-scoring reads; (0, 0, unused)
+    without re-scoring."""
+    slots = RESCORE_SLOTS if key_slots is None else key_slots
+    key_group = triton.cdiv(n_tiles, slots) if top_k else 0
+    n_slots = triton.cdiv(n_tiles, key_group) if key_group else 0
+    if not key_group:
+        return key_group, n_slots, out  # unused
+    keys = torch.empty((m, n_slots), dtype=torch.int64, device=out.device)
+    if mode != 4:  # mode 4's pre-scaling kernel empties the slots itself
+        keys.fill_(-(2 ** 63))
+    return key_group, n_slots, keys
 
 
 def _check_config_fits(config: KernelConfig, packed: PackedFp8Weight) -> None:

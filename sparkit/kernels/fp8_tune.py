@@ -29,6 +29,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -198,6 +199,39 @@ def _probe_inputs(packed, m: int, device, x_dtype):
     return x.to(device=device, dtype=x_dtype)
 
 
+def _why_not_tuned(packed, mode: str, ms: list[int], min_elements: int, timer, device) -> str:
+    """Why no tuning happens here ("" when it does)."""
+    if mode == "off":
+        return "SPARKIT_FP8_TUNE=0"
+    if not ms:
+        return "no M to tune for"
+    if packed.n * packed.k < min_elements:
+        return f"a {packed.n}x{packed.k} head is below {min_elements} elements"
+    if timer is None and device.type != "cuda":
+        return "no CUDA device to time on"
+    if _capturing():
+        return "a CUDA graph is being captured"
+    return ""
+
+
+def _cached_choice(key: str, by_label: dict[str, Any]) -> dict[int, Any]:
+    """M -> config of the cache entry for `key` ({} when there is none, or it names a config not offered)."""
+    entry = _read_cache().get(key)
+    if not isinstance(entry, dict):
+        return {}
+    try:
+        return {int(m): by_label[label] for m, label in entry.get("chosen", {}).items()}
+    except (KeyError, ValueError, TypeError):
+        return {}
+
+
+def _median_times(packed, x, configs: list, out_dtype, timer, reps: int, rounds: int) -> dict[str, float]:
+    """config label -> median per-round time (us) of the packed head on rows `x`."""
+    fns = {c.label(): (lambda c=c: fk.fp8_linear_packed(x, packed, out_dtype, config=c)) for c in configs}
+    per_round = timer(fns, reps, rounds)
+    return {label: statistics.median(v) for label, v in per_round.items()}
+
+
 def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 8, rounds: int = 5,
                 use_cache: bool | None = None, x_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
                 min_elements: int = TUNE_MIN_ELEMENTS, log=None) -> TuneReport:
@@ -218,20 +252,9 @@ def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 
             log(f"FP8 head kernel: {rep.summary()} [{rep.seconds:.1f} s]")
         return rep
 
-    if mode == "off":
-        report.reason = "SPARKIT_FP8_TUNE=0"
-        return done(report)
-    if not ms:
-        report.reason = "no M to tune for"
-        return done(report)
-    if packed.n * packed.k < min_elements:
-        report.reason = f"a {packed.n}x{packed.k} head is below {min_elements} elements"
-        return done(report)
-    if timer is None and device.type != "cuda":
-        report.reason = "no CUDA device to time on"
-        return done(report)
-    if _capturing():
-        report.reason = "a CUDA graph is being captured"
+    skip = _why_not_tuned(packed, mode, ms, min_elements, timer, device)
+    if skip:
+        report.reason = skip
         return done(report)
     cands = fitting_candidates(packed, candidates)
     if fk.PACKED_DEFAULT not in cands:
@@ -258,13 +281,7 @@ def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 
         return ""
 
     if use_cache:
-        entry = _read_cache().get(key)
-        chosen = {}
-        if isinstance(entry, dict):
-            try:
-                chosen = {int(m): by_label[label] for m, label in entry.get("chosen", {}).items()}
-            except (KeyError, ValueError, TypeError):
-                chosen = {}
+        chosen = _cached_choice(key, by_label)
         if chosen and set(ms) <= set(chosen):
             bad = {c.label(): why for c in set(chosen.values()) if (why := check(c))}
             if not bad:
@@ -274,23 +291,15 @@ def tune_packed(packed, ms=TUNE_MS, *, candidates=None, timer=None, reps: int = 
                 return done(report)
             report.rejected.update(bad)  # re-measure without them below
 
-    for cfg in cands:
-        if cfg.label() in report.rejected:
-            continue
-        why = check(cfg)
-        if why:
+    for cfg in (c for c in cands if c.label() not in report.rejected):
+        if why := check(cfg):
             report.rejected[cfg.label()] = why
     valid = [c for c in cands if c.label() not in report.rejected]
-    timer = timer or time_graphs
     big = _probe_inputs(packed, max(ms), device, x_dtype)
     tuned = {}
     for m in ms:
-        x = big[:m]
-        fns = {c.label(): (lambda c=c: fk.fp8_linear_packed(x, packed, out_dtype, config=c)) for c in valid}
-        per_round = timer(fns, reps, rounds)
-        med = {label: statistics.median(v) for label, v in per_round.items()}
-        report.times_us[m] = med
-        tuned[m] = by_label[min(med, key=med.get)]
+        report.times_us[m] = _median_times(packed, big[:m], valid, out_dtype, timer or time_graphs, reps, rounds)
+        tuned[m] = by_label[min(report.times_us[m], key=report.times_us[m].get)]
     packed.tuned = tuned
     if device.type == "cuda":
         # The graphs' memory back to the driver: SGLang sizes its KV pool from free memory next.

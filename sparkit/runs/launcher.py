@@ -141,24 +141,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
             on_progress(LaunchProgress(phase, time.monotonic() - t0, message, fraction))
 
     adapter = get_adapter(plan.engine)
-    owner = processes.ProcessIdentity.of(os.getpid())
-    run = Run(id=new_run_id(plan.recipe_name), recipe_name=plan.recipe_name, recipe_path=plan.recipe_path,
-              engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
-              api_key_env=plan.api_key_env, detached=detach, owner=owner.to_dict() if owner else None)
-    ensure_dir(run.root)
-    try:
-        run.path.mkdir(exist_ok=False, mode=0o700)
-    except OSError as exc:
-        raise write_error(run.path, exc) from None
-    try:
-        run.write_json(RunFiles.PLAN, plan.to_dict())
-        if memory_fit is not None:
-            run.write_json(RunFiles.MEMORY, memory_fit)
-        run.save()
-    except BaseException:
-        # Nothing started and no record to keep (a full disk, Ctrl-C): no empty run directory either.
-        shutil.rmtree(run.path, ignore_errors=True)
-        raise
+    run = _record_new_run(plan, detach, memory_fit)
     if on_recorded is not None:
         on_recorded(run)
 
@@ -182,22 +165,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     # A foreground server lives as long as the command that holds it, even one killed with
     # SIGKILL (the kernel tells the engine); a detached one must outlive it.
     tie = (not detach) if tie_to_parent is None else tie_to_parent
-    preexec = processes.die_with_parent() if tie else None
-    try:
-        log_file = open_output(run.log_path, "ab")
-    except (OSError, StateError) as exc:
-        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
-        _save_if_possible(run)
-        raise
-    with log_file as log:
-        try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, preexec_fn=preexec)
-        except FileNotFoundError as exc:
-            run.state, run.failure = RunState.FAILED, "engine not installed"
-            run.save()
-            raise LaunchError(f"engine not installed: cannot execute {argv[0]!r} ({exc.strerror})",
-                              hint=adapter.install_hint) from exc
+    proc = _spawn(run, argv, env, processes.die_with_parent() if tie else None, adapter.install_hint)
     processes.children[proc.pid] = proc
     run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
     started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
@@ -223,6 +191,50 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         raise
     emit("ready")
     return run
+
+
+def _record_new_run(plan: LaunchPlan, detach: bool, memory_fit: dict | None) -> Run:
+    """A new run directory (0700) holding the plan, the memory fit and the run record."""
+    owner = processes.ProcessIdentity.of(os.getpid())
+    run = Run(id=new_run_id(plan.recipe_name), recipe_name=plan.recipe_name, recipe_path=plan.recipe_path,
+              engine=plan.engine, url=plan.url, host=plan.host, port=plan.port, started_at=now_iso(),
+              api_key_env=plan.api_key_env, detached=detach, owner=owner.to_dict() if owner else None)
+    ensure_dir(run.root)
+    try:
+        run.path.mkdir(exist_ok=False, mode=0o700)
+    except OSError as exc:
+        raise write_error(run.path, exc) from None
+    try:
+        run.write_json(RunFiles.PLAN, plan.to_dict())
+        if memory_fit is not None:
+            run.write_json(RunFiles.MEMORY, memory_fit)
+        run.save()
+    except BaseException:
+        # Nothing started and no record to keep (a full disk, Ctrl-C): no empty run directory either.
+        shutil.rmtree(run.path, ignore_errors=True)
+        raise
+    return run
+
+
+def _spawn(run: Run, argv: list[str], env: dict[str, str], preexec: Callable[[], None] | None,
+           install_hint: str) -> subprocess.Popen:
+    """The engine's process, leading its own group, writing to the run's log; a run that could not
+    start is recorded as failed."""
+    try:
+        log_file = open_output(run.log_path, "ab")
+    except (OSError, StateError) as exc:
+        run.state, run.failure, run.stopped_at = RunState.FAILED, f"not started: {exc}".splitlines()[0][:200], now_iso()
+        _save_if_possible(run)
+        raise
+    with log_file as log:
+        try:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True, preexec_fn=preexec)
+        except FileNotFoundError as exc:
+            run.state, run.failure = RunState.FAILED, "engine not installed"
+            run.save()
+            raise LaunchError(f"engine not installed: cannot execute {argv[0]!r} ({exc.strerror})",
+                              hint=install_hint) from exc
 
 
 def _stop_quietly(run: Run, cause: BaseException) -> None:

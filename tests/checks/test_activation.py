@@ -10,9 +10,6 @@ from __future__ import annotations
 import pytest
 
 from sparkit.checks.activation import (
-    ProbeRequest,
-    ProbeResult,
-    ServerEvidence,
     check_acceptance,
     check_decode_speed,
     check_ignored_settings,
@@ -24,7 +21,7 @@ from sparkit.checks.activation import (
     compare_args,
     evaluate,
 )
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence, parse_server_info
 from sparkit.engines.sglang.log import parse_log
 from sparkit.contract.checks import Status
 from sparkit.engines.activation import (

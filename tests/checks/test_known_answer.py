@@ -7,7 +7,8 @@ import json
 import math
 
 from _shared import REPO_DIR
-from sparkit.checks.activation import ServerEvidence, check_known_answer, evaluate
+from sparkit.checks.activation import check_known_answer, evaluate
+from sparkit.checks.evidence import ServerEvidence
 from sparkit.checks.known_answer import (
     PASSAGE_MAX_BYTES,
     REFERENCE_TEXT,

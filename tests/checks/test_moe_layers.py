@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from _shared import REPO_DIR
-from sparkit.checks.activation import ServerEvidence, check_moe_runner, check_weights
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.activation import check_moe_runner, check_weights
+from sparkit.checks.evidence import ServerEvidence, parse_server_info
 from sparkit.contract.checks import Status
 from sparkit.engines.activation import SCHEMA, ActivationReport, load_reports
 from sparkit.engines.sglang.log import parse_log

@@ -9,7 +9,6 @@ import pytest
 
 from _shared import REPO_DIR
 from sparkit.checks.activation import (
-    ServerEvidence,
     check_acceptance,
     check_ignored_settings,
     check_lm_head_dtype,
@@ -17,7 +16,7 @@ from sparkit.checks.activation import (
     check_resolved_args,
     check_shared_lm_head,
 )
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.evidence import ServerEvidence, parse_server_info
 from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
 from sparkit.contract.checks import Status
 from sparkit.engines.activation import ActivationReport
@@ -143,7 +142,7 @@ def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_ot
 
 def _evidence_of(run: str) -> tuple:
     """(plan, evidence, recorded checks) of a real run directory captured on the H200."""
-    from sparkit.checks.activation import ProbeResult
+    from sparkit.checks.evidence import ProbeResult
     from sparkit.engines.activation import load_reports
     from sparkit.contract.plan import LaunchPlan
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparkit.checks.activation import ServerEvidence, check_ignored_settings, check_resolved_args
-from sparkit.checks.evidence import parse_server_info
+from sparkit.checks.activation import check_ignored_settings, check_resolved_args
+from sparkit.checks.evidence import ServerEvidence, parse_server_info
 from sparkit.contract.checks import Status
 from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe, shipped_recipes

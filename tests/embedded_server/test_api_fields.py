@@ -3,7 +3,7 @@
 The field lists come from the installed packages themselves: SGLang's GenerateReqInput (read from
 its source: io_struct imports GPU-only modules) and its /generate API contract
 (sglang.api.v1.api_types), its sampling_params contract, its OpenAI protocol models, and the
-openai client's request types. A field SGLang or OpenAI adds fails here until protocol.py
+openai client's request types. A field SGLang or OpenAI adds fails here until requests.py
 declares it (honoured, or NEUTRAL with the values that mean "off")."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sparkit.engines.embedded import protocol as proto
+from sparkit.engines.embedded import requests
 from sglang_plugin._sglang_source import find_class, module_ast
 
 msgspec = pytest.importorskip("msgspec")
@@ -90,10 +90,10 @@ def chat_fields() -> dict[str, Any]:
 
 
 CASES = {
-    "/generate": (proto.GenerateRequest, generate_fields, {"text": "hi"}),
-    "/generate sampling_params": (proto.GenerateSamplingParams, sampling_fields, {}),
-    "/v1/completions": (proto.CompletionRequest, completion_fields, {"prompt": "hi"}),
-    "/v1/chat/completions": (proto.ChatCompletionRequest, chat_fields, {"messages": [{"role": "user", "content": "hi"}]}),
+    "/generate": (requests.GenerateRequest, generate_fields, {"text": "hi"}),
+    "/generate sampling_params": (requests.GenerateSamplingParams, sampling_fields, {}),
+    "/v1/completions": (requests.CompletionRequest, completion_fields, {"prompt": "hi"}),
+    "/v1/chat/completions": (requests.ChatCompletionRequest, chat_fields, {"messages": [{"role": "user", "content": "hi"}]}),
 }
 
 
@@ -121,11 +121,11 @@ def test_one_body_with_every_field_at_its_sglang_default_is_accepted(where):
     model, fields, required = CASES[where]
     body = {name: default for name, default in fields().items() if default is not UNREADABLE}
     body.update(required)
-    if model is proto.GenerateSamplingParams:
+    if model is requests.GenerateSamplingParams:
         body = {"text": "hi", "sampling_params": body}
-        model = proto.GenerateRequest
+        model = requests.GenerateRequest
     ignored: list[str] = []
-    proto.parse_body(json.dumps(body).encode(), model, where, ignored)
+    requests.parse_body(json.dumps(body).encode(), model, where, ignored)
     assert ignored == []  # every key was declared, none merely ignored
 
 
@@ -134,15 +134,15 @@ def test_a_neutral_only_field_at_another_value_is_a_400_naming_it(where):
     model, _, required = CASES[where]
     checked = 0
     for name, allowed in model.NEUTRAL.items():
-        if allowed == proto.ANY:
+        if allowed == requests.ANY:
             continue
         body: dict[str, Any] = {**required, name: "sparkit-probe"}
-        if model is proto.GenerateSamplingParams:
-            body, target = {"text": "hi", "sampling_params": body}, proto.GenerateRequest
+        if model is requests.GenerateSamplingParams:
+            body, target = {"text": "hi", "sampling_params": body}, requests.GenerateRequest
         else:
             target = model
-        with pytest.raises(proto.ApiError) as info:
-            proto.parse_body(json.dumps(body).encode(), target, where)
+        with pytest.raises(requests.ApiError) as info:
+            requests.parse_body(json.dumps(body).encode(), target, where)
         assert info.value.status == 400
         assert f'{name}="sparkit-probe" is not supported by the embedded engine (it takes only null' in info.value.message
         checked += 1

@@ -7,15 +7,16 @@ import sys
 
 import pytest
 
-from sparkit.engines.embedded import protocol as proto
+from sparkit.engines.embedded import requests, responses
 from sparkit.engines.embedded.metrics import ServerMetrics
 from sparkit.engines.embedded.settings import build_arg_parser, validate_args
+from sparkit.engines.embedded.worker import find_stop, stable_text
 from sparkit.client import parse_prometheus
 
 
-def parse(body, model=proto.GenerateRequest):
+def parse(body, model=requests.GenerateRequest):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return proto.parse_body(raw, model, "/generate")
+    return requests.parse_body(raw, model, "/generate")
 
 
 def test_generate_request_parses_sampling_params():
@@ -71,7 +72,7 @@ def test_generate_request_parses_sampling_params():
     ],
 )
 def test_bad_generate_bodies_are_400_naming_the_problem(body, needle):
-    with pytest.raises(proto.ApiError) as info:
+    with pytest.raises(requests.ApiError) as info:
         parse(body)
     assert info.value.status == 400
     assert needle in info.value.message
@@ -80,19 +81,19 @@ def test_bad_generate_bodies_are_400_naming_the_problem(body, needle):
 
 
 def test_unknown_field_lists_the_allowed_ones():
-    with pytest.raises(proto.ApiError) as info:
+    with pytest.raises(requests.ApiError) as info:
         parse({"text": "a", "sampling_params": {"temprature": 0}})
     assert "allowed:" in info.value.message and "temperature" in info.value.message
 
 
 def test_chat_request_accepts_what_the_openai_client_and_sparkit_send():
-    req = proto.parse_body(
+    req = requests.parse_body(
         json.dumps({
             "model": "tiny-ling", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
             "stream": True, "stream_options": {"include_usage": True}, "return_spec_tokens_details": True,
             "temperature": 0, "top_k": 1, "max_tokens": 4, "seed": 3,
         }).encode(),
-        proto.ChatCompletionRequest, "/v1/chat/completions",
+        requests.ChatCompletionRequest, "/v1/chat/completions",
     )
     assert req.include_usage and req.return_spec_tokens_details
     assert req.messages[1].text() == "hi"
@@ -120,14 +121,14 @@ def test_chat_request_accepts_what_the_openai_client_and_sparkit_send():
     ],
 )
 def test_bad_chat_bodies(body, needle):
-    with pytest.raises(proto.ApiError) as info:
-        proto.parse_body(json.dumps(body).encode(), proto.ChatCompletionRequest, "/v1/chat/completions")
+    with pytest.raises(requests.ApiError) as info:
+        requests.parse_body(json.dumps(body).encode(), requests.ChatCompletionRequest, "/v1/chat/completions")
     assert info.value.status == 400 and needle in info.value.message
 
 
 def test_completion_prompt_forms():
     def prompts(body: bytes):
-        return proto.parse_body(body, proto.CompletionRequest, "/v1/completions").prompts()
+        return requests.parse_body(body, requests.CompletionRequest, "/v1/completions").prompts()
 
     assert prompts(b'{"prompt": "abc"}') == ["abc"]
     assert prompts(b'{"prompt": ["abc"]}') == ["abc"]
@@ -137,7 +138,7 @@ def test_completion_prompt_forms():
     assert prompts(b'{"prompt": [[1], [2, 3]]}') == [[1], [2, 3]]
     for empty, needle in ((b'{"prompt": ""}', "Prompt cannot be empty"), (b'{"prompt": []}', "Prompt cannot be empty"),
                           (b'{"prompt": [[1], []]}', "a token-id prompt of the batch is empty")):
-        with pytest.raises(proto.ApiError, match=needle):
+        with pytest.raises(requests.ApiError, match=needle):
             prompts(empty)
 
 
@@ -163,23 +164,23 @@ def test_generate_batches_normalise_as_sglangs():
 def test_neutral_values_are_accepted_and_unknown_top_level_keys_ignored_as_sglang_does():
     ignored: list[str] = []
     # what sglang.bench_serving --backend sglang sends with every request
-    req = proto.parse_body(json.dumps({
+    req = requests.parse_body(json.dumps({
         "text": "hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "json_schema": None, "logit_bias": {},
                                           "min_p": 0.0, "regex": None, "n": 1},
         "stream": True, "lora_path": None, "return_routed_experts": False, "logprob_start_len": -1,
         "some_future_field": 1,
-    }).encode(), proto.GenerateRequest, "/generate", ignored)
+    }).encode(), requests.GenerateRequest, "/generate", ignored)
     assert req.sampling_params.max_new_tokens == 4 and req.logprob_start_len == -1
     assert ignored == ["some_future_field"]
-    chat = proto.parse_body(json.dumps({
+    chat = requests.parse_body(json.dumps({
         "messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": True, "metadata": {"k": "v"},
         "store": False, "logit_bias": {}, "tool_choice": "auto", "response_format": {"type": "text"}, "n": 1,
-    }).encode(), proto.ChatCompletionRequest, "/v1/chat/completions", ignored)
+    }).encode(), requests.ChatCompletionRequest, "/v1/chat/completions", ignored)
     assert chat.messages[0].text() == "x"
 
 
 def test_unknown_sampling_params_are_rejected_as_sglang_rejects_them():
-    with pytest.raises(proto.ApiError, match="sampling_params.temprature: unknown field"):
+    with pytest.raises(requests.ApiError, match="sampling_params.temprature: unknown field"):
         parse({"text": "a", "sampling_params": {"temprature": 0.5}})
 
 
@@ -188,70 +189,70 @@ def _progress(**kw):
                 finish_reason={"type": "length", "length": 6}, spec_verify_ct=2, spec_num_correct_drafts=4,
                 spec_num_proposed_drafts=6, e2e_latency=0.5)
     base.update(kw)
-    return proto.RequestProgress(**base)
+    return responses.RequestProgress(**base)
 
 
 def test_meta_info_has_sglang_keys_and_accept_length():
-    meta = proto.generate_response(_progress())["meta_info"]
+    meta = responses.generate_response(_progress())["meta_info"]
     assert meta["completion_tokens"] == 6 and meta["prompt_tokens"] == 5 and meta["cached_tokens"] == 0
     assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == 3.0
     assert meta["spec_accept_rate"] == pytest.approx(4 / 6)
     assert meta["e2e_latency"] == 0.5 and meta["id"] == "r1"
-    plain = proto.meta_info(_progress(speculative=False))
+    plain = responses.meta_info(_progress(speculative=False))
     assert "spec_verify_ct" not in plain
 
 
 def test_streamed_chunks_carry_output_ids_only_at_the_end():
-    assert "output_ids" not in proto.generate_response(_progress(finish_reason=None), streaming=True)
-    assert proto.generate_response(_progress(), streaming=True)["output_ids"] == [1, 2, 3, 4, 5, 6]
-    assert "output_ids" in proto.generate_response(_progress(finish_reason=None))
+    assert "output_ids" not in responses.generate_response(_progress(finish_reason=None), streaming=True)
+    assert responses.generate_response(_progress(), streaming=True)["output_ids"] == [1, 2, 3, 4, 5, 6]
+    assert "output_ids" in responses.generate_response(_progress(finish_reason=None))
 
 
 def test_unfinished_meta_has_no_latency():
-    meta = proto.meta_info(_progress(finish_reason=None))
+    meta = responses.meta_info(_progress(finish_reason=None))
     assert meta["finish_reason"] is None and "e2e_latency" not in meta
 
 
 def test_chat_choice_usage_and_spec_details():
-    choice = proto.chat_choice(_progress(), 1)
+    choice = responses.chat_choice(_progress(), 1)
     assert choice["index"] == 1 and choice["message"]["content"] == "abcdef" and choice["finish_reason"] == "length"
     one = [_progress()]
-    assert proto.total_usage(one, 1) == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": None}
-    assert proto.sglext_of(one, True, 1)["spec_tokens_details"]["spec_accept_length"] == 3.0
-    assert proto.sglext_of(one, False, 1) is None
+    assert responses.total_usage(one, 1) == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": None}
+    assert responses.sglext_of(one, True, 1)["spec_tokens_details"]["spec_accept_length"] == 3.0
+    assert responses.sglext_of(one, False, 1) is None
     # n=2 samples of two prompts: each prompt's tokens once, every choice's completion; details per choice
     four = [_progress(prompt_tokens=5), _progress(prompt_tokens=5), _progress(prompt_tokens=7), _progress(prompt_tokens=7)]
-    assert proto.total_usage(four, 2)["prompt_tokens"] == 12 and proto.total_usage(four, 2)["completion_tokens"] == 24
-    assert len(proto.sglext_of(four, True, 2)["spec_tokens_details"]) == 4
+    assert responses.total_usage(four, 2)["prompt_tokens"] == 12 and responses.total_usage(four, 2)["completion_tokens"] == 24
+    assert len(responses.sglext_of(four, True, 2)["spec_tokens_details"]) == 4
 
 
 def test_finish_reason_mapping():
-    assert proto.openai_finish_reason({"type": "stop", "matched": 257}) == "stop"
-    assert proto.openai_finish_reason({"type": "length", "length": 3}) == "length"
-    assert proto.openai_finish_reason(None) is None
-    assert proto.matched_stop({"type": "stop", "matched": "\n"}) == "\n"
+    assert responses.openai_finish_reason({"type": "stop", "matched": 257}) == "stop"
+    assert responses.openai_finish_reason({"type": "length", "length": 3}) == "length"
+    assert responses.openai_finish_reason(None) is None
+    assert responses.matched_stop({"type": "stop", "matched": "\n"}) == "\n"
 
 
 def test_error_bodies_have_sglangs_two_shapes():
-    exc = proto.ApiError(400, "bad", param="n")
+    exc = requests.ApiError(400, "bad", param="n")
     assert exc.body(nested=False) == {"object": "error", "message": "bad", "type": "BadRequestError", "param": "n", "code": 400}
     assert exc.body() == {"error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": 400}}
 
 
 def test_sse_framing():
-    assert proto.sse({"a": 1}) == b'data: {"a":1}\n\n'
-    assert proto.SSE_DONE == b"data: [DONE]\n\n"
+    assert responses.sse({"a": 1}) == b'data: {"a":1}\n\n'
+    assert responses.SSE_DONE == b"data: [DONE]\n\n"
 
 
 def test_stable_text_holds_back_half_a_character():
-    assert proto.stable_text("ab\ufffd", finished=False) == "ab"
-    assert proto.stable_text("ab\ufffd", finished=True) == "ab\ufffd"
+    assert stable_text("ab\ufffd", finished=False) == "ab"
+    assert stable_text("ab\ufffd", finished=True) == "ab\ufffd"
 
 
 def test_find_stop_earliest_and_from_offset():
-    assert proto.find_stop("hello world. bye", [".", "world"]) == (6, "world")
-    assert proto.find_stop("a.b.c", ["."], search_from=2) == (3, ".")
-    assert proto.find_stop("abc", ["x"]) is None
+    assert find_stop("hello world. bye", [".", "world"]) == (6, "world")
+    assert find_stop("a.b.c", ["."], search_from=2) == (3, ".")
+    assert find_stop("abc", ["x"]) is None
 
 
 def test_arg_parser_accepts_the_documented_flags_without_heavy_imports():

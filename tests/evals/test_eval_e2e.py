@@ -206,7 +206,8 @@ def test_a_full_disk_mid_run_names_the_file_and_resume_finishes(embedded_server,
     filler = _fill(tiny_disk, leave=4096)  # one page: the header (~2 KB) and a few answers (~0.5 KB each), not all
     full = subprocess.run(_argv(embedded_server.url, out), env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert full.returncode == 1, full.stderr
-    from sparkit.evals.gsm8k import read_results, summarize, write_summary
+    from sparkit.evals.gsm8k.results_file import read_results
+    from sparkit.evals.gsm8k.summary import summarize, write_summary
 
     assert not out.read_bytes().endswith(b"\n")  # the disk filled mid-row: a torn last line
     saved = len(read_results(out).results)  # whole lines only

@@ -7,14 +7,14 @@ import json
 import pytest
 from _shared import GSM8K_DIR
 
-from sparkit.evals.gsm8k import (
-    exemplar_solution,
+from sparkit.evals.gsm8k.answers import (
     extract_flexible,
     extract_strict,
     gold_answer,
     normalize_number,
     same_number,
 )
+from sparkit.evals.gsm8k.prompts import exemplar_solution
 
 
 def _rows(split: str) -> list[dict]:

@@ -19,8 +19,8 @@ import pytest
 from _shared import GSM8K_DIR
 
 from sparkit.errors import DataError
-from sparkit.evals import gsm8k as core
 from sparkit.evals import hub
+from sparkit.evals.gsm8k.data import SHIPPED_DIR, ensure_downloaded, load_dataset
 
 SPLITS = {split: [json.loads(line) for line in (GSM8K_DIR / f"{split}.jsonl").read_text().splitlines()] for split in ("test", "train")}
 
@@ -129,7 +129,7 @@ def cache(sparkit_home):
 
 def test_both_splits_are_downloaded_page_by_page_into_the_cache(sparkit_home, viewer):
     seen: list[hub.DownloadProgress] = []
-    test_path, train_path = core.ensure_downloaded(on_progress=seen.append)
+    test_path, train_path = ensure_downloaded(on_progress=seen.append)
 
     assert (test_path.parent, train_path.parent) == (cache(sparkit_home), cache(sparkit_home))
     # Byte for byte the original release's files, so results (whose settings hash includes the
@@ -143,23 +143,23 @@ def test_both_splits_are_downloaded_page_by_page_into_the_cache(sparkit_home, vi
     assert [p.done for p in seen] == sorted(p.done for p in seen)
     assert not list(cache(sparkit_home).glob("*.part"))
 
-    dataset = core.load_dataset(None, from_hub=True)
+    dataset = load_dataset(None, from_hub=True)
     assert (len(dataset.test), len(dataset.train)) == (1319, 7473)
-    assert dataset.sha256 == core.load_dataset(GSM8K_DIR / "test.jsonl").sha256
+    assert dataset.sha256 == load_dataset(GSM8K_DIR / "test.jsonl").sha256
 
 
 def test_the_cache_is_reused_without_a_request(sparkit_home, viewer):
-    core.ensure_downloaded()
+    ensure_downloaded()
     before = len(viewer.requests)
-    core.load_dataset(None, from_hub=True)
+    load_dataset(None, from_hub=True)
     assert len(viewer.requests) == before
 
 
 def test_only_the_missing_split_is_downloaded(sparkit_home, viewer):
-    core.ensure_downloaded()
+    ensure_downloaded()
     (cache(sparkit_home) / "test.jsonl").unlink()
     viewer.requests.clear()
-    core.ensure_downloaded()
+    ensure_downloaded()
     assert viewer.pages("train") == [] and len(viewer.pages("test")) == 14
 
 
@@ -211,7 +211,7 @@ def test_a_client_error_is_not_retried(sparkit_home, viewer):
 def test_a_wrong_row_count_is_a_data_error_and_nothing_is_cached(sparkit_home, viewer):
     viewer.total_override = 1320
     with pytest.raises(DataError) as info:
-        core.ensure_downloaded()
+        ensure_downloaded()
     assert "test split has 1320 rows, expected 1319" in info.value.message
     assert not list(cache(sparkit_home).glob("*"))
 
@@ -229,22 +229,22 @@ def test_a_file_the_check_refuses_never_replaces_the_cache(sparkit_home, viewer)
 def test_hf_hub_offline_refuses_without_any_request(sparkit_home, viewer, monkeypatch, value):
     monkeypatch.setenv("HF_HUB_OFFLINE", value)
     with pytest.raises(DataError) as info:
-        core.load_dataset(None, from_hub=True)
+        load_dataset(None, from_hub=True)
     assert "HF_HUB_OFFLINE" in info.value.message and "--data" in info.value.hint
     assert viewer.requests == []
 
 
 def test_hf_hub_offline_still_uses_the_cache(sparkit_home, viewer, monkeypatch):
-    core.ensure_downloaded()
+    ensure_downloaded()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert len(core.load_dataset(None, from_hub=True).test) == 1319
+    assert len(load_dataset(None, from_hub=True).test) == 1319
 
 
 def test_the_offline_message_names_the_hf_endpoint_mirror(sparkit_home, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.example/")
     with pytest.raises(DataError, match="https://hf-mirror.example/datasets/openai/gsm8k"):
-        core.ensure_downloaded()
+        ensure_downloaded()
 
 
 def test_connection_refused_is_a_data_error_naming_the_url(sparkit_home, monkeypatch):
@@ -252,7 +252,7 @@ def test_connection_refused_is_a_data_error_naming_the_url(sparkit_home, monkeyp
     monkeypatch.setenv(hub.ROWS_URL_ENV, url)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DataError) as info:
-        core.load_dataset(None, from_hub=True)
+        load_dataset(None, from_hub=True)
     assert url in info.value.message and "split=test" in info.value.message
     assert info.value.exit_code == 8 and "--data" in info.value.hint
     assert not list(cache(sparkit_home).glob("*"))
@@ -287,27 +287,27 @@ def test_cli_downloads_then_fails_at_the_unreachable_engine(tmp_path, viewer):
 
 def test_without_data_the_shipped_copy_is_read_offline_without_any_request(sparkit_home, viewer, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    dataset = core.load_dataset(None)
+    dataset = load_dataset(None)
     assert (len(dataset.test), len(dataset.train)) == (1319, 7473)
-    assert dataset.test_path == core.SHIPPED_DIR / "test.jsonl" and "shipped" in dataset.source
+    assert dataset.test_path == SHIPPED_DIR / "test.jsonl" and "shipped" in dataset.source
     assert viewer.requests == [] and not cache(sparkit_home).exists()
 
 
 def test_the_shipped_copy_is_the_hubs_bytes_so_results_hash_alike(sparkit_home, viewer):
     # A results file made on the shipped copy resumes with --from-hub and compares with it: the
     # settings hash includes the test file's sha256.
-    assert core.load_dataset(None, from_hub=True).sha256 == core.load_dataset(None).sha256
-    assert "MIT" in (core.SHIPPED_DIR / "LICENSE").read_text()
-    notice = (core.SHIPPED_DIR / "NOTICE.txt").read_text()
+    assert load_dataset(None, from_hub=True).sha256 == load_dataset(None).sha256
+    assert "MIT" in (SHIPPED_DIR / "LICENSE").read_text()
+    notice = (SHIPPED_DIR / "NOTICE.txt").read_text()
     for split in ("test", "train"):
-        assert hashlib.sha256((core.SHIPPED_DIR / f"{split}.jsonl").read_bytes()).hexdigest() in notice
+        assert hashlib.sha256((SHIPPED_DIR / f"{split}.jsonl").read_bytes()).hexdigest() in notice
 
 
 def test_data_and_from_hub_together_is_a_usage_error():
     from sparkit.errors import UsageError
 
     with pytest.raises(UsageError, match="--data and --from-hub"):
-        core.load_dataset(GSM8K_DIR, from_hub=True)
+        load_dataset(GSM8K_DIR, from_hub=True)
 
 
 def test_the_package_data_globs_ship_every_gsm8k_file():
@@ -318,7 +318,7 @@ def test_the_package_data_globs_ship_every_gsm8k_file():
 
     patterns = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sparkit.evals"]
     package = REPO_DIR / "sparkit" / "evals"
-    files = [p.relative_to(package).as_posix() for p in core.SHIPPED_DIR.iterdir()]
+    files = [p.relative_to(package).as_posix() for p in SHIPPED_DIR.iterdir()]
     assert sorted(files) == ["data/gsm8k/LICENSE", "data/gsm8k/NOTICE.txt", "data/gsm8k/test.jsonl", "data/gsm8k/train.jsonl"]
     assert all(any(fnmatch.fnmatch(f, pattern) for pattern in patterns) for f in files)
 

@@ -41,8 +41,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sparkit.engines.embedded import protocol as proto
-
+from sparkit.engines.embedded.responses import error_body
 from sparkit.engines.embedded.settings import ORIGINS_ENV
 
 MAX_MESSAGES = 4096
@@ -138,7 +137,7 @@ class Limits:
 
 
 def _raw_response(status: int, reason: str, message: str, *, kind: str) -> bytes:
-    body = json.dumps(proto.error_body(status, message, type=kind)).encode()
+    body = json.dumps(error_body(status, message, type=kind)).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
@@ -248,7 +247,7 @@ def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
 
 async def _refuse(send: Any, status: int, message: str, *, kind: str, param: str | None = None,
                   extra: list[tuple[bytes, bytes]] | None = None, close: bool = False) -> None:
-    body = json.dumps(proto.error_body(status, message, type=kind, param=param)).encode()
+    body = json.dumps(error_body(status, message, type=kind, param=param)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     if close:
         headers.append((b"connection", b"close"))

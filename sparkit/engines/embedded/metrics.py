@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sparkit.engines.embedded import protocol as proto
+from sparkit.engines.embedded.responses import RequestProgress
 
 # -- metrics ------------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ class ServerMetrics:
     def generation_tokens_total(self) -> int:
         return sum(self.generation_tokens.values())
 
-    def record_request(self, progress: proto.RequestProgress, queue_seconds: float, aborted: bool, *,
+    def record_request(self, progress: RequestProgress, queue_seconds: float, aborted: bool, *,
                        streaming: bool = False, grammar: bool = False) -> None:
         with self.lock:
             self.requests[streaming] += 1

@@ -44,7 +44,7 @@ class ProfileRequest:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> "ProfileRequest":
-        from sparkit.engines.embedded.protocol import ApiError
+        from sparkit.engines.embedded.requests import ApiError
 
         req = cls(**{k: body.get(k) for k in cls.__dataclass_fields__ if body.get(k) is not None})
         if req.num_steps is not None and (not isinstance(req.num_steps, int) or isinstance(req.num_steps, bool)
@@ -72,7 +72,7 @@ class ProfileControl:
 
     # route side
     def start(self, req: ProfileRequest) -> None:
-        from sparkit.engines.embedded.protocol import ApiError
+        from sparkit.engines.embedded.requests import ApiError
 
         with self.lock:
             if self.active is not None or self.pending is not None:
@@ -82,7 +82,7 @@ class ProfileControl:
             self.done.clear()
 
     def stop(self) -> None:
-        from sparkit.engines.embedded.protocol import ApiError
+        from sparkit.engines.embedded.requests import ApiError
 
         with self.lock:
             if self.active is None and self.pending is None:

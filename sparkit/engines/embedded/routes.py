@@ -1,5 +1,5 @@
 """The HTTP surface: the state the routes share, the Starlette app and its handlers, bearer auth.
-Request parsing and response shapes are protocol.py's; this module binds them to HTTP."""
+Request parsing is requests.py's and response shapes responses.py's; this module binds them to HTTP."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from sparkit.api_key import engine_key
-from sparkit.engines.embedded import protocol as proto
+from sparkit.engines.embedded import requests, responses
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
 from sparkit.engines.embedded.gate import OFF_LOOP_BYTES
 from sparkit.engines.embedded.metrics import ServerMetrics
@@ -145,13 +145,13 @@ def _state(request: Request) -> ServerState:
 NESTED_ERROR_PATHS = frozenset({"/generate"})
 
 
-def error(exc: proto.ApiError, path: str = "") -> JSONResponse:
+def error(exc: requests.ApiError, path: str = "") -> JSONResponse:
     return JSONResponse(exc.body(nested=path in NESTED_ERROR_PATHS), status_code=exc.status)
 
 def require_ready(state: ServerState) -> EngineWorker:
     worker = state.worker
     if worker is None or not worker.ready:
-        raise proto.ApiError(503, "the engine is starting; retry when /health answers 200", type="ServiceUnavailableError")
+        raise requests.ApiError(503, "the engine is starting; retry when /health answers 200", type="ServiceUnavailableError")
     return worker
 
 class JobStream(StreamingResponse):
@@ -171,7 +171,7 @@ class JobStream(StreamingResponse):
 def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool, rid: str | None, internal: bool = False, logprobs: LogprobRequest | None = None) -> Job:
     return Job(
         logprobs=logprobs,
-        rid=rid or proto.new_request_id(),
+        rid=rid or responses.new_request_id(),
         input_ids=ids,
         params=params,
         stops=stops,
@@ -211,11 +211,11 @@ async def updates_of_all(state: ServerState, jobs: list[Job]):
             yield index, progress
 
 
-async def run_to_end(state: ServerState, job: Job, request: Request) -> proto.RequestProgress:
+async def run_to_end(state: ServerState, job: Job, request: Request) -> responses.RequestProgress:
     return (await run_all(state, [job], request))[0]
 
 
-async def run_all(state: ServerState, jobs: list[Job], request: Request) -> list[proto.RequestProgress]:
+async def run_all(state: ServerState, jobs: list[Job], request: Request) -> list[responses.RequestProgress]:
     """Non-streamed: queue the jobs, wait for each to end (in order), watching for the client
     leaving meanwhile (then every job of the request is cancelled)."""
     state.submit_all(jobs)
@@ -236,7 +236,7 @@ async def run_all(state: ServerState, jobs: list[Job], request: Request) -> list
                 if time.monotonic() - last_check >= 0.25:
                     last_check = time.monotonic()
                     if await request.is_disconnected():
-                        raise proto.ApiError(499, "client disconnected", type="ClientClosedRequest")
+                        raise requests.ApiError(499, "client disconnected", type="ClientClosedRequest")
         return results
     finally:
         for job in jobs:
@@ -249,14 +249,14 @@ async def read_body(request: Request, state: ServerState) -> bytes:
     limit = state.max_request_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise proto.ApiError(413, f"the request body ({int(declared)} bytes) exceeds the server's limit of {limit} bytes "
-                             "(--max-request-bytes)", type="RequestTooLarge")
+        raise requests.ApiError(413, f"the request body ({int(declared)} bytes) exceeds the server's limit of {limit} bytes "
+                                "(--max-request-bytes)", type="RequestTooLarge")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise proto.ApiError(413, f"the request body exceeds the server's limit of {limit} bytes (--max-request-bytes)",
-                                 type="RequestTooLarge")
+            raise requests.ApiError(413, f"the request body exceeds the server's limit of {limit} bytes (--max-request-bytes)",
+                                    type="RequestTooLarge")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -264,8 +264,8 @@ async def read_body(request: Request, state: ServerState) -> bytes:
 async def parse(request: Request, state: ServerState, model: Any, where: str, ignored: list[str]) -> Any:
     raw = await read_body(request, state)
     if len(raw) > OFF_LOOP_BYTES:  # a large body is parsed and validated in a thread: /health goes on
-        return await asyncio.to_thread(proto.parse_body, raw, model, where, ignored)
-    return proto.parse_body(raw, model, where, ignored)
+        return await asyncio.to_thread(requests.parse_body, raw, model, where, ignored)
+    return requests.parse_body(raw, model, where, ignored)
 
 
 def with_ignored(response: Response, ignored: list[str]) -> Response:
@@ -279,8 +279,8 @@ def check_text_fits(state: ServerState, text: str, field: str) -> None:
     """Refuse, before tokenising, a text that cannot fit in the context whatever its tokens."""
     context = state.context_length
     if context and len(text) > context * state.longest_token_chars:
-        raise proto.ApiError(400, f"{field}: {len(text)} characters cannot fit in the model's context of {context} tokens "
-                             f"(no token of its vocabulary is longer than {state.longest_token_chars} characters)")
+        raise requests.ApiError(400, f"{field}: {len(text)} characters cannot fit in the model's context of {context} tokens "
+                                f"(no token of its vocabulary is longer than {state.longest_token_chars} characters)")
 
 
 async def encode(state: ServerState, text: str, field: str) -> list[int]:
@@ -293,11 +293,11 @@ def logprob_request(state: ServerState, want: bool, start: int | None, top: int,
     if not want:
         return None
     if start is not None and start > n_prompt:
-        raise proto.ApiError(400, f"logprob_start_len={start} is higher than the number of input tokens ({n_prompt})",
-                             param="logprob_start_len")
+        raise requests.ApiError(400, f"logprob_start_len={start} is higher than the number of input tokens ({n_prompt})",
+                                param="logprob_start_len")
     vocab = len(state.tokenizer)
     if top > vocab:
-        raise proto.ApiError(400, f"{field}={top}: the vocabulary has {vocab} tokens", param=field)
+        raise requests.ApiError(400, f"{field}={top}: the vocabulary has {vocab} tokens", param=field)
     return LogprobRequest(input_start=start, top=top)
 
 def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, default_max: int | None, *,
@@ -305,18 +305,18 @@ def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, 
     """Validate prompt length against the context; returns max_new_tokens to use."""
     context = state.context_length
     if not ids:
-        raise proto.ApiError(400, "the prompt is empty (0 tokens)")
+        raise requests.ApiError(400, "the prompt is empty (0 tokens)")
     if state.vocab_size and any((not isinstance(i, int)) or i < 0 or i >= state.vocab_size for i in ids):
-        raise proto.ApiError(400, f"input_ids: every id must be an integer in [0, {state.vocab_size})")
+        raise requests.ApiError(400, f"input_ids: every id must be an integer in [0, {state.vocab_size})")
     if context and len(ids) >= context:
-        raise proto.ApiError(
+        raise requests.ApiError(
             400,
             f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).",
         )
     room = context - len(ids) if context else None
     if requested_max is not None:
         if room is not None and requested_max > room:
-            raise proto.ApiError(
+            raise requests.ApiError(
                 400,
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
                 f"You requested a total of {len(ids) + requested_max} tokens: {len(ids)} tokens from the input "
@@ -324,20 +324,20 @@ def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, 
             )
         return requested_max
     if default_max is None:
-        return room if room is not None else proto.DEFAULT_GENERATE_MAX_NEW_TOKENS
+        return room if room is not None else requests.DEFAULT_GENERATE_MAX_NEW_TOKENS
     return min(default_max, room) if room is not None else default_max
 
-def sampling(state: ServerState, req: proto._SamplingFields, *, max_new_tokens: int, min_new_tokens: int,
+def sampling(state: ServerState, req: requests._SamplingFields, *, max_new_tokens: int, min_new_tokens: int,
              seed: int | None, grammar: Any = None) -> SamplingParams:
     """The engine's SamplingParams for one job, checked as SGLang's SamplingParams.verify checks them."""
     if min_new_tokens > max_new_tokens:
-        raise proto.ApiError(400, f"min_new_tokens must be in [0, max_new_tokens({max_new_tokens})], got {min_new_tokens}.",
-                             param="min_tokens" if isinstance(req, proto._OpenAIRequest) else "min_new_tokens")
+        raise requests.ApiError(400, f"min_new_tokens must be in [0, max_new_tokens({max_new_tokens})], got {min_new_tokens}.",
+                                param="min_tokens" if isinstance(req, requests._OpenAIRequest) else "min_new_tokens")
     kwargs = req.sampling_kwargs()
     vocab = state.vocab_size
     for token in kwargs["logit_bias"]:
         if vocab and not 0 <= token < vocab:
-            raise proto.ApiError(400, f"logit_bias must has keys in [0, {vocab - 1}], got {token}.", param="logit_bias")
+            raise requests.ApiError(400, f"logit_bias must has keys in [0, {vocab - 1}], got {token}.", param="logit_bias")
     return SamplingParams(**kwargs, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, seed=seed, grammar=grammar)
 
 
@@ -347,7 +347,7 @@ def sample_seed(seed: int | None, sample: int) -> int | None:
     return None if seed is None else seed + sample
 
 
-async def compile_grammar(state: ServerState, req: proto._SamplingFields, cache: dict | None = None) -> Any:
+async def compile_grammar(state: ServerState, req: requests._SamplingFields, cache: dict | None = None) -> Any:
     """The request's grammar (regex / json_schema / ebnf / response_format), compiled off the
     event loop; one that does not compile is a 400 with SGLang's message, before any work."""
     constraint = req.constraint()
@@ -362,10 +362,10 @@ async def compile_grammar(state: ServerState, req: proto._SamplingFields, cache:
     try:
         grammar = await asyncio.to_thread(lambda: engine.grammar_compiler.compile(kind, source))
     except GrammarError as exc:
-        raise proto.ApiError(400, str(exc), param=kind) from None
+        raise requests.ApiError(400, str(exc), param=kind) from None
     except ImportError:
-        raise proto.ApiError(400, f"{kind}: constrained decoding needs the xgrammar package, which this server "
-                             "does not have (pip install 'sparkit[embedded]')", param=kind) from None
+        raise requests.ApiError(400, f"{kind}: constrained decoding needs the xgrammar package, which this server "
+                                "does not have (pip install 'sparkit[embedded]')", param=kind) from None
     if cache is not None:
         cache[constraint] = grammar
     return grammar
@@ -388,7 +388,7 @@ async def health_generate(request: Request) -> Response:
     job = new_job(ids, SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True), [], no_stop_trim=False, skip_special=True, stream=False, rid=None, internal=True)
     try:
         await run_to_end(state, job, request)
-    except proto.ApiError:
+    except requests.ApiError:
         return Response(status_code=503)
     return Response(status_code=200)
 
@@ -397,7 +397,7 @@ async def generate(request: Request) -> Response:
     order, each with its own meta_info; streamed, each chunk carries its "index")."""
     state = _state(request)
     ignored: list[str] = []
-    req: proto.GenerateRequest = await parse(request, state, proto.GenerateRequest, "/generate", ignored)
+    req: requests.GenerateRequest = await parse(request, state, requests.GenerateRequest, "/generate", ignored)
     require_ready(state)
     items = req.items()
     single = req.is_single
@@ -413,11 +413,11 @@ async def generate(request: Request) -> Response:
             ids = list(item.prompt) if isinstance(item.prompt, list) else await encode(state, item.prompt, where)
             prompt_ids[item.prompt_index] = ids
         sp = item.sampling
-        max_new = check_prompt(state, ids, sp.max_new_tokens, proto.DEFAULT_GENERATE_MAX_NEW_TOKENS)
+        max_new = check_prompt(state, ids, sp.max_new_tokens, requests.DEFAULT_GENERATE_MAX_NEW_TOKENS)
         # SGLang: logprob_start_len -1 (its default) means no prompt positions
         start = None if item.logprob_start_len == -1 else item.logprob_start_len
         logprobs = logprob_request(state, item.return_logprob, start, item.top_logprobs_num, len(ids), "top_logprobs_num")
-        views.append(proto.LogprobView(item.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None)
+        views.append(responses.LogprobView(item.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None)
                      if logprobs else None)
         params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=sp.min_new_tokens or 0,
                           seed=sample_seed(sp.sampling_seed, item.sample), grammar=await compile_grammar(state, sp, grammars))
@@ -425,26 +425,26 @@ async def generate(request: Request) -> Response:
                             stream=req.stream, rid=item.rid, logprobs=logprobs))
     if not req.stream:
         results = await run_all(state, jobs, request)
-        bodies = [proto.generate_response(progress, logprobs=view) for progress, view in zip(results, views)]
+        bodies = [responses.generate_response(progress, logprobs=view) for progress, view in zip(results, views)]
         return with_ignored(JSONResponse(bodies[0] if single else bodies), ignored)
     state.submit_all(jobs)
 
     async def body():
         try:
             async for index, progress in updates_of_all(state, jobs):
-                chunk = proto.generate_response(progress, streaming=True, logprobs=views[index])
+                chunk = responses.generate_response(progress, streaming=True, logprobs=views[index])
                 if not single:
                     chunk["index"] = index
-                yield proto.sse(chunk)
-        except proto.ApiError as exc:
-            yield proto.sse(exc.body())
-        yield proto.SSE_DONE
+                yield responses.sse(chunk)
+        except requests.ApiError as exc:
+            yield responses.sse(exc.body())
+        yield responses.SSE_DONE
 
     return with_ignored(JobStream(body(), jobs), ignored)
 
 def check_model(state: ServerState, name: str | None) -> None:
     if not state.accepts_model(name):
-        raise proto.ApiError(404, f"The model `{name}` does not exist; this server serves `{state.served_name}`.", type="NotFoundError", param="model")
+        raise requests.ApiError(404, f"The model `{name}` does not exist; this server serves `{state.served_name}`.", type="NotFoundError", param="model")
 
 def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """chat_template_kwargs are variables for the model's template. A key that is an argument of
@@ -458,12 +458,12 @@ def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[s
         if key == "chat_template" and state.allow_request_chat_template:
             continue
         if key == "chat_template":
-            raise proto.ApiError(400, "chat_template_kwargs.chat_template: this server runs only the model's own chat "
-                                 "template (start it with --allow-request-chat-template to allow one per request)",
-                                 param="chat_template_kwargs.chat_template")
+            raise requests.ApiError(400, "chat_template_kwargs.chat_template: this server runs only the model's own chat "
+                                    "template (start it with --allow-request-chat-template to allow one per request)",
+                                    param="chat_template_kwargs.chat_template")
         if key in reserved:
-            raise proto.ApiError(400, f"chat_template_kwargs.{key}: an argument of the templating call, not a template "
-                                 "variable", param=f"chat_template_kwargs.{key}")
+            raise requests.ApiError(400, f"chat_template_kwargs.{key}: an argument of the templating call, not a template "
+                                    "variable", param=f"chat_template_kwargs.{key}")
     return kwargs
 
 
@@ -485,7 +485,7 @@ async def render_chat(state: ServerState, messages_in: list[Any], chat_template_
     try:
         return await asyncio.to_thread(render)
     except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-        raise proto.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
+        raise requests.ApiError(400, f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
 
 
 # -- the OpenAI endpoints: one responder each over a shared template (SGLang's serving_base.py) --------
@@ -547,7 +547,7 @@ class OpenAIServing:
     async def plan(self, state: ServerState, req: Any) -> OpenAIRun:
         prompts = await self.prompt_ids(state, req)
         grammar = await compile_grammar(state, req)
-        rid = req.rid or self.id_prefix + proto.new_request_id()
+        rid = req.rid or self.id_prefix + responses.new_request_id()
         jobs, logprobs = [], []
         for i, ids in enumerate(prompts):
             max_new = check_prompt(state, ids, self.requested_max_tokens(req), self.default_max_tokens)
@@ -559,21 +559,21 @@ class OpenAIServing:
                 jobs.append(new_job(ids, params, req.stop_list(), no_stop_trim=req.no_stop_trim,
                                     skip_special=req.skip_special_tokens, stream=req.stream, rid=job_rid, logprobs=want))
                 logprobs.append(want)
-        return OpenAIRun(req, prompts, jobs, logprobs, rid, proto.now_created(), state.served_name)
+        return OpenAIRun(req, prompts, jobs, logprobs, rid, responses.now_created(), state.served_name)
 
     # -- the whole response
-    def response(self, state: ServerState, run: OpenAIRun, results: list[proto.RequestProgress]) -> dict[str, Any]:
+    def response(self, state: ServerState, run: OpenAIRun, results: list[responses.RequestProgress]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": run.rid, "object": self.object_name, "created": run.created, "model": run.model,
             "choices": [self.choice(state, run, k, progress) for k, progress in enumerate(results)],
-            "usage": proto.total_usage(results, run.n),
+            "usage": responses.total_usage(results, run.n),
         }
-        ext = proto.sglext_of(results, run.req.return_spec_tokens_details, run.n)
+        ext = responses.sglext_of(results, run.req.return_spec_tokens_details, run.n)
         if ext:
             body["sglext"] = ext
         return body
 
-    def choice(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress) -> dict[str, Any]:
+    def choice(self, state: ServerState, run: OpenAIRun, index: int, progress: responses.RequestProgress) -> dict[str, Any]:
         raise NotImplementedError
 
     # -- the stream
@@ -583,41 +583,41 @@ class OpenAIServing:
         # every chunk, which is how a client counts the several tokens of a speculative chunk.
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         sent: dict[int, StreamState] = {}
-        finished: dict[int, proto.RequestProgress] = {}
+        finished: dict[int, responses.RequestProgress] = {}
         try:
             async for index, progress in updates_of_all(state, run.jobs):
                 track = sent.setdefault(index, StreamState())
                 for chunk in self.stream_chunks(state, run, index, progress, track):
                     if continuous and chunk["choices"]:
-                        chunk["usage"] = proto.usage(progress)
-                    yield proto.sse(chunk)
+                        chunk["usage"] = responses.usage(progress)
+                    yield responses.sse(chunk)
                 if progress.finished:
                     finished[index] = progress
             for chunk in self.closing(run, [finished[k] for k in sorted(finished)]):
-                yield proto.sse(chunk)
-        except proto.ApiError as exc:
-            yield proto.sse(exc.body())
-        yield proto.SSE_DONE
+                yield responses.sse(chunk)
+        except requests.ApiError as exc:
+            yield responses.sse(exc.body())
+        yield responses.SSE_DONE
 
-    def stream_chunks(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+    def stream_chunks(self, state: ServerState, run: OpenAIRun, index: int, progress: responses.RequestProgress,
                       track: "StreamState") -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def closing(self, run: OpenAIRun, results: list[proto.RequestProgress]) -> list[dict[str, Any]]:
+    def closing(self, run: OpenAIRun, results: list[responses.RequestProgress]) -> list[dict[str, Any]]:
         """After the last choice: SGLang's choice-less sglext chunk, then usage."""
         chunks = []
-        ext = proto.sglext_of(results, run.req.return_spec_tokens_details, run.n)
+        ext = responses.sglext_of(results, run.req.return_spec_tokens_details, run.n)
         if ext:
             chunks.append(self._chunk(run, [], sglext=ext))
         if run.req.include_usage:
-            chunks.append(self._chunk(run, [], usage=proto.total_usage(results, run.n)))
+            chunks.append(self._chunk(run, [], usage=responses.total_usage(results, run.n)))
         return chunks
 
     def _chunk(self, run: OpenAIRun, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": run.rid, "object": self.chunk_object, "created": run.created, "model": run.model,
                 "choices": choices, **extra}
 
-    def new_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+    def new_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: responses.RequestProgress,
                      track: "StreamState") -> dict[str, Any] | None:
         """The logprobs of the output positions this snapshot adds (the prompt's before the
         first, for completions' echo)."""
@@ -631,7 +631,7 @@ class OpenAIServing:
         track.logprobs = have
         return shown
 
-    def shaped_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: proto.RequestProgress,
+    def shaped_logprobs(self, state: ServerState, run: OpenAIRun, index: int, progress: responses.RequestProgress,
                         start: int, end: int | None, track: "StreamState | None" = None) -> dict[str, Any] | None:
         raise NotImplementedError
 
@@ -650,7 +650,7 @@ class ChatServing(OpenAIServing):
     """/v1/chat/completions (SGLang's serving_chat.py)."""
 
     path = "/v1/chat/completions"
-    request_model = proto.ChatCompletionRequest
+    request_model = requests.ChatCompletionRequest
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
@@ -670,27 +670,27 @@ class ChatServing(OpenAIServing):
     def shaped_logprobs(self, state, run, index, progress, start, end, track=None):
         if run.logprobs[index] is None:
             return None
-        part = proto.slice_logprobs(progress.output_logprobs, start, end)
-        return proto.chat_logprobs(part, state.token_texts, run.logprobs[index].top)
+        part = responses.slice_logprobs(progress.output_logprobs, start, end)
+        return responses.chat_logprobs(part, state.token_texts, run.logprobs[index].top)
 
     def choice(self, state, run, index, progress):
-        return proto.chat_choice(progress, index, logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+        return responses.chat_choice(progress, index, logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
 
     def stream_chunks(self, state, run, index, progress, track):
         chunks = []
         if not track.started:
-            chunks.append(self._chunk(run, [proto.chat_stream_choice(index, {"role": "assistant", "content": ""})]))
+            chunks.append(self._chunk(run, [responses.chat_stream_choice(index, {"role": "assistant", "content": ""})]))
         shown = self.new_logprobs(state, run, index, progress, track)
         track.started = True
         delta = progress.text[len(track.text):] if progress.text.startswith(track.text) else ""
         track.text = progress.text if delta else track.text
         if delta or shown:
-            chunks.append(self._chunk(run, [proto.chat_stream_choice(index, {"content": delta}, logprobs=shown)]))
+            chunks.append(self._chunk(run, [responses.chat_stream_choice(index, {"content": delta}, logprobs=shown)]))
         return chunks
 
     def closing(self, run, results):
         """SGLang sends every choice's finish_reason after the last one finished, then the rest."""
-        finishes = [self._chunk(run, [proto.chat_stream_choice(k, {}, progress.finish_reason)])
+        finishes = [self._chunk(run, [responses.chat_stream_choice(k, {}, progress.finish_reason)])
                     for k, progress in enumerate(results)]
         return finishes + super().closing(run, results)
 
@@ -700,11 +700,11 @@ class CompletionServing(OpenAIServing):
     token ids; with echo, each choice starts with its prompt."""
 
     path = "/v1/completions"
-    request_model = proto.CompletionRequest
+    request_model = requests.CompletionRequest
     id_prefix = "cmpl-"
     object_name = "text_completion"
     chunk_object = "text_completion"
-    default_max_tokens = proto.DEFAULT_COMPLETION_MAX_TOKENS
+    default_max_tokens = requests.DEFAULT_COMPLETION_MAX_TOKENS
 
     async def prompt_ids(self, state: ServerState, req: Any) -> list[list[int]]:
         prompts = req.prompts()
@@ -730,16 +730,16 @@ class CompletionServing(OpenAIServing):
         want = run.logprobs[index]
         if want is None:
             return None
-        part = proto.slice_logprobs(progress.output_logprobs, start, end)
+        part = responses.slice_logprobs(progress.output_logprobs, start, end)
         parts = [progress.input_logprobs] if start == 0 and progress.input_logprobs is not None else []
-        shown, after = proto.completion_logprobs(parts + [part], state.token_texts, want.top, track.offset if track else 0)
+        shown, after = responses.completion_logprobs(parts + [part], state.token_texts, want.top, track.offset if track else 0)
         if track is not None:
             track.offset = after
         return shown
 
     def choice(self, state, run, index, progress):
-        return proto.completion_choice(progress, index, echo=self.echo(state, run, index),
-                                       logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+        return responses.completion_choice(progress, index, echo=self.echo(state, run, index),
+                                           logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
 
     def stream_chunks(self, state, run, index, progress, track):
         echo = "" if track.started else self.echo(state, run, index)
@@ -748,7 +748,7 @@ class CompletionServing(OpenAIServing):
         delta = progress.text[len(track.text):] if progress.text.startswith(track.text) else ""
         track.text = progress.text if delta else track.text
         if echo or delta or shown or progress.finished:  # the finish rides on the choice's last chunk, as SGLang's
-            return [self._chunk(run, [proto.completion_stream_choice(index, echo + delta, progress.finish_reason, logprobs=shown)])]
+            return [self._chunk(run, [responses.completion_stream_choice(index, echo + delta, progress.finish_reason, logprobs=shown)])]
         return []
 
 
@@ -780,11 +780,11 @@ async def abort_request(request: Request) -> Response:
     """SGLang's /abort_request: {"rid": ..., "abort_all": bool}; 200 with an empty body, a rid that
     is not running included (SGLang does the same). A batch's items are aborted by its rid."""
     state = _state(request)
-    body = await parse(request, state, proto.AbortRequest, "/abort_request", [])
+    body = await parse(request, state, requests.AbortRequest, "/abort_request", [])
     if body.abort_all and not state.api_key:  # with a key, BearerAuth let only its holders this far
-        raise proto.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
-                             f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
-                             param="abort_all")
+        raise requests.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
+                                f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
+                                param="abort_all")
     # SGLang's scheduler aborts every request whose rid starts with the one given: a batch's rid_i
     # and a prompt's samples go together (an empty rid aborts nothing here, not everything)
     targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and rid.startswith(body.rid))]
@@ -796,7 +796,7 @@ async def abort_request(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     """SGLang's /tokenize (and /v1/tokenize): {"tokens", "count", "max_model_len"}."""
     state = _state(request)
-    req: proto.TokenizeRequest = await parse(request, state, proto.TokenizeRequest, request.url.path, [])
+    req: requests.TokenizeRequest = await parse(request, state, requests.TokenizeRequest, request.url.path, [])
     check_model(state, req.model)
     require_ready(state)
     tokenizer = state.tokenizer
@@ -816,13 +816,13 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     """SGLang's /detokenize (and /v1/detokenize): {"text"} (a list for a list of id lists)."""
     state = _state(request)
-    req: proto.DetokenizeRequest = await parse(request, state, proto.DetokenizeRequest, request.url.path, [])
+    req: requests.DetokenizeRequest = await parse(request, state, requests.DetokenizeRequest, request.url.path, [])
     check_model(state, req.model)
     require_ready(state)
     batches = req.tokens if req.tokens and isinstance(req.tokens[0], list) else [req.tokens]
     for ids in batches:
         if state.vocab_size and any(not 0 <= i < state.vocab_size for i in ids):
-            raise proto.ApiError(400, f"tokens: every id must be an integer in [0, {state.vocab_size})", param="tokens")
+            raise requests.ApiError(400, f"tokens: every id must be an integer in [0, {state.vocab_size})", param="tokens")
     texts = [state.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) for ids in batches]
     return JSONResponse({"text": texts if req.tokens and isinstance(req.tokens[0], list) else texts[0]})
 
@@ -891,9 +891,9 @@ async def _profile_body(request: Request, state: ServerState) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as exc:
-        raise proto.ApiError(400, f"the request body is not JSON ({exc})") from None
+        raise requests.ApiError(400, f"the request body is not JSON ({exc})") from None
     if not isinstance(body, dict):
-        raise proto.ApiError(400, "the request body is not a JSON object")
+        raise requests.ApiError(400, "the request body is not a JSON object")
     return body
 
 
@@ -917,7 +917,7 @@ async def stop_profile(request: Request) -> Response:
     worker.wake()
     await asyncio.to_thread(worker.profile.done.wait, 120)
     if worker.profile.error:
-        raise proto.ApiError(500, f"the profile could not be written: {worker.profile.error}", type="InternalServerError")
+        raise requests.ApiError(500, f"the profile could not be written: {worker.profile.error}", type="InternalServerError")
     return PlainTextResponse("Stop profiling. This will take some time.\n")
 
 
@@ -927,7 +927,7 @@ async def stop_profile(request: Request) -> Response:
 async def ollama_chat(request: Request) -> Response:
     state = _state(request)
     ignored: list[str] = []
-    req: proto.OllamaChatRequest = await parse(request, state, proto.OllamaChatRequest, "/api/chat", ignored)
+    req: requests.OllamaChatRequest = await parse(request, state, requests.OllamaChatRequest, "/api/chat", ignored)
     require_ready(state)
     ids = await render_chat(state, req.messages, None, add_generation_prompt=True)
     return with_ignored(await ollama_respond(state, "chat", req, ids, request), ignored + req.unread())
@@ -936,11 +936,11 @@ async def ollama_chat(request: Request) -> Response:
 async def ollama_generate(request: Request) -> Response:
     state = _state(request)
     ignored: list[str] = []
-    req: proto.OllamaGenerateRequest = await parse(request, state, proto.OllamaGenerateRequest, "/api/generate", ignored)
+    req: requests.OllamaGenerateRequest = await parse(request, state, requests.OllamaGenerateRequest, "/api/generate", ignored)
     require_ready(state)
     prompt = f"{req.system}\n\n{req.prompt}" if req.system else req.prompt
     if not prompt.strip():  # SGLang: the Ollama CLI sends an empty request when it starts; done at once
-        body = proto.ollama_reply("generate", state.served_name, "", done=True, whole=not req.stream)
+        body = responses.ollama_reply("generate", state.served_name, "", done=True, whole=not req.stream)
         if req.stream:
             return with_ignored(Response(json.dumps(body) + "\n", media_type="application/x-ndjson"), ignored + req.unread())
         return with_ignored(JSONResponse(body), ignored + req.unread())
@@ -957,8 +957,8 @@ async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int]
     started = time.time_ns()
     if not req.stream:
         progress = await run_to_end(state, job, request)
-        return JSONResponse(proto.ollama_reply(kind, model, progress.text, done=True, whole=True, progress=progress,
-                                               total_ns=time.time_ns() - started))
+        return JSONResponse(responses.ollama_reply(kind, model, progress.text, done=True, whole=True, progress=progress,
+                                                   total_ns=time.time_ns() - started))
     state.submit(job)
 
     async def body():
@@ -970,10 +970,10 @@ async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int]
                 # SGLang's last line is `done` with no text, dropping the final step's delta; it
                 # goes in a line of its own here, so that the streamed text is the whole reply
                 if delta:
-                    yield (json.dumps(proto.ollama_reply(kind, model, delta, done=False)) + "\n").encode()
+                    yield (json.dumps(responses.ollama_reply(kind, model, delta, done=False)) + "\n").encode()
                 if progress.finished:
-                    yield (json.dumps(proto.ollama_reply(kind, model, "", done=True)) + "\n").encode()
-        except proto.ApiError as exc:
+                    yield (json.dumps(responses.ollama_reply(kind, model, "", done=True)) + "\n").encode()
+        except requests.ApiError as exc:
             yield (json.dumps({"error": exc.message}) + "\n").encode()
 
     return JobStream(body(), job, media_type="application/x-ndjson")
@@ -986,7 +986,7 @@ async def ollama_tags(request: Request) -> Response:
     state = _state(request)
     name = state.served_name
     family = name.split("/")[-1]
-    return JSONResponse({"models": [{"name": name, "model": name, "modified_at": proto.ollama_timestamp(), "size": 0,
+    return JSONResponse({"models": [{"name": name, "model": name, "modified_at": responses.ollama_timestamp(), "size": 0,
                                      "digest": OLLAMA_DIGEST,
                                      "details": {"format": "sglang", "family": family, "parameter_size": "unknown"}}]})
 
@@ -994,7 +994,7 @@ async def ollama_tags(request: Request) -> Response:
 async def ollama_show(request: Request) -> Response:
     """SGLang's /api/show: whatever model is named, described by the served one's context length."""
     state = _state(request)
-    req: proto.OllamaShowRequest = await parse(request, state, proto.OllamaShowRequest, "/api/show", [])
+    req: requests.OllamaShowRequest = await parse(request, state, requests.OllamaShowRequest, "/api/show", [])
     family = req.model.split("/")[-1]
     for suffix in ("-Instruct", "-Chat", "-Base"):
         if family.endswith(suffix):
@@ -1003,7 +1003,7 @@ async def ollama_show(request: Request) -> Response:
     context = state.context_length
     return JSONResponse({
         "license": "", "modelfile": f"FROM {req.model}\nPARAMETER num_ctx {context}\n", "parameters": f"num_ctx {context}",
-        "template": "", "modified_at": proto.ollama_timestamp(),
+        "template": "", "modified_at": responses.ollama_timestamp(),
         "details": {"parent_model": "", "format": "sglang", "family": family, "families": [family],
                     "parameter_size": "unknown", "quantization_level": ""},
         "model_info": {"general.architecture": family, "general.name": req.model, "general.parameter_count": 0,
@@ -1032,10 +1032,10 @@ async def embeddings(request: Request) -> Response:
     embedding request to one (its BailingMoe classes have no pooler, --is-embedding or not)."""
     state = _state(request)
     await read_body(request, state)
-    raise proto.ApiError(400, "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
-                         "when launching the server or try another model. (SGLang's answer for this model; tiny-ling "
-                         "is a causal LM with no pooling head, so the embedded engine serves no embeddings.)",
-                         param="input")
+    raise requests.ApiError(400, "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+                            "when launching the server or try another model. (SGLang's answer for this model; tiny-ling "
+                            "is a causal LM with no pooling head, so the embedded engine serves no embeddings.)",
+                            param="input")
 
 
 ROUTES = [
@@ -1121,8 +1121,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kinds = {404: "NotFoundError", 405: "MethodNotAllowed"}
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    body = proto.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError"),
-                            nested=request.url.path in NESTED_ERROR_PATHS)
+    body = responses.error_body(exc.status_code, message, type=kinds.get(exc.status_code, "BadRequestError"),
+                                nested=request.url.path in NESTED_ERROR_PATHS)
     return JSONResponse(body, status_code=exc.status_code)
 
 async def client_gone(request: Request, exc: Exception) -> Response:
@@ -1131,8 +1131,8 @@ async def client_gone(request: Request, exc: Exception) -> Response:
 
 async def internal_error(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
-    body = proto.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError",
-                            nested=request.url.path in NESTED_ERROR_PATHS)
+    body = responses.error_body(500, f"internal error: {type(exc).__name__}: {exc}", type="InternalServerError",
+                                nested=request.url.path in NESTED_ERROR_PATHS)
     return JSONResponse(body, status_code=500)
 
 
@@ -1141,7 +1141,7 @@ def create_app(state: ServerState, inner: Any = None) -> Any:
     wraps it inside the authentication (main puts the body gate there: sparkit.engines.embedded.gate)."""
     app = Starlette(
         routes=ROUTES,
-        exception_handlers={proto.ApiError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
+        exception_handlers={requests.ApiError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
                             Exception: internal_error},
     )
     app.state.sparkit = state
@@ -1166,6 +1166,6 @@ class BearerAuth:
 
         if hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             return await self.app(scope, receive, send)
-        body = json.dumps(proto.error_body(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", type="AuthenticationError")).encode()
+        body = json.dumps(responses.error_body(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", type="AuthenticationError")).encode()
         await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,7 @@ and a message naming the file.
 
 Modules: settings.py (flags, validation), loading.py (checkpoint checks, engine loading),
 worker.py (the worker thread), metrics.py (counters), routes.py (the app and its handlers),
-protocol.py (request parsing, response shapes); this module keeps `main`.
+requests.py (request parsing), responses.py (response shapes); this module keeps `main`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from sparkit.engines.embedded import protocol as proto
 from sparkit.engines.embedded.api import LogprobRequest, SamplingParams, TokenLogprobs
 from sparkit.engines.embedded.metrics import DecodeWindow, ServerMetrics
 from sparkit.engines.embedded.profiling import ProfileControl, span
+from sparkit.engines.embedded.requests import ApiError
+from sparkit.engines.embedded.responses import RequestProgress
 
 _WAKE = object()  # put on the job queue so that an idle worker acts on a profile request
 
@@ -26,6 +27,28 @@ DECODE_LOG_INTERVAL = 40  # decode steps between "Decode batch." lines and gauge
 def log(line: str) -> None:
     """Startup and decode lines go to stdout, flushed (sparkit's log parser reads them live)."""
     print(line, flush=True)
+
+
+# -- the text a request streams ----------------------------------------------------------------
+
+
+def stable_text(text: str, finished: bool) -> str:
+    """Text safe to show while streaming: a byte-level tokenizer decodes a half-received
+    UTF-8 character as U+FFFD; hold it back until the next token completes it."""
+    if finished:
+        return text
+    return text.rstrip("\ufffd")
+
+
+def find_stop(text: str, stops: list[str], search_from: int = 0) -> tuple[int, str] | None:
+    """Earliest occurrence of any stop string starting at or after `search_from`
+    (callers pass len(previous text) - longest stop + 1, so a stop spanning two steps is found)."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        pos = text.find(stop, max(0, search_from))
+        if pos != -1 and (best is None or pos < best[0]):
+            best = (pos, stop)
+    return best
 
 
 # -- the worker -----------------------------------------------------------------------------------
@@ -49,7 +72,7 @@ class Job:
     logprobs: LogprobRequest | None = None
     arrived: float = field(default_factory=time.perf_counter)
 
-    def publish(self, item: proto.RequestProgress | BaseException) -> None:
+    def publish(self, item: RequestProgress | BaseException) -> None:
         try:
             self.loop.call_soon_threadsafe(self.updates.put_nowait, item)
         except RuntimeError:  # the event loop is gone (shutdown)
@@ -100,11 +123,11 @@ class EngineWorker:
         """Queue one request's jobs (a batch, n samples) together, in order: all of them or none.
         Called from the event loop only, so the room checked is the room there is."""
         if self.state != "ready" and not all(job.internal for job in jobs):
-            raise proto.ApiError(503, f"the engine is not ready (state: {self.state}); retry when /health answers 200", type="ServiceUnavailableError")
+            raise ApiError(503, f"the engine is not ready (state: {self.state}); retry when /health answers 200", type="ServiceUnavailableError")
         if self.max_queued is not None and self._jobs.qsize() + len(jobs) > self.max_queued:
             what = f"{len(jobs)} more would not fit" if len(jobs) > 1 else "full"
-            raise proto.ApiError(503, f"the request queue is {what} ({self._jobs.qsize()} queued, at most {self.max_queued}; "
-                                 "--max-queued-requests)", type="ServiceUnavailableError")
+            raise ApiError(503, f"the request queue is {what} ({self._jobs.qsize()} queued, at most {self.max_queued}; "
+                           "--max-queued-requests)", type="ServiceUnavailableError")
         for job in jobs:
             self._jobs.put(job)
         with self.metrics.lock:
@@ -126,7 +149,7 @@ class EngineWorker:
                 break
             if job is not None and job is not _WAKE:
                 job.cancel.set()
-                job.publish(proto.ApiError(503, "the server is shutting down", type="ServiceUnavailableError"))
+                job.publish(ApiError(503, "the server is shutting down", type="ServiceUnavailableError"))
         self._jobs.put(None)
 
     # worker-thread side
@@ -172,7 +195,7 @@ class EngineWorker:
 
     def _serve(self, job: Job) -> None:
         started = time.perf_counter()
-        progress = proto.RequestProgress(rid=job.rid, prompt_tokens=len(job.input_ids), speculative=self.speculative)
+        progress = RequestProgress(rid=job.rid, prompt_tokens=len(job.input_ids), speculative=self.speculative)
         if job.cancel.is_set():  # the client left while queued
             progress.finish_reason = {"type": "abort", "message": "client disconnected before the request started"}
             progress.e2e_latency = started - job.arrived
@@ -233,7 +256,7 @@ class EngineWorker:
                 progress.finish_reason = {"type": "abort", "message": "the engine stopped without a finish reason"}
         except Exception as exc:  # noqa: BLE001 - one bad request must not kill the server
             traceback.print_exc(file=sys.stderr)
-            job.publish(proto.ApiError(500, f"the engine failed on this request: {type(exc).__name__}: {exc}", type="InternalServerError"))
+            job.publish(ApiError(500, f"the engine failed on this request: {type(exc).__name__}: {exc}", type="InternalServerError"))
             return
         finally:
             with self.metrics.lock:
@@ -246,7 +269,7 @@ class EngineWorker:
             self.metrics.record_request(progress, started - job.arrived, aborted=aborted, **_labels(job))
         job.publish(progress)
 
-    def _commit(self, job: Job, progress: proto.RequestProgress, new_ids: list[int], longest_stop: int) -> dict | None:
+    def _commit(self, job: Job, progress: RequestProgress, new_ids: list[int], longest_stop: int) -> dict | None:
         """Append a step's tokens; match stop strings token by token (a verify step can
         commit several tokens and the stop may end inside the first). Returns the
         finish reason when a stop string matched."""
@@ -254,21 +277,21 @@ class EngineWorker:
             return None
         if not job.stops:
             progress.output_ids.extend(new_ids)
-            progress.text = proto.stable_text(self._decode(progress.output_ids, job.skip_special_tokens), False)
+            progress.text = stable_text(self._decode(progress.output_ids, job.skip_special_tokens), False)
             return None
         for token in new_ids:
             before = len(progress.text)
             progress.output_ids.append(token)
             text = self._decode(progress.output_ids, job.skip_special_tokens)
-            hit = proto.find_stop(text, job.stops, before - longest_stop + 1)
+            hit = find_stop(text, job.stops, before - longest_stop + 1)
             if hit is not None:
                 pos, stop = hit
                 progress.text = text[: pos + len(stop)] if job.no_stop_trim else text[:pos]
                 return {"type": "stop", "matched": stop}
-            progress.text = proto.stable_text(text, False)
+            progress.text = stable_text(text, False)
         return None
 
-    def _final_text(self, job: Job, progress: proto.RequestProgress) -> str:
+    def _final_text(self, job: Job, progress: RequestProgress) -> str:
         """SGLang's trim_matched_stop: the text ends before a matched stop string or stop token
         (EOS, stop_token_ids, a grammar's end) unless no_stop_trim; output_ids keep the token."""
         finish = progress.finish_reason or {}
@@ -280,7 +303,7 @@ class EngineWorker:
             ids = ids[:-1]
         return self._decode(ids, job.skip_special_tokens)
 
-    def _track_decode_step(self, progress: proto.RequestProgress, step: Any, n_tokens: int, gap: float) -> None:
+    def _track_decode_step(self, progress: RequestProgress, step: Any, n_tokens: int, gap: float) -> None:
         with self.metrics.lock:  # a verify step's tokens share its gap, as bench_serving spreads ITL
             self.metrics.itl.observe(gap / n_tokens, times=n_tokens)
         window = self._window
@@ -309,7 +332,7 @@ def _labels(job: Job) -> dict[str, bool]:
     return {"streaming": job.stream, "grammar": job.params.grammar is not None}
 
 
-def _snapshot(progress: proto.RequestProgress) -> proto.RequestProgress:
+def _snapshot(progress: RequestProgress) -> RequestProgress:
     """A copy the event loop may read while this thread goes on appending."""
     return replace(progress, output_ids=list(progress.output_ids), output_logprobs=_copy(progress.output_logprobs))
 

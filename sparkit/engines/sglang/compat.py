@@ -297,23 +297,14 @@ def _pair(need: Need, stack: Stack) -> str:
     return f"{stack[need.consumer].label} -> {stack[need.provider].label}"
 
 
-def _judge_imports(need: Need, stack: Stack) -> Finding:
+def _scan_uses(need: Need, stack: Stack) -> tuple[list[tuple[str, str]], list[tuple[Any, Any, str]], int]:
+    """Every import, module attribute and keyword of a call the consumer's modules of `need` make of
+    the provider, resolved in the installed provider: the ones missing (guard, evidence), the
+    keywords its definitions do not take (call, definition, keyword), and how many uses were judged."""
     consumer, provider = stack[need.consumer], stack[need.provider]
-    pair = _pair(need, stack)
-    pin = stack.requirement(need.consumer, need.provider)
-    install = (f"pip install '{provider.distribution}{pin}' ({consumer.label}'s own requirement)" if pin
-               else f"pip install {provider.distribution}")
-    if consumer.package is None:
-        return Finding(need.name, pair, need.feature, UNKNOWN, f"{consumer.distribution} is not installed here")
-    if provider.package is None:
-        status = FAIL if need.required else WARN
-        detail = f"{provider.distribution} is not installed" + (f": {need.without}" if need.without else "")
-        return Finding(need.name, pair, need.feature, status, detail, fix=install if need.required else
-                       f"{install}, or {need.recipe_fix}", fix_kind="install")
     missing: list[tuple[str, str]] = []  # (guard, evidence)
     keyword_problems: list[tuple[Any, Any, str]] = []  # (call, definition, keyword)
     judged = 0
-    absent = [m for m in need.modules if not module_files(consumer.package, m)]
     for module in need.modules:
         for path, dotted in module_files(consumer.package, module):
             uses = [u for u in imports_from(path, dotted, need.provider) if u.guard != OTHER_PLATFORM]
@@ -343,11 +334,12 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
                 for keyword in call.keywords:
                     if keyword not in definition.parameters:
                         keyword_problems.append((call, definition, keyword))
-    if absent and len(absent) == len(need.modules):
-        return Finding(need.name, pair, need.feature, UNKNOWN,
-                       f"none of the modules this judgement reads is in {consumer.label} ({', '.join(absent)}): "
-                       "its map of this path is for another version", evidence=absent)
-    absent_note = [f"not in {consumer.label}, not judged: {m}" for m in absent]
+    return missing, keyword_problems, judged
+
+
+def _keyword_fixes(keyword_problems: list[tuple[Any, Any, str]], stack: Stack) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+    """The keyword problems sparkit's plugin adapts (line, rename, definition), and the evidence of
+    those it does not."""
     plugin_fixed, unfixed = [], []
     for call, definition, keyword in keyword_problems:
         line = (f"{_where(call.consumer_file, call.line, stack)} passes {keyword}= to {definition.symbol}, which "
@@ -363,6 +355,30 @@ def _judge_imports(need: Need, stack: Stack) -> Finding:
                            f"admit ({sorted(map(repr, allowed))})")
         else:
             unfixed.append(line)
+    return plugin_fixed, unfixed
+
+
+def _judge_imports(need: Need, stack: Stack) -> Finding:
+    consumer, provider = stack[need.consumer], stack[need.provider]
+    pair = _pair(need, stack)
+    pin = stack.requirement(need.consumer, need.provider)
+    install = (f"pip install '{provider.distribution}{pin}' ({consumer.label}'s own requirement)" if pin
+               else f"pip install {provider.distribution}")
+    if consumer.package is None:
+        return Finding(need.name, pair, need.feature, UNKNOWN, f"{consumer.distribution} is not installed here")
+    if provider.package is None:
+        status = FAIL if need.required else WARN
+        detail = f"{provider.distribution} is not installed" + (f": {need.without}" if need.without else "")
+        return Finding(need.name, pair, need.feature, status, detail, fix=install if need.required else
+                       f"{install}, or {need.recipe_fix}", fix_kind="install")
+    absent = [m for m in need.modules if not module_files(consumer.package, m)]
+    missing, keyword_problems, judged = _scan_uses(need, stack)
+    if absent and len(absent) == len(need.modules):
+        return Finding(need.name, pair, need.feature, UNKNOWN,
+                       f"none of the modules this judgement reads is in {consumer.label} ({', '.join(absent)}): "
+                       "its map of this path is for another version", evidence=absent)
+    absent_note = [f"not in {consumer.label}, not judged: {m}" for m in absent]
+    plugin_fixed, unfixed = _keyword_fixes(keyword_problems, stack)
     required_missing = [e for g, e in missing if g == REQUIRED]
     soft_missing = [e for g, e in missing if g in (CONDITIONAL, OPTIONAL)]
     if required_missing or unfixed:
