@@ -31,7 +31,7 @@ def main() -> None:
     from sparkit.host import detect_host
     from sparkit.memory.fit import compute_fit, memory_basis
     from sparkit.memory.units import gib
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe, shipped_recipes
 
     spec = importlib.util.spec_from_file_location("make_sparse_ling", REPO / "scripts" / "make_sparse_ling.py")

@@ -29,10 +29,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="guard-standin-"))
     os.environ["SPARKIT_HOME"] = str(work / "home")
 
+    from sparkit.contract.plan import Expectations, LaunchPlan
     from sparkit.errors import LaunchError
     from sparkit.memory.meminfo import read_meminfo
     from sparkit.memory.units import gib
-    from sparkit.recipes.plan import Expectations, LaunchPlan
     from sparkit.runs import free_port, launch, list_runs, stop
 
     ckpt = work / "ckpt"

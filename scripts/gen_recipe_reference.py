@@ -70,8 +70,8 @@ def _section(model, prefix: str, lines: list[str]) -> None:
 def render() -> str:
     sys.path.insert(0, str(REPO))
     from sparkit.engines.base import registry
+    from sparkit.planning.rules import general_rules
     from sparkit.recipes.load import MAX_EXTENDS_DEPTH
-    from sparkit.recipes.rules import RULES
     from sparkit.recipes.schema import CODE_LOADING_ENV, CODE_LOADING_ENV_PREFIXES, TARGETS, Recipe
 
     lines = [
@@ -115,7 +115,7 @@ def render() -> str:
         cc = f"sm_{t.cc_exact[0]}{t.cc_exact[1]}" if t.cc_exact else ", ".join(f"sm_{m}x" for m in t.cc_majors) or "any"
         lines.append(f"| `{t.name}` | {t.gpu_count or '-'} | {cc} | {t.memory} | {t.description} |")
     lines += ["", "## Rules", "", "| rule | why | fix |", "|---|---|---|"]
-    for r in RULES:
+    for r in general_rules():
         lines.append(f"| `{r.name}` | {r.reason} | {r.fix} |")
     for name, adapter in registry().items():
         for r in adapter.rules():

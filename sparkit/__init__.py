@@ -29,8 +29,8 @@ _EXPORTS = {
     "load_recipe": "sparkit.recipes.load",
     "LoadedRecipe": "sparkit.recipes.load",
     "Recipe": "sparkit.recipes.schema",
-    "compile_plan": "sparkit.recipes.compile",
-    "LaunchPlan": "sparkit.recipes.plan",
+    "compile_plan": "sparkit.planning.compile",
+    "LaunchPlan": "sparkit.contract.plan",
     "up": "sparkit.runs.pipeline",
     "transient_server": "sparkit.runs.pipeline",
     "Started": "sparkit.runs.pipeline",
@@ -42,8 +42,8 @@ _EXPORTS = {
     "resolve_server": "sparkit.runs.store",
     "stop": "sparkit.runs.launcher",
     "run_activation_checks": "sparkit.checks.runner",
-    "CheckResult": "sparkit.checks.results",
-    "Status": "sparkit.checks.results",
+    "CheckResult": "sparkit.contract.checks",
+    "Status": "sparkit.contract.checks",
     "EngineClient": "sparkit.client",
     "SparkitError": "sparkit.errors",
     "UsageError": "sparkit.errors",
@@ -72,9 +72,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from sparkit.checks.results import CheckResult, Status
     from sparkit.checks.runner import run_activation_checks
     from sparkit.client import EngineClient
+    from sparkit.contract.checks import CheckResult, Status
+    from sparkit.contract.plan import LaunchPlan
     from sparkit.errors import (
         CheckFailed,
         DataError,
@@ -85,9 +86,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         SparkitError,
         UsageError,
     )
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import LoadedRecipe, load_recipe
-    from sparkit.recipes.plan import LaunchPlan
     from sparkit.recipes.schema import Recipe
     from sparkit.runs.launcher import stop
     from sparkit.runs.pipeline import Started, transient_server, up

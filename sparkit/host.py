@@ -13,6 +13,9 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sparkit.engines.base import get_adapter
+from sparkit.recipes.schema import TARGETS
+
 
 @dataclass
 class Gpu:
@@ -202,9 +205,6 @@ def _links(nvml: Any, handles: list[Any]) -> list[str]:
 
 def target_fit(host: Host, target: str, engine: str = "sglang") -> tuple[bool, str]:
     """Can this host run a recipe written for `target` on `engine`? (ok, why)."""
-    from sparkit.engines.base import get_adapter
-    from sparkit.recipes.schema import TARGETS
-
     profile = TARGETS[target]
     if profile.gpu_count == 0:
         if target == "auto" and get_adapter(engine).needs_gpu and not host.gpus:

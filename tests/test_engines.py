@@ -9,16 +9,17 @@ from importlib import metadata
 
 import pytest
 
+from sparkit import contract
 from sparkit.engines import base
 from sparkit.engines.sglang import plugin
 from sparkit.errors import RecipeError
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 
 def test_installed_entry_points_are_the_builtin_table():
-    installed = {ep.name: ep.value for ep in metadata.entry_points(group=base.ENTRY_POINT_GROUP)}
-    assert installed == base.BUILTIN_ENGINES
+    installed = {ep.name: ep.value for ep in metadata.entry_points(group=contract.ENTRY_POINT_GROUP)}
+    assert installed == contract.BUILTIN_ENGINES
 
 
 def test_sglang_plugin_entry_point_is_the_one_the_adapter_names():
@@ -42,7 +43,7 @@ def third_party_engine(tmp_path, monkeypatch):
     (src / "echo_engine").mkdir(parents=True)
     (src / "echo_engine" / "__init__.py").write_text(textwrap.dedent('''
         import sys
-        from sparkit.engines.base import EngineInfo, EngineLaunch
+        from sparkit.contract import EngineInfo, EngineLaunch
         from sparkit.engines.sglang.log import SGLangLogAdapter
 
         class EchoAdapter(SGLangLogAdapter):
@@ -85,7 +86,7 @@ def third_party_engine(tmp_path, monkeypatch):
 
 
 def test_a_third_party_engine_compiles_like_a_builtin(third_party_engine, tmp_path):
-    assert "echo" in base.engine_names()
+    assert "echo" in contract.engine_names()
     recipe = tmp_path / "echo.yaml"
     recipe.write_text("engine: echo\nmodel:\n  path: sparkit:tiny-ling\nstack:\n  moe_backend: humming\n")
     plan = compile_plan(load_recipe(str(recipe)), port=8123)

@@ -18,6 +18,12 @@ SHARED_NAMES = {
     "runner.py": "bench.runner runs the benchmark, checks.runner the startup checks",
     "compare.py": "bench.compare compares two bench results, evals.compare two GSM8K runs",
     "settings.py": "engines.embedded.settings: the engine's flags; tui.settings: the chat's sampling",
+    # the seam's layers each own one part of the rules: the types, the general rules, SGLang's,
+    # and the assembly that checks them together for a recipe
+    "rules.py": "contract.rules: the Rule/Violation types; recipes.rules: the general rules; "
+                "engines.sglang.rules: SGLang's own; planning.rules: all of them checked for a recipe",
+    "log.py": "contract.log: the evidence types every log reader returns; engines.sglang.log: SGLang's lines",
+    "engine.py": "contract.engine: the adapter seam's types; engines.embedded.engine: the embedded engine",
 }
 
 

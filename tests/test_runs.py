@@ -20,8 +20,8 @@ import time
 import psutil
 import pytest
 
+from sparkit.contract.plan import Expectations, LaunchPlan
 from sparkit.errors import EngineError, LaunchError
-from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.runs import (
     RunState,
     free_port,
@@ -113,7 +113,7 @@ def test_launch_reports_phases_then_stop_leaves_no_process(sparkit_home, stand_i
         assert f"report dir={run.path}" in run.log_path.read_text()
         phases = [e.phase for e in events]
         assert phases[0] == "starting" and phases[-1] == "ready"
-        from sparkit.engines.base import STARTUP_PHASES as PHASES
+        from sparkit.contract import STARTUP_PHASES as PHASES
 
         order = [PHASES.index(p) for p in phases]
         assert order == sorted(order)  # the phase line never goes backwards

@@ -389,7 +389,7 @@ def _run_step(step: StepRecord, settings: LadderSettings, out_path: Path, save: 
     from sparkit import runs
     from sparkit.bench.runner import run_bench
     from sparkit.bench.tune import per_request
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
 
     step.status, step.error, step.started_at, step.finished_at = RUNNING, None, _now(), None
     step.failed_checks, step.checks, step.figures, step.gsm8k = [], [], {}, None

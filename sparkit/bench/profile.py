@@ -223,7 +223,7 @@ def run_profile(recipe_ref: str, config: ProfileConfig, *, overrides: list[str] 
     import json
 
     from sparkit import runs
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     overrides = list(overrides or [])

@@ -372,7 +372,7 @@ class _Sweep:
         """A transient server for the point (stopped when `servers` closes); None when it could
         not start (the point is recorded as failed)."""
         from sparkit import runs
-        from sparkit.recipes.compile import compile_plan
+        from sparkit.planning.compile import compile_plan
         from sparkit.recipes.load import load_recipe
 
         on_progress = self.on_progress

@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.checks import CheckResult, Status
 
 ACCEPT_TOLERANCE = 0.05  # absolute, for rounding-preserving changes
 ROUNDING_ACCEPT_TOLERANCE = 0.05  # relative, for declared rounding-changing changes
@@ -501,7 +501,7 @@ def run_verify(
     import asyncio
 
     from sparkit import runs
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     prompts = VERIFY_PROMPTS[: num_prompts or len(VERIFY_PROMPTS)]

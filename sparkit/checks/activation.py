@@ -17,10 +17,10 @@ from typing import Any
 
 from sparkit.checks.evidence import ServerEvidence
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.plan import LaunchPlan
 from sparkit.engines.activation_report import MoeLayerReport
 from sparkit.engines.table import ALIASES, EXPECTATION_KEYS
-from sparkit.recipes.plan import LaunchPlan
 
 # -- helpers -----------------------------------------------------------------------------------
 _DTYPE_NAMES = {

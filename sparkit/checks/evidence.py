@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparkit.checks.known_answer import KnownAnswerScore
+from sparkit.contract.log import LogEvidence
 from sparkit.engines.activation_report import ActivationReport
-from sparkit.engines.sglang.log import LogEvidence
 
 
 @dataclass

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.client import EngineClient
+from sparkit.errors import EngineError
+
 REFERENCE_TEXT = Path(__file__).resolve().parent / "data" / "reference-tiny-ling.txt"
 # The beginning-of-sequence token as tiny-ling's tokenizer spells it in text (both engines'
 # tokenizers read it as the special token, id 256).
@@ -91,9 +94,6 @@ def add_scored(score: KnownAnswerScore, meta: dict[str, Any]) -> None:
 async def score_reference(url: str, *, api_key: str | None = None, timeout: float = 300.0,
                           passages: list[str] | None = None) -> KnownAnswerScore:
     """Score the reference passages on a live server, one request each (batch 1)."""
-    from sparkit.client import EngineClient
-    from sparkit.errors import EngineError
-
     score = KnownAnswerScore()
     try:
         async with EngineClient(url, api_key=api_key, timeout=timeout) as client:

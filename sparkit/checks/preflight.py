@@ -7,13 +7,21 @@ refuses to start when any of them fails (PreflightError, exit code 4).
 from __future__ import annotations
 
 import errno
-import importlib.util
 import socket
 from pathlib import Path
 
-from sparkit.checks.results import CheckResult, Status
+from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.plan import LaunchPlan
+from sparkit.engines.base import get_adapter
 from sparkit.host import Host, target_fit
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
+from sparkit.memory.fit import compute_fit, memory_basis
+from sparkit.memory.floor import floor_bytes, floor_source, guard_settings
+from sparkit.memory.guard import guard_supported
+from sparkit.memory.meminfo import read_meminfo
+from sparkit.memory.picture import memory_picture
+from sparkit.memory.units import gib
+from sparkit.paths import MIN_FREE_BYTES, free_bytes, runs_dir
 
 
 def _target(plan: LaunchPlan) -> str:
@@ -48,8 +56,6 @@ def gpus_check(target: str, engine: str, tp: int, host: Host) -> CheckResult:
 def check_memory(plan: LaunchPlan, host: Host) -> CheckResult:
     """The memory fit (sparkit.memory.fit): weights from the safetensors headers, KV and state from
     config.json, headroom, and SGLang's mem_fraction_static semantics."""
-    from sparkit.memory.fit import compute_fit, gib, memory_basis
-
     title = "memory fits"
     basis = memory_basis(plan, host)
     fit = compute_fit(plan, basis)
@@ -91,13 +97,6 @@ def check_memory_now(plan: LaunchPlan, host: Host) -> CheckResult:
     """What the OS can give right now, against the load guard's floor (the guard would stop an
     engine at once under it); on unified memory the whole picture (page cache, the checkpoint's
     share of it, swap, what NVML and CUDA would claim)."""
-    from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
-    from sparkit.memory.floor import floor_bytes, floor_source, guard_settings
-    from sparkit.memory.guard import guard_supported
-    from sparkit.memory.meminfo import read_meminfo
-    from sparkit.memory.picture import memory_picture
-    from sparkit.memory.units import gib
-
     title = "memory now"
     if guard_supported() is not None:
         return CheckResult("memory_now", title, Status.SKIP, guard_supported() or "")
@@ -144,8 +143,6 @@ def check_model(plan: LaunchPlan, host: Host) -> CheckResult:
     given the snapshot and never downloads). A hub model not here refuses the launch with the
     exact pull command. An engine with its own model check (the embedded engine's `model_check`)
     is given this pull verdict and judges what it would load: the pulled snapshot, not the id."""
-    from sparkit.engines.base import get_adapter
-
     pulled = pulls_check(plan)
     engine_check = getattr(get_adapter(plan.engine), "model_check", None)
     if engine_check is not None:
@@ -193,28 +190,14 @@ def pulls_check(plan: LaunchPlan) -> CheckResult | None:
     return CheckResult("model", title, Status.PASS, detail, evidence=[p["detail"] for p in pulls])
 
 
-def packages_check(adapter) -> CheckResult:
-    """Are the engine's packages importable here (without importing them)?"""
-    missing = [m for m in adapter.packages if importlib.util.find_spec(m) is None]
-    if missing:
-        return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing),
-                           fix=adapter.install_hint)
-    return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(adapter.packages))
-
-
 def check_engine(plan: LaunchPlan, host: Host) -> list[CheckResult]:
     """The engine's own checks of this host (its adapter's `preflight`)."""
-    from sparkit.engines.base import get_adapter
-
     return get_adapter(plan.engine).preflight(plan)
 
 
 def check_state_space(plan: LaunchPlan, host: Host) -> CheckResult:
     """The run's files (plan, record, the engine's log) go to sparkit's runs directory: a full disk
     there is said before anything starts, not as an error halfway through."""
-    from sparkit.memory.units import gib
-    from sparkit.paths import MIN_FREE_BYTES, free_bytes, runs_dir
-
     where = runs_dir()
     free = free_bytes(where)
     title = "disk space for the run"

@@ -15,10 +15,14 @@ from pathlib import Path
 
 from sparkit.checks.activation import evaluate
 from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence, parse_server_info
-from sparkit.checks.results import CheckResult, Status
+from sparkit.checks.known_answer import score_reference
+from sparkit.client import EngineClient, Generation
+from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.plan import LaunchPlan
+from sparkit.engines.activation_report import load_reports
 from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, StateError
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.paths import open_state
 from sparkit.runs.store import RunFiles, write_json_atomic
 
 # Short, varied, natural prompts: a draft that shares the target's head accepts
@@ -40,8 +44,6 @@ async def probe_generation(
     timeout: float = 300.0,
 ) -> ProbeResult:
     """A few short greedy streamed /generate requests, one at a time (batch 1)."""
-    from sparkit.client import EngineClient, Generation
-
     result = ProbeResult()
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     try:
@@ -79,9 +81,6 @@ async def gather_evidence(
     *,
     probe: bool = True,
 ) -> ServerEvidence:
-    from sparkit.client import EngineClient
-    from sparkit.engines.activation_report import load_reports
-
     ev = ServerEvidence(engine=plan.engine)
     try:
         async with EngineClient(url, api_key=api_key, timeout=30.0) as client:
@@ -91,15 +90,12 @@ async def gather_evidence(
     if probe:
         ev.probe = await probe_generation(url, api_key=api_key)
         if plan.expectations.reference_perplexity is not None:
-            from sparkit.checks.known_answer import score_reference
-
             ev.known_answer = await score_reference(url, api_key=api_key)
     if run_dir is not None:
         run_dir = Path(run_dir)
         log_path = run_dir / RunFiles.LOG
         if log_path.exists():
             # Read after the probe: decode lines and humming's first-use line appear then.
-            from sparkit.paths import open_state
 
             with open_state(log_path, "r", errors="replace") as handle:
                 ev.log = get_adapter(plan.engine).read_log(handle.read())

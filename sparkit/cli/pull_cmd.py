@@ -120,7 +120,7 @@ def recipe_targets(recipe: str, sets: list[str]) -> tuple[list[tuple[str, Any]],
     from sparkit.host import detect_host
     from sparkit.hub.pull import plan_targets
     from sparkit.memory.fit import compute_fit, memory_basis
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     plan = compile_plan(load_recipe(recipe, sets))

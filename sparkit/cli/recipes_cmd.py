@@ -27,7 +27,7 @@ def plan_cmd(
     from sparkit.errors import PreflightError
     from sparkit.host import detect_host
     from sparkit.memory.fit import compute_fit, memory_basis
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.estimate import roofline_document
 
@@ -202,7 +202,7 @@ def validate_cmd(
 ) -> None:
     """Load, check the rules and compile each recipe (every shipped one without FILES); exit 3 if any is invalid."""
     from sparkit.errors import RecipeError, SparkitError
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     if not files:

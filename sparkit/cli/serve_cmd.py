@@ -146,7 +146,7 @@ def start(recipe: str | None, set_: list[str], port: str | None, *, detach: bool
     """Load, preflight, build, launch and check a recipe's server, showing each step on stderr:
     what `up` and `run` share. Returns (Started, LaunchPlan); the startup checks' report is the
     caller's to show (`report_started`)."""
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import DEFAULT_RECIPE, load_recipe
     from sparkit.runs import free_port
     from sparkit.runs import up as start_server
@@ -499,11 +499,11 @@ def check(
     json_out: bool = typer.Option(False, "--json", help="One JSON document on stdout (progress and messages on stderr)."),
 ) -> None:
     """Run the activation checks again against a live server."""
-    from sparkit.checks.results import Status, worst
     from sparkit.checks.runner import run_activation_checks
     from sparkit.cli.common import require_server
+    from sparkit.contract.checks import Status, worst
+    from sparkit.contract.plan import LaunchPlan
     from sparkit.errors import CheckFailed, EngineError, UsageError
-    from sparkit.recipes.plan import LaunchPlan
     from sparkit.runs import resolve_server
 
     target = resolve_server(run=run, url=url, api_key=api_key)
@@ -516,7 +516,7 @@ def check(
         plan = LaunchPlan.load(target.run.plan_path)
         run_path = target.run.path
     elif recipe:
-        from sparkit.recipes.compile import compile_plan
+        from sparkit.planning.compile import compile_plan
         from sparkit.recipes.load import load_recipe
 
         plan = compile_plan(load_recipe(recipe, list(set_)))

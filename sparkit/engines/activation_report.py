@@ -59,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sparkit.paths import ensure_dir, write_atomic
+
 SCHEMA = "sparkit.activation/2"
 READABLE_SCHEMAS = ("sparkit.activation/1", SCHEMA)  # /1: no per-layer MoE list
 REPORT_DIR_ENV = "SPARKIT_REPORT_DIR"
@@ -162,7 +164,6 @@ class ActivationReport:
         directory = directory or os.environ.get(REPORT_DIR_ENV)
         if not directory:
             return None
-        from sparkit.paths import ensure_dir, write_atomic
 
         path = Path(directory) / f"activation-tp{self.tp_rank}.json"
         ensure_dir(path.parent)

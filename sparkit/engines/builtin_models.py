@@ -19,7 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sparkit.engines.embedded.builder import BUILTIN_MODELS, builtin_model_dir, ensure_model, remove_dead_builds
+from sparkit.engines.embedded.checkpoint import ensure_hf_export, hf_export_dir
+from sparkit.engines.embedded.hf_quantized import LAYOUT_HINT, layout_error
+from sparkit.paths import cache_dir
 from sparkit.weight_formats import WEIGHT_FORMATS
+
+# Imported inside functions: sparkit.engines.embedded.model (TinyLingConfig), which imports torch;
+# planning a built-in model must not need it.
 
 BUILTIN_PREFIX = "sparkit:"
 DAMAGED_SCALE = "damaged-scale"
@@ -65,7 +72,6 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
     directory the engine will load. None for other paths."""
     if not path.startswith(BUILTIN_PREFIX):
         return None
-    from sparkit.engines.embedded.builder import BUILTIN_MODELS, builtin_model_dir
 
     ref = parse_builtin_ref(path)
     if ref is None or ref.name not in BUILTIN_MODELS:
@@ -83,12 +89,8 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
         build["dir"] = str(builtin_model_dir(ref.name, ref.seed))
     weights = ref.weights or ("bf16" if export_dtype is not None else None)
     if weights is not None:
-        from sparkit.engines.embedded.checkpoint import hf_export_dir
-
         problem = _layout_problem(build["dir"], weights)
         if problem:
-            from sparkit.engines.embedded.hf_quantized import LAYOUT_HINT
-
             raise loaded.error(key, f"{path!r}: {problem}", hint=LAYOUT_HINT)
         dtype = export_dtype or "bfloat16"
         build["export_hf"] = {"dtype": dtype, "weights": weights, "damaged_scale": ref.damaged_scale,
@@ -107,8 +109,6 @@ def _layout_problem(build_dir: str, weights: str) -> str | None:
     import types
     from pathlib import Path
 
-    from sparkit.engines.embedded.hf_quantized import layout_error
-
     try:  # a build's config.json holds every TinyLingConfig field (no torch needed to read it)
         cfg = types.SimpleNamespace(**json.loads((Path(build_dir) / "config.json").read_text()))
         layout_error(cfg, weights)
@@ -121,9 +121,6 @@ def _layout_problem(build_dir: str, weights: str) -> str | None:
 
 def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> None:
     """Make every planned build (and export) exist; reuses what is already there."""
-    from sparkit.engines.embedded.builder import ensure_model, remove_dead_builds
-    from sparkit.paths import cache_dir
-
     # What a start killed mid-build left in the cache goes with the next start, even one that
     # builds nothing (a local checkpoint, or the shipped one used in place).
     remove_dead_builds(cache_dir() / "models")
@@ -139,8 +136,6 @@ def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> Non
         directory = ensure_model(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"))
         export = build.get("export_hf")
         if export:
-            from sparkit.engines.embedded.checkpoint import ensure_hf_export
-
             weights = export.get("weights", "bf16")
             what = "" if weights == "bf16" else f" ({weights}{', one scale damaged' if export.get('damaged_scale') else ''})"
             progress(1.0, f"{name}: writing its Hugging Face export{what} to {export['dir']}")

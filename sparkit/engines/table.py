@@ -8,7 +8,7 @@ pass-through may not repeat (the managed destinations) and the resolved args the
 expect.
 
 Both engines report their resolved arguments in SGLang's ServerArgs names (/server_info), so the
-names the engine-independent expectations (sparkit.recipes.plan.Expectations) are checked under are
+names the engine-independent expectations (sparkit.contract.plan.Expectations) are checked under are
 one vocabulary: SHARED, declared here once, which each engine's table extends with its flags
 (`shared(key, ...)`); the resolved_args check reads EXPECTATION_KEYS from it.
 """

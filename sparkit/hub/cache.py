@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 from sparkit.hub.refs import COMMIT, HubRef, model_hub_ref
+from sparkit.paths import cache_dir, ensure_dir, write_atomic
 
 RECORD_VERSION = 1
 PARTIAL_SUFFIX = ".incomplete"
@@ -94,8 +96,6 @@ def remember_commit(repo: str, revision: str, commit: str) -> None:
 # ------------------------------------------------------------------------------ sparkit's record
 
 def record_path(repo: str, commit: str) -> Path:
-    from sparkit.paths import cache_dir
-
     return cache_dir() / "pulls" / repo_folder(repo) / f"{commit}.json"
 
 
@@ -110,8 +110,6 @@ def load_record(repo: str, commit: str) -> dict[str, Any] | None:
 
 
 def save_record(record: dict[str, Any]) -> Path:
-    from sparkit.paths import ensure_dir, write_atomic
-
     path = record_path(record["repo"], record["commit"])
     ensure_dir(path.parent)
     record["version"] = RECORD_VERSION
@@ -156,8 +154,6 @@ class LocalCopy:
 def _structurally_complete(snapshot: Path) -> list[str]:
     """What a snapshot no record describes lacks of a loadable checkpoint (config.json and the
     weights its index names, or model.safetensors, or some *.safetensors)."""
-    from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
-
     missing = [] if (snapshot / CONFIG_FILE).is_file() else [CONFIG_FILE]
     index = snapshot / INDEX_FILE
     if index.is_file():
@@ -211,8 +207,6 @@ def local_copy(ref: HubRef) -> LocalCopy:
 def pulled_models() -> list[dict[str, Any]]:
     """Every model sparkit pulled (its records), newest first: repo, revision, commit, snapshot,
     files, bytes, complete."""
-    from sparkit.paths import cache_dir
-
     out = []
     for path in sorted((cache_dir() / "pulls").glob("models--*/*.json")):
         try:

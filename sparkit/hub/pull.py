@@ -41,9 +41,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sparkit.errors import DataError, HubError, PreflightError, SparkitError
-from sparkit.hub import cache
+from sparkit.hub import cache, remote
 from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, RemoteFile, select_files
-from sparkit.hub.refs import HubRef
+from sparkit.hub.refs import HubRef, parse_hub_ref
+from sparkit.hub.remote import endpoint, offline, transport_errors
+from sparkit.memory.pagecache import evict, residency
+from sparkit.memory.units import gib
 
 READ_BLOCK = 8 * 1024 * 1024
 MISMATCH_ATTEMPTS = 2  # a mismatch refetches the file once; the second is an error
@@ -202,8 +205,6 @@ def _file_states(repo: str, files: list[PullFile], record: dict[str, Any] | None
 
 
 def _plan_repo(role: str, ref: HubRef, check_only: bool) -> RepoPull:
-    from sparkit.hub import remote
-
     try:
         listed = remote.listing(ref, remember=True)
     except HubError as exc:
@@ -272,8 +273,6 @@ def _json_or_none(path: Path) -> Any:
 def plan_targets(plan: Any, *, missing_only: bool = False) -> list[tuple[str, HubRef]]:
     """A launch plan's hub models ([(role, ref)], from its model_pulls); `missing_only`: those
     that are not complete here."""
-    from sparkit.hub.refs import parse_hub_ref
-
     out = []
     for entry in getattr(plan, "model_pulls", None) or []:
         ref = parse_hub_ref(entry["ref"])
@@ -297,8 +296,6 @@ def plan_pull(targets: list[tuple[str, HubRef]], *, check_only: bool = False) ->
 
 def check_room(plan: PullPlan, command: str) -> None:
     """PreflightError (exit 4) with the numbers when what is left to fetch does not fit the disk."""
-    from sparkit.memory.units import gib
-
     need = plan.to_fetch_bytes
     where, free = plan.disk()
     if need <= free:
@@ -436,8 +433,6 @@ class _Runner:
 
     def verify_present(self, repo: RepoPull, f: PullFile) -> None:
         """A blob that is here but not (or no longer) verified: hash it; a mismatch removes it."""
-        from sparkit.memory.pagecache import evict
-
         blob = cache.blob_path(repo.ref.repo, f.etag)
         f.state, f.done = "verifying", 0
         self.emit("verifying", repo, f)
@@ -497,8 +492,6 @@ class _Runner:
         from huggingface_hub.file_download import get_hf_file_metadata
         from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
-        from sparkit.hub import remote
-
         ref, commit = repo.ref, repo.commit
         url = remote.file_url(ref, commit, f.path)
         try:
@@ -548,8 +541,6 @@ class _Runner:
         the digest of what it holds. Errors say what to do: a full disk, a dropped connection, the hub's answer."""
         from huggingface_hub.file_download import http_get
 
-        from sparkit.hub import remote
-
         partial.parent.mkdir(parents=True, exist_ok=True)
         held = partial.stat().st_size if partial.is_file() else 0
         if held > f.size:
@@ -594,8 +585,6 @@ class _Runner:
 
         from huggingface_hub import hf_hub_download
 
-        from sparkit.hub import remote
-
         f.state, f.done = "fetching", 0
         self.emit("fetching", repo, f)
         runner, file = self, f
@@ -624,8 +613,6 @@ class _Runner:
     def _finish(self, repo: RepoPull, f: PullFile, partial: Path) -> None:
         """The hash is the hub's: the partial becomes the blob (huggingface_hub's permissions),
         its pages leave the page cache, the record says so."""
-        from sparkit.memory.pagecache import evict
-
         blob = cache.blob_path(repo.ref.repo, f.etag)
         _cache_mode(partial)
         os.replace(partial, blob)
@@ -637,8 +624,6 @@ class _Runner:
     # -- errors with what to do
 
     def _disk_error(self, exc: OSError, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
-        from sparkit.memory.units import gib
-
         held = partial.stat().st_size if partial.is_file() else 0
         where, free = self.plan.disk()
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -651,8 +636,6 @@ class _Runner:
                             hint=f"check the Hugging Face cache {cache.hub_cache()} (HF_HUB_CACHE) is writable")
 
     def _dropped(self, exc: BaseException, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
-        from sparkit.hub.remote import offline
-
         held = partial.stat().st_size if partial.is_file() else 0
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         where = "the hub" if offline() else _endpoint()
@@ -703,8 +686,6 @@ class _Runner:
         blob and only links it), so the layout is exactly its own."""
         from huggingface_hub import hf_hub_download
 
-        from sparkit.hub import remote
-
         for f in repo.files:
             pointer = repo.snapshot / f.path
             blob = cache.blob_path(repo.ref.repo, f.etag)
@@ -726,14 +707,11 @@ def run_pull(plan: PullPlan, *, progress: ProgressFn | None = None, workers: int
     hash twice, exit 8), KeyboardInterrupt; whatever was verified stays verified and recorded,
     and a partial download stays for the next pull to resume. `command` is what a message tells
     the user to run again."""
-    from sparkit.hub import remote
-
     remote._client()  # quiet huggingface_hub before it is used from the worker threads
     start = time.monotonic()
     runner = _Runner(plan, progress, workers, command)
     runner.run()
     files = [cache.blob_path(r.ref.repo, f.etag) for r, f in plan.files]
-    from sparkit.memory.pagecache import residency
 
     cached, _ = residency([p for p in files if p.is_file()])
     return PullResult(plan, time.monotonic() - start, sum(f.fetched for _, f in plan.files),
@@ -751,8 +729,6 @@ def _xet_available() -> bool:
 
 
 def _endpoint() -> str:
-    from sparkit.hub.remote import endpoint
-
     return endpoint()
 
 
@@ -762,8 +738,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def _is_transport(exc: BaseException) -> bool:
-    from sparkit.hub.remote import transport_errors
-
     return isinstance(exc, transport_errors())
 
 

@@ -24,9 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkit.checkpoint_headers import TensorInfo, header_length, parse_safetensors_header
 from sparkit.errors import DataError, HubError, SparkitError
+from sparkit.hub.cache import local_commit, remember_commit, repo_folder
 from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, RemoteFile, weight_files
 from sparkit.hub.refs import HubRef
+from sparkit.paths import cache_dir, ensure_dir, write_atomic
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 HEADER_PROBE_BYTES = 100_000  # huggingface_hub's own first read of a safetensors header
@@ -153,8 +156,6 @@ def listing(ref: HubRef, *, remember: bool = False) -> Listing:
     """The commit `ref` names now and its files (one request: the model info with its blobs).
     `remember`: record the revision's commit in the Hugging Face cache's refs/, as huggingface_hub
     does when it downloads (a pull does; the memory fit of `sparkit plan` writes nothing there)."""
-    from sparkit.hub.cache import remember_commit
-
     if offline():
         raise hub_error(ConnectionError("offline"), ref, "listing the repository's files")
     _client()
@@ -254,15 +255,10 @@ class RemoteCheckpoint:
 
 
 def _headers_dir(repo: str):
-    from sparkit.hub.cache import repo_folder
-    from sparkit.paths import cache_dir
-
     return cache_dir() / "hub-headers" / repo_folder(repo)
 
 
 def _load_cached(ref: HubRef, commit: str) -> RemoteCheckpoint | None:
-    from sparkit.checkpoint_headers import TensorInfo
-
     try:
         data = json.loads((_headers_dir(ref.repo) / f"{commit}.json").read_text())
         tensors = [TensorInfo(name=n, dtype=d, shape=tuple(s), nbytes=b, file=f) for n, d, s, b, f in data["tensors"]]
@@ -273,8 +269,6 @@ def _load_cached(ref: HubRef, commit: str) -> RemoteCheckpoint | None:
 
 
 def _store_cached(found: RemoteCheckpoint) -> None:
-    from sparkit.paths import ensure_dir, write_atomic
-
     directory = ensure_dir(_headers_dir(found.ref.repo))
     data = {"repo": found.ref.repo, "commit": found.commit, "config": found.config, "files": found.files,
             "weights_rule": found.weights_rule, "read_at": found.read_at,
@@ -293,8 +287,6 @@ def _store_cached(found: RemoteCheckpoint) -> None:
 
 
 def _last_known_commit(ref: HubRef) -> str | None:
-    from sparkit.hub.cache import local_commit
-
     if ref.pinned:
         return ref.revision
     try:
@@ -305,8 +297,6 @@ def _last_known_commit(ref: HubRef) -> str | None:
 
 
 def _read_header(ref: HubRef, commit: str, file: RemoteFile):
-    from sparkit.checkpoint_headers import header_length, parse_safetensors_header
-
     where = f"{ref.repo}@{commit[:12]}/{file.path}"
     first = read_range(ref, commit, file.path, 0, min(HEADER_PROBE_BYTES, file.size) - 1)
     length = header_length(first, file.size, where)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import triton
 
+import sparkit.paths as paths
 from sparkit.kernels import fp8_gemv_triton as fk
 
 TUNE_MS = tuple(range(1, 17))
@@ -111,8 +112,6 @@ def cache_key(packed, device, x_dtype, out_dtype, candidates) -> str:
 
 
 def _cache_path():
-    from sparkit import paths
-
     return paths.cache_dir() / CACHE_NAME
 
 
@@ -126,8 +125,6 @@ def _read_cache() -> dict:
 
 
 def _write_cache(key: str, report: TuneReport) -> None:
-    from sparkit import paths
-
     data = _read_cache()
     data[key] = {"chosen": {str(m): label for m, label in report.chosen.items()},
                  "times_us": {str(m): t for m, t in report.times_us.items()},

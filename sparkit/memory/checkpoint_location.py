@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkit.engines.builtin_models import parse_builtin_ref
+from sparkit.hub.cache import local_copy
 from sparkit.hub.refs import HubRef, parse_hub_ref
 
 
@@ -44,8 +46,6 @@ def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
         return CheckpointLocation(ref, None, f"{path} has no config.json", need="point model.path at a checkpoint directory")
     hub = parse_hub_ref(ref)
     if hub is not None:
-        from sparkit.hub.cache import local_copy
-
         copy = local_copy(hub)
         if copy.complete:
             return CheckpointLocation(ref, copy.path, f"Hugging Face cache {copy.path} ({copy.state})", hub=hub)
@@ -62,7 +62,6 @@ def _build_dir_for(plan: Any, ref: str) -> str | None:
     path that names a weights layout)."""
     if not ref.startswith("sparkit:"):
         return None
-    from sparkit.engines.builtin_models import parse_builtin_ref
 
     parsed = parse_builtin_ref(ref)
     if parsed is None:

@@ -46,12 +46,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkit.engines.base import flag_value
+from sparkit.checkpoint_headers import read_safetensors_index, safetensors_files
+from sparkit.engines.base import flag_value, get_adapter
 from sparkit.engines.sglang.flags import SPECULATIVE_DEFAULTS as SGLANG_SPECULATIVE_DEFAULTS
+from sparkit.errors import DataError, HubError
+from sparkit.host import target_fit
+from sparkit.hub.remote import remote_checkpoint
+from sparkit.memory.checkpoint_location import plan_checkpoints
 from sparkit.memory.floor import floor_bytes, floor_source
 from sparkit.memory.model_shape import ModelShape, UnsupportedConfig, model_shape
+from sparkit.memory.reservations import reserved_on, starting_reservations
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
+from sparkit.memory.sglang_pool import PoolInputs, size_pools
 from sparkit.memory.units import GIB, MIB, gib
+from sparkit.roofline.profiles import VARIANTS, UnsupportedLayout, config_only_tensors, find_profile, tensor_infos
 from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 
 # Estimates of what an engine holds before it measures free memory (so P is that much lower than
@@ -164,16 +172,12 @@ def _memory_model(plan: Any) -> str:
     """How the plan's engine takes memory (its adapter's `memory_model`): "mem_fraction_static"
     (SGLang: a static pool, a fraction of the device's memory, sized at start) or "host_process"
     (a process that holds what it loads, in host memory)."""
-    from sparkit.engines.base import get_adapter
-
     return getattr(get_adapter(plan.engine), "memory_model", "mem_fraction_static")
 
 
 def memory_basis(plan: Any, host: Any) -> MemoryBasis | None:
     """What the plan's engine will size from: this host when it is the plan's target, else the
     target's nominal memory where sparkit knows it (GB10), else None."""
-    from sparkit.host import target_fit
-
     target = str((plan.recipe or {}).get("target", "auto"))
     if _memory_model(plan) == "host_process":
         return MemoryBasis("host", host.ram_total_bytes, host.ram_available_bytes,
@@ -181,8 +185,6 @@ def memory_basis(plan: Any, host: Any) -> MemoryBasis | None:
     runs_here, _ = target_fit(host, target, plan.engine)
     tp = int(((plan.recipe or {}).get("stack") or {}).get("tp", 1) or 1)
     if runs_here and host.gpus:
-        from sparkit.memory.reservations import reserved_on, starting_reservations
-
         gpus = host.gpus[:tp]
         pending = starting_reservations(host, [g.index for g in gpus])
         if all(g.unified_memory for g in gpus):
@@ -258,9 +260,6 @@ def _checkpoint_of(label: str, tensors: list, config: dict, tp: int, config_only
 
 
 def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
-    from sparkit.checkpoint_headers import safetensors_files
-    from sparkit.errors import DataError
-
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -271,8 +270,6 @@ def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
         files = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in found)
         tensors = _cached_index(str(directory), files)
     else:
-        from sparkit.roofline.profiles import UnsupportedLayout, config_only_tensors
-
         try:
             declared, config_only = config_only_tensors(config if isinstance(config, dict) else {})
         except UnsupportedLayout as exc:
@@ -293,8 +290,6 @@ def _open_checkpoint(location: Any, recipe: dict, tp: int, role: str) -> tuple[_
         return _read_checkpoint(location.directory, tp), location.how
     if location.hub is None:
         return None, location.how
-    from sparkit.errors import HubError
-    from sparkit.hub.remote import remote_checkpoint
 
     try:
         remote = remote_checkpoint(location.hub)
@@ -312,8 +307,6 @@ _DECLARED: dict[tuple[str, str], list] = {}
 
 def _declared_tensors(profile: Any, weights: str) -> list:
     """A declared profile's tensors, built once per process (127k of them for Ling-3.0-flash)."""
-    from sparkit.roofline.profiles import tensor_infos
-
     key = (profile.family, weights)
     if key not in _DECLARED:
         _DECLARED[key] = list(tensor_infos(profile.tensors(weights)).values())
@@ -321,8 +314,6 @@ def _declared_tensors(profile: Any, weights: str) -> list:
 
 
 def _declared_checkpoint(location: Any, recipe: dict, tp: int) -> _Checkpoint | None:
-    from sparkit.roofline.profiles import VARIANTS, find_profile
-
     profile = find_profile(location.hub.repo)
     weights = str((recipe.get("stack") or {}).get("weights", "bf16"))
     if profile is None or weights not in VARIANTS:
@@ -338,8 +329,6 @@ def _declared_checkpoint(location: Any, recipe: dict, tp: int) -> _Checkpoint | 
 def _cached_index(directory: str, files: tuple) -> list:
     """The headers of a checkpoint, read once per process while its files stay the same (`plan`
     and the preflight both need them; a Ling checkpoint has 127k tensors)."""
-    from sparkit.checkpoint_headers import read_safetensors_index
-
     return list(read_safetensors_index(Path(directory)).tensors.values())
 
 
@@ -399,9 +388,6 @@ def sglang_prefill_graph_sizes(max_tokens: int) -> list[int]:
 
 def compute_fit(plan: Any, basis: MemoryBasis | None) -> MemoryFit:
     """The memory fit of `plan` against `basis` (None: the requirement only)."""
-    from sparkit.errors import DataError
-    from sparkit.memory.checkpoint_location import plan_checkpoints
-
     recipe = plan.recipe or {}
     locations = plan_checkpoints(plan)
     target = locations["target"]
@@ -722,8 +708,6 @@ def _pool_model(plan: Any, ckpt: _Checkpoint, shape: ModelShape, kv: dict[str, A
 def predict_pools(fit: MemoryFit, pre_model_load_bytes: float, fraction: float, pool_model: dict[str, Any]) -> Any:
     """SGLang's pool sizes at start for this fit's weights, P and mem_fraction_static
     (sparkit.memory.sglang_pool.size_pools): records them on the fit and returns them."""
-    from sparkit.memory.sglang_pool import PoolInputs, size_pools
-
     available = pre_model_load_bytes - fit.weights_bytes
     inputs = PoolInputs(pre_model_load_bytes=pre_model_load_bytes, available_bytes=available,
                         mem_fraction_static=fraction, **pool_model)

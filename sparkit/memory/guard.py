@@ -35,6 +35,7 @@ from typing import Any
 from sparkit.memory.meminfo import MemInfo, read_meminfo
 from sparkit.memory.pagecache import evict_files, residency
 from sparkit.memory.units import GIB
+from sparkit.paths import open_output
 
 GUARD_LOG = "memory-guard.jsonl"
 # A drop of available memory worth a line in the log: this share of what was available at start.
@@ -216,8 +217,6 @@ class LoadGuard:
         if self.summary is not None:
             self.summary.events.append(record)
         try:
-            from sparkit.paths import open_output
-
             with open_output(self.log_path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
         except OSError:

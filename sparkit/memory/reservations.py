@@ -23,6 +23,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sparkit.memory.sglang_pool import PRE_POOL_BYTES
+from sparkit.runs.store import RunFiles, RunState, list_runs
+
 
 @dataclass
 class Reservation:
@@ -63,8 +66,6 @@ def held_by_progress(record: dict[str, Any], log_text: str) -> int:
     context = sum(t.get("bytes", 0) for t in terms if t.get("group") == "engine")
     sizes = ((record.get("pools") or {}).get("sizes")) or {}
     if "Memory pool end" in log_text and sizes:
-        from sparkit.memory.sglang_pool import PRE_POOL_BYTES
-
         pools = sum(int(sizes.get(k) or 0) for k in ("state_reserved_bytes", "kv_bytes", "draft_kv_bytes",
                                                      "req_to_token_bytes"))
         return int(context + weights + PRE_POOL_BYTES + pools)
@@ -78,8 +79,6 @@ def held_by_progress(record: dict[str, Any], log_text: str) -> int:
 
 def starting_reservations(host: Any, gpus: list[int], runs: list[Any] | None = None) -> list[Reservation]:
     """What the runs still starting on `gpus` will take beyond what they hold now."""
-    from sparkit.runs.store import RunFiles, RunState, list_runs
-
     out: list[Reservation] = []
     for run in runs if runs is not None else list_runs():
         if run.observed_state() is not RunState.STARTING:

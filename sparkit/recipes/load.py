@@ -18,6 +18,7 @@ from typing import Any
 
 from sparkit.errors import RecipeError, UsageError
 from sparkit.paths import repo_recipes_dir
+from sparkit.recipes.schema import Recipe
 
 DEFAULT_RECIPE = "tiny"
 """The shipped recipe `sparkit up` uses with no argument (tiny-ling on the embedded engine)."""
@@ -678,8 +679,6 @@ def _check_set_path(key: str, parts: KeyPath) -> None:
 
     from pydantic import BaseModel
 
-    from sparkit.recipes.schema import Recipe
-
     model: Any = Recipe
     for i, part in enumerate(parts):
         fields = model.model_fields
@@ -712,8 +711,6 @@ def _check_set_path(key: str, parts: KeyPath) -> None:
 
 def _validate(data: dict[str, Any], origins: dict[KeyPath, Origin], fallback_file: str | None) -> Any:
     from pydantic import ValidationError
-
-    from sparkit.recipes.schema import Recipe
 
     try:
         return Recipe.model_validate(data)
@@ -781,8 +778,6 @@ def _fields_at(loc: KeyPath) -> list[str]:
     import typing
 
     from pydantic import BaseModel
-
-    from sparkit.recipes.schema import Recipe
 
     model: Any = Recipe
     for part in loc:

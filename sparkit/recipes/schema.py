@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkit.contract.engine import engine_names
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 from sparkit.weight_formats import WEIGHT_FORMATS
 
@@ -343,8 +344,6 @@ class Recipe(_Strict):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, value: str) -> str:
-        from sparkit.engines.base import engine_names
-
         names = engine_names()
         if value not in names:
             raise ValueError(f"unknown engine {value!r}; registered engines: {', '.join(names)}")

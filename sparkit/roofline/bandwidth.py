@@ -20,6 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.host import detect_host, target_fit
+from sparkit.paths import data_dir, ensure_dir, write_atomic
+
 # (substring of the NVML device name, marketing name, GB/s). First match wins: specific first.
 GPU_SPECS: tuple[tuple[str, str, float], ...] = (
     ("GB10", "NVIDIA GB10 (DGX Spark, LPDDR5X)", 273.0),
@@ -153,8 +156,6 @@ def this_host() -> str:
 
 
 def store_path() -> Path:
-    from sparkit.paths import data_dir
-
     return data_dir() / STORE_FILE
 
 
@@ -173,7 +174,6 @@ def save_measurement(measurement: Measurement, path: Path | None = None) -> Path
     path = path or store_path()
     kept = [m for m in load_measurements(path) if (m.host, m.device) != (measurement.host, measurement.device)]
     kept.append(measurement)
-    from sparkit.paths import ensure_dir, write_atomic
 
     ensure_dir(path.parent)
     return write_atomic(path, json.dumps({"format": STORE_FORMAT, "measurements": [asdict(m) for m in kept]}, indent=1) + "\n")
@@ -208,8 +208,6 @@ def measured_for(kind: str, gpu_name: str | None = None, host: str | None = None
 def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None = None) -> Bandwidth:
     """The bandwidth for a plan on `target` running on `device_kind` ("gpu" | "cpu") over `tp`
     devices. `host` is a sparkit.host.Host (detected when None)."""
-    from sparkit.host import detect_host, target_fit
-
     host = host if host is not None else detect_host()
     if device_kind == "cpu":
         m = measured_for("cpu")

@@ -36,12 +36,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkit.roofline.bandwidth import Bandwidth
-from sparkit.roofline.layout import LayerReads, ModelLayout, Weights
+import sparkit.checkpoint_headers
+import sparkit.roofline.layout
+import sparkit.roofline.profiles
+from sparkit._version import __version__
+from sparkit.checkpoint_headers import safetensors_files
+from sparkit.contract.reading import ReadRules
+from sparkit.engines.base import get_adapter
+from sparkit.engines.builtin_models import parse_builtin_ref
+from sparkit.engines.embedded import hf_checkpoint
+from sparkit.engines.embedded.builder import builtin_model_dir
+from sparkit.engines.embedded.checkpoint import hf_export_dir
+from sparkit.errors import HubError, SparkitError
+from sparkit.host import detect_host
+from sparkit.hub.remote import remote_checkpoint
+from sparkit.memory.checkpoint_location import locate
+from sparkit.paths import cache_dir, ensure_dir, write_atomic
+from sparkit.roofline.bandwidth import Bandwidth, resolve_bandwidth
+from sparkit.roofline.layout import (
+    LayerReads,
+    ModelLayout,
+    Weights,
+    layout_from_checkpoint,
+    layout_from_dict,
+    layout_from_tensors,
+    layout_to_dict,
+)
+from sparkit.roofline.profiles import PROFILES, config_only_layout, declared_layout, find_profile, tensor_infos
+from sparkit.weight_formats import LAYOUTS, sglang_quantization_config
 
 DEFAULT_CONTEXT = 8192  # sparkit bench's default prompt length
 TOKENS_PER_STRETCH = 2  # the FP8 head re-scores two tokens per candidate stretch (sparkit.kernels.fp8_linear)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Components of a step, in display order, with the label users see.
 COMPONENTS: tuple[tuple[str, str], ...] = (
@@ -70,31 +95,9 @@ def expected_distinct_experts(tokens: float, num_experts: int, top_k: int) -> fl
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-@dataclass
-class ReadRules:
-    """How an engine reads a layout (from a recipe's stack and where it runs)."""
-
-    engine: str
-    device: str  # "gpu" | "cpu"
-    float_bytes: int | None  # every float weight read at this size (embedded: compute dtype); None = stored
-    online_fp8: bool  # SGLang --quantization fp8: linear weights quantised to 1 byte at load
-    lm_head: str  # bf16 | fp32 | fp8
-    lm_head_exact_top_k: int
-    router_bytes: int | None  # per router element (SGLang: router_dtype); None = as stored
-    kv_bytes: int
-    state_bytes: int  # linear-attention recurrent state (SGLang: float32 unless --mamba-ssm-dtype)
-    conv_bytes: int
-    tp: int
-    explained: list[str] = field(default_factory=list)
-    head_bytes: int | None = None  # bf16/fp32 head read at this size per weight; None = as stored
-    fp8_head_dequantised: bool = False  # an FP8 head read through a dequantised copy (float_bytes each)
-
-
 def read_rules(recipe: Any, layout: ModelLayout, device: str) -> ReadRules:
     """The reading rules of `recipe` (a sparkit.recipes.schema.Recipe) on `device`: its engine's
     (the adapter's `read_rules`; each engine reads weights its own way)."""
-    from sparkit.engines.base import get_adapter
-
     adapter = get_adapter(recipe.engine)
     if not hasattr(adapter, "read_rules"):  # an engine a plugin added may not say how it reads
         raise NoLayout(f"engine {recipe.engine!r} does not state how it reads a checkpoint (read_rules)")
@@ -304,14 +307,7 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
     """The layout for a recipe's model: a local checkpoint's headers (a directory, sparkit's
     built-in tiny-ling, a hub model complete in the Hugging Face cache), else for a hub model its
     headers read from the hub by range requests (sparkit.hub.remote), else a declared profile."""
-    from sparkit.memory.checkpoint_location import locate
-    from sparkit.roofline.layout import layout_from_checkpoint, layout_from_tensors
-    from sparkit.roofline.profiles import find_profile
-
     if model_path.startswith("sparkit:"):
-        from sparkit.engines.builtin_models import parse_builtin_ref
-        from sparkit.engines.embedded.builder import builtin_model_dir
-
         parsed = parse_builtin_ref(model_path)
         if parsed is None:
             raise NoLayout(f"{model_path!r} is not a built-in model")
@@ -324,19 +320,13 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
         return layout
     location = locate(model_path)
     if location.readable:
-        from sparkit.checkpoint_headers import safetensors_files
-
         local = Path(location.directory)
         if (local / "config.json").is_file() and not safetensors_files(local):  # what --load-format dummy serves
-            from sparkit.roofline.profiles import config_only_layout
 
             return config_only_layout(local)
         return layout_from_checkpoint(local, name=location.hub.repo if location.hub else None)
     hub_problem = ""
     if location.hub is not None:
-        from sparkit.errors import HubError
-        from sparkit.hub.remote import remote_checkpoint
-
         try:
             remote = remote_checkpoint(location.hub)
         except HubError as exc:
@@ -356,12 +346,6 @@ def _export_layout(shipped: Path, parsed: Any, model_path: str) -> ModelLayout:
     exporter will write (hf_checkpoint.hf_tensor_inventory of the shipped build's config)."""
     import json
     import types
-
-    from sparkit.engines.embedded import hf_checkpoint
-    from sparkit.engines.embedded.checkpoint import hf_export_dir
-    from sparkit.roofline.layout import layout_from_checkpoint, layout_from_tensors
-    from sparkit.roofline.profiles import tensor_infos
-    from sparkit.weight_formats import LAYOUTS, sglang_quantization_config
 
     name = f"{parsed.name}@{parsed.weights} ({LAYOUTS[parsed.weights].title})"
     export = hf_export_dir(shipped, "bfloat16", parsed.weights, parsed.damaged_scale)
@@ -387,8 +371,6 @@ _DECLARED: dict[tuple[str, str], ModelLayout] = {}
 def _cached_declared(family: str, weights: str) -> ModelLayout:
     """A declared profile's layout: built once (Ling-3.0-flash declares ~128k tensors, seconds of
     grouping) and kept in the cache directory, keyed on the code that builds it."""
-    from sparkit.roofline.profiles import PROFILES, declared_layout
-
     key = (family, weights)
     if key not in _DECLARED:
         path = _declared_cache_path(family, weights)
@@ -406,12 +388,6 @@ def _declared_cache_path(family: str, weights: str) -> Path:
     a change of the profile or of the grouping is a new file, never a stale answer."""
     import hashlib
 
-    import sparkit.checkpoint_headers
-    import sparkit.roofline.layout
-    import sparkit.roofline.profiles
-    from sparkit._version import __version__
-    from sparkit.paths import cache_dir
-
     digest = hashlib.sha256(f"{__version__}\0{family}\0{weights}".encode())
     for module in (sparkit.roofline.profiles, sparkit.roofline.layout, sparkit.checkpoint_headers):
         digest.update(Path(module.__file__).read_bytes())
@@ -422,8 +398,6 @@ def _declared_cache_path(family: str, weights: str) -> Path:
 def _read_layout(path: Path) -> ModelLayout | None:
     import json
 
-    from sparkit.roofline.layout import layout_from_dict
-
     try:
         return layout_from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
@@ -432,9 +406,6 @@ def _read_layout(path: Path) -> ModelLayout | None:
 
 def _write_layout(path: Path, layout: ModelLayout) -> None:
     import json
-
-    from sparkit.paths import ensure_dir, write_atomic
-    from sparkit.roofline.layout import layout_to_dict
 
     try:
         ensure_dir(path.parent)
@@ -446,8 +417,6 @@ def _write_layout(path: Path, layout: ModelLayout) -> None:
 def plan_device(recipe: Any, host: Any) -> str:
     """Where the recipe's engine computes: an engine that needs a GPU on GPUs; another on CPU for
     target cpu, on the GPU for a GPU target, and for `auto` on whatever this host has."""
-    from sparkit.engines.base import get_adapter
-
     if get_adapter(recipe.engine).needs_gpu:
         return "gpu"
     if recipe.target == "cpu":
@@ -466,9 +435,6 @@ def estimate(recipe: Any, *, recipe_name: str = "", context: int | None = None, 
              bandwidth: Bandwidth | None = None, layout: ModelLayout | None = None) -> Roofline:
     """The roofline of `recipe` (a validated sparkit.recipes.schema.Recipe). Raises NoLayout when
     nothing describes the model; DataError for an unreadable checkpoint."""
-    from sparkit.host import detect_host
-    from sparkit.roofline.bandwidth import resolve_bandwidth
-
     host = host if host is not None else detect_host()
     layout = layout or resolve_layout(recipe.model.path, recipe.stack.weights)
     device = plan_device(recipe, host)
@@ -539,8 +505,6 @@ def roofline_document(recipe: Any, *, recipe_name: str = "", context: int | None
                       accepts: list[float] | None = None, host: Any | None = None) -> dict[str, Any]:
     """estimate(...).to_dict(), or {"error": why} when the model cannot be described: a plan or a
     bench never fails over its roofline."""
-    from sparkit.errors import SparkitError
-
     try:
         return estimate(recipe, recipe_name=recipe_name, context=context, host=host).to_dict(accepts)
     except NoLayout as exc:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkit.checkpoint_headers import TensorInfo
+from sparkit.checkpoint_headers import TensorInfo, read_config, read_safetensors_index
 
 # Roles of weights that every forward of a layer reads in full.
 ROLES = ("attention", "dense_mlp", "shared_expert", "router", "norm", "mtp_proj", "other")
@@ -322,8 +322,6 @@ def _locate(name: str, n_layers: int) -> tuple[int, bool, str] | None:
 
 def layout_from_checkpoint(directory: str | Path, *, name: str | None = None) -> ModelLayout:
     """The layout of a local checkpoint, from its config.json and safetensors headers."""
-    from sparkit.checkpoint_headers import read_config, read_safetensors_index
-
     directory = Path(directory)
     config = read_config(directory)
     index = read_safetensors_index(directory)

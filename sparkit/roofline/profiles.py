@@ -43,7 +43,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sparkit.checkpoint_headers import DTYPE_BITS, TensorInfo
+from sparkit.checkpoint_headers import DTYPE_BITS, TensorInfo, read_config
+from sparkit.errors import DataError
+from sparkit.roofline.layout import layout_from_tensors
 from sparkit.weight_formats import LAYOUTS, linear_tensors, sglang_quantization_config
 
 _HF = "transformers BailingHybridConfig default (checkpoint inclusionAI/Ling-3.0-Flash)"
@@ -237,8 +239,6 @@ def tensor_infos(tensors: dict[str, tuple[str, tuple[int, ...]]], file: str = "(
 
 def declared_layout(profile: DeclaredProfile, weights: str):
     """The declared profile's layout for the checkpoint variant `weights`."""
-    from sparkit.roofline.layout import layout_from_tensors
-
     suffix, layout = VARIANTS[weights]
     name = f"{profile.title}{suffix} ({layout})"
     return layout_from_tensors(
@@ -291,10 +291,6 @@ def config_only_layout(directory: Any, *, name: str | None = None):
     """The layout of a directory with a config.json and no weight files, from its config through
     the declared generator (DataError when sparkit declares nothing for it)."""
     from pathlib import Path
-
-    from sparkit.checkpoint_headers import read_config
-    from sparkit.errors import DataError
-    from sparkit.roofline.layout import layout_from_tensors
 
     directory = Path(directory)
     config = read_config(directory)

@@ -18,10 +18,21 @@ from typing import Any
 
 import sparkit.runs.processes as processes
 from sparkit.api_key import engine_environ, recipe_key
-from sparkit.engines.base import STARTUP_PHASES, EngineAdapter, get_adapter
+from sparkit.client import check_health
+from sparkit.contract.engine import STARTUP_PHASES, EngineAdapter
+from sparkit.contract.log import Diagnosis
+from sparkit.contract.plan import LaunchPlan
+from sparkit.engines.activation_report import REPORT_DIR_ENV
+from sparkit.engines.base import get_adapter
+from sparkit.engines.startup_log import tail_lines
 from sparkit.errors import LaunchError, StateError
-from sparkit.paths import ensure_dir, open_output, open_state, write_error
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
+from sparkit.memory.floor import floor_bytes, guard_settings
+from sparkit.memory.guard import GUARD_LOG, LoadGuard, guard_supported
+from sparkit.memory.meminfo import read_meminfo
+from sparkit.memory.oom import OomWatch
+from sparkit.memory.pagecache import weight_files
+from sparkit.paths import ensure_dir, free_bytes, open_output, open_state, write_error
 from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
 
 
@@ -29,7 +40,7 @@ from sparkit.runs.store import Run, RunFiles, RunState, new_run_id, now_iso
 class LaunchProgress:
     """One progress event of `launch` (for a live phase line)."""
 
-    phase: str  # "building model", or one of sparkit.engines.base.STARTUP_PHASES
+    phase: str  # "building model", or one of sparkit.contract.engine.STARTUP_PHASES
     elapsed_s: float
     message: str = ""
     fraction: float | None = None  # known only while building a model
@@ -63,8 +74,6 @@ def _secret_delivery(plan: LaunchPlan, adapter: EngineAdapter, run: Run) -> tupl
 
 def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: int | None,
                     oom: Any = None) -> LaunchError:
-    from sparkit.engines.sglang.log import tail_lines
-
     text = run.read_log()
     diagnosis = adapter.diagnose(text, returncode)
     if returncode is not None and returncode < 0 and oom is not None:
@@ -84,9 +93,6 @@ def _launch_failure(run: Run, adapter: EngineAdapter, summary: str, returncode: 
 def _disk_full(diagnosis: Any, run: Run) -> Any:
     """An engine whose log could not be written (the disk filled while it started) dies of it or
     with a log cut short: say so rather than guess from the log."""
-    from sparkit.engines.sglang.log import Diagnosis
-    from sparkit.paths import free_bytes
-
     free = free_bytes(run.path)
     if free is None or free >= 64 * 1024:
         return diagnosis
@@ -99,8 +105,6 @@ def _killed(diagnosis: Any, returncode: int, oom: Any) -> Any:
     """A signal ended the engine: the OOM killer when the kernel recorded it, else what the log
     said, else the signal, with what was checked for an OOM kill."""
     from dataclasses import replace
-
-    from sparkit.engines.sglang.log import Diagnosis
 
     evidence, checked = oom.evidence()
     if evidence:
@@ -130,8 +134,6 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     `memory_fit` (preflight's, sparkit.memory.fit) is recorded in the run directory, so that a
     launch while this one starts reserves what it will hold; `on_recorded` is called once the run
     and its memory fit are on disk (sparkit.runs.pipeline.up releases the launch lock there)."""
-    from sparkit.engines.activation_report import REPORT_DIR_ENV
-
     t0 = time.monotonic()
 
     def emit(phase: str, message: str = "", fraction: float | None = None) -> None:
@@ -172,8 +174,6 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     guard = None
     try:
         run.save()  # a full disk here: the engine is stopped, not left running unrecorded
-        from sparkit.memory.oom import OomWatch
-
         oom = OomWatch.start(proc.pid)
         guard = _start_guard(plan, run, proc)
         try:
@@ -266,9 +266,6 @@ def _save_if_possible(run: Run) -> None:
 def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
     """The load guard over this engine (None when the recipe turns it off or the OS cannot run it;
     the run's record says which)."""
-    from sparkit.memory.floor import floor_bytes, guard_settings
-    from sparkit.memory.guard import GUARD_LOG, LoadGuard, guard_supported
-
     settings = guard_settings(plan.recipe)
     unsupported = guard_supported()
     if not settings.get("enabled", True) or unsupported:
@@ -276,9 +273,6 @@ def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
         run.memory_guard = {"enabled": False, "reason": unsupported or "server.memory_guard.enabled is false"}
         run.save()
         return None
-    from sparkit.memory.checkpoint_location import plan_checkpoint_dirs
-    from sparkit.memory.meminfo import read_meminfo
-    from sparkit.memory.pagecache import weight_files
 
     pgid = proc.pid
     return LoadGuard(
@@ -323,8 +317,6 @@ def _guard_failure(run: Run, guard: Any, phase: str) -> LaunchError:
 
 def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan: LaunchPlan, timeout: float,
                   emit: Callable[..., None], t0: float, guard: Any = None, oom: Any = None) -> None:
-    from sparkit.client import check_health
-
     phases = STARTUP_PHASES
     deadline = t0 + timeout
     key = recipe_key(plan.api_key_env)

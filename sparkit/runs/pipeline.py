@@ -11,11 +11,14 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sparkit.checks.results import CheckResult, Status, worst
+from sparkit.checks.preflight import gpus_check, run_preflight
+from sparkit.checks.runner import run_activation_checks
+from sparkit.contract.checks import CheckResult, Status, worst
+from sparkit.contract.plan import LaunchPlan
 from sparkit.errors import PreflightError, StateError
-from sparkit.recipes.plan import LaunchPlan
+from sparkit.host import detect_host
 from sparkit.runs.launcher import ProgressFn, launch, stop
-from sparkit.runs.store import CHECKING, Run, RunState, Server
+from sparkit.runs.store import CHECKING, Run, RunState, Server, launch_lock
 
 # Called with the preflight results before anything starts (the CLI shows them there).
 PreflightFn = Callable[[list[CheckResult]], None]
@@ -45,9 +48,6 @@ class Started:
 
 def preflight(plan: LaunchPlan) -> list[CheckResult]:
     """Every preflight check of `plan` on this host; raises PreflightError (exit 4) on a failure."""
-    from sparkit.checks.preflight import run_preflight
-    from sparkit.host import detect_host
-
     results = run_preflight(plan, detect_host())
     _raise_on_failure(results)
     return results
@@ -56,9 +56,6 @@ def preflight(plan: LaunchPlan) -> list[CheckResult]:
 def host_preflight(recipe) -> list[CheckResult]:
     """The part of preflight a loaded recipe answers before it is compiled (its target's GPUs on
     this host); raises PreflightError (exit 4) on a failure, with the results on the error."""
-    from sparkit.checks.preflight import gpus_check
-    from sparkit.host import detect_host
-
     results = [gpus_check(recipe.target, recipe.engine, recipe.stack.tp, detect_host())]
     _raise_on_failure(results)
     return results
@@ -82,8 +79,6 @@ def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: b
     (nothing left running). Failed startup checks are data (`Started.ok`): the caller decides
     whether the server stays. Ctrl-C during the checks stops the server. `detach` and
     `tie_to_parent`: see launch()."""
-    from sparkit.runs.store import launch_lock
-
     # Preflight and the run record under one lock: a second `up` started at the same moment waits
     # here, then sees this run starting and reserves the memory it will take.
     with launch_lock() as release:
@@ -93,7 +88,6 @@ def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: b
     started = Started(run, plan, found)
     if not checks:
         return started
-    from sparkit.checks.runner import run_activation_checks
 
     try:
         run = started.run = _set_phase(run, CHECKING)

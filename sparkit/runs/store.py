@@ -27,9 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from sparkit.api_key import client_key, recipe_key
+from sparkit.client import check_health
+from sparkit.contract.checks import CheckResult, worst
+from sparkit.engines.activation_report import REPORT_DIR_ENV
+from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, UsageError
-from sparkit.paths import check_private_dir, open_state, runs_dir, write_atomic
-from sparkit.runs.processes import ProcessIdentity, engine_alive
+from sparkit.paths import check_private_dir, ensure_dir, open_state, runs_dir, write_atomic
+from sparkit.runs.processes import ProcessIdentity, engine_alive, is_ours, leaders_with_env, stop_group
 
 
 class RunFiles:
@@ -188,8 +192,6 @@ class Run:
     def has_processes(self) -> bool:
         """Something of it is left to stop: its engine, or what the engine's process group left
         when its leader died (sparkit.runs.processes.is_ours)."""
-        from sparkit.runs.processes import is_ours
-
         return is_ours(self.pid, self.pgid, self.create_time, self.cmdline)
 
     @property
@@ -253,8 +255,6 @@ class Run:
 
     def status(self, *, probe_health: bool = True) -> dict[str, Any]:
         """What `sparkit status` shows: the record, whether it is up, its last figures."""
-        from sparkit.client import check_health
-
         live = self.live
         state = self.observed_state()
         uptime = None
@@ -267,8 +267,6 @@ class Run:
         checks = self.read_json(RunFiles.CHECKS) or {}
         worst_status = None
         if checks.get("results"):
-            from sparkit.checks.results import CheckResult, worst
-
             worst_status = worst([CheckResult.from_dict(r) for r in checks["results"]]).value
         return {
             "id": self.id, "recipe": self.recipe_name, "engine": self.engine, "url": self.url, "pid": self.pid,
@@ -327,8 +325,6 @@ def launch_lock(root: Path | None = None, *, wait_s: float = 120.0) -> Iterator[
     `wait_s` without it, the launch goes ahead unserialised rather than hang."""
     import fcntl
     import time
-
-    from sparkit.paths import ensure_dir
 
     root = root or runs_dir()
     ensure_dir(root)
@@ -422,8 +418,6 @@ def mark_stale() -> list[Run]:
     start whose `sparkit up` died is failed, and a foreground engine that outlived its `sparkit
     up` is exited; both engines are stopped first (whatever PR_SET_PDEATHSIG did not reach). A
     run being set up is left alone. Secret files of runs that are over are removed."""
-    from sparkit.runs.processes import stop_group
-
     stale = []
     for run in list_runs():
         if not run.state.active or run.setting_up:
@@ -450,9 +444,6 @@ def _adopt_unrecorded_engine(run: Run) -> None:
     """A `sparkit up` killed between starting its engine and recording the pid leaves an engine
     nobody could stop: find it by the run directory in its environment and record it, so that it
     is stopped like any other (and the failure says the engine was starting)."""
-    from sparkit.engines.activation_report import REPORT_DIR_ENV
-    from sparkit.runs.processes import ProcessIdentity, leaders_with_env
-
     for pid in leaders_with_env(REPORT_DIR_ENV, str(run.path)):
         identity = ProcessIdentity.of(pid)
         if identity is None:
@@ -465,8 +456,6 @@ def _adopt_unrecorded_engine(run: Run) -> None:
 
 def remove_secret_files(run: Run) -> None:
     """The engine read its key at start: the file that carried it need not outlive that."""
-    from sparkit.engines.base import get_adapter
-
     try:
         names = get_adapter(run.engine).secret_files
     except Exception:  # an engine whose plugin is gone: nothing known to remove

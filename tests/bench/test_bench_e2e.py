@@ -112,7 +112,7 @@ def test_prompts_from_a_file_are_sent_as_text(embedded_server, tmp_path):
 
 def test_bench_a_run_by_id_records_its_recipe(tiny_model_dir, tmp_path, monkeypatch):
     from sparkit import runs
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

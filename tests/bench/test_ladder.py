@@ -20,7 +20,7 @@ def sparkit(*args: str, home: Path) -> subprocess.CompletedProcess:
 
 
 def test_every_shipped_ladder_loads_and_every_step_compiles():
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     names = [n for n, _ in core.shipped_ladders()]

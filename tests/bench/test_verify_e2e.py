@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkit.bench.verify import run_verify
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkit.bench.verify import GreedyOutput, SideResult, VerifyReport, judge, rounding_changes, token_agreement
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 
 
 def side(texts, ids=None, verify_ct=None, speculative=False, rerun_texts=None) -> SideResult:

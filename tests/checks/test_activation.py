@@ -22,7 +22,8 @@ from sparkit.checks.activation import (
     evaluate,
 )
 from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence, parse_server_info
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
+from sparkit.contract.plan import Expectations, LaunchPlan, Provision
 from sparkit.engines.activation_report import (
     ActivationReport,
     LmHeadReport,
@@ -31,7 +32,6 @@ from sparkit.engines.activation_report import (
     SpeculativeReport,
 )
 from sparkit.engines.sglang.log import parse_log
-from sparkit.recipes.plan import Expectations, LaunchPlan, Provision
 
 
 def make_plan(engine="sglang", warnings=(), provisions=(), **expect) -> LaunchPlan:

@@ -16,8 +16,8 @@ from sparkit.checks.known_answer import (
     reference_passages,
     score_reference,
 )
-from sparkit.checks.results import Status
-from sparkit.recipes.compile import compile_plan
+from sparkit.contract.checks import Status
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _shared import REPO_DIR

@@ -8,9 +8,9 @@ import dataclasses
 
 from sparkit.checks.activation import check_acceptance
 from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 from sparkit.recipes.schema import Checks
 

@@ -17,10 +17,10 @@ import pytest
 
 from sparkit.checks.activation import check_moe_runner, check_weights
 from sparkit.checks.evidence import ServerEvidence, parse_server_info
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.engines.activation_report import SCHEMA, ActivationReport, load_reports
 from sparkit.engines.sglang.log import parse_log
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _shared import REPO_DIR

@@ -16,7 +16,7 @@ from sparkit.checks.activation import (
     check_shared_lm_head,
 )
 from sparkit.checks.evidence import ServerEvidence, parse_server_info
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.engines.activation_report import ActivationReport
 from sparkit.engines.sglang.log import detect_phase, diagnose_failure, parse_log, phase_timeline
 
@@ -87,7 +87,7 @@ def test_real_server_info_and_activation_report():
 
 def _plan_of_that_run():
     """The plan sparkit compiles for the kit's run: tiny-sglang's stack at NEXTN 2/1/3."""
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     return compile_plan(load_recipe("tiny/tiny-sglang", [
@@ -128,7 +128,7 @@ def test_the_checks_on_the_real_evidence_of_that_run():
 
 
 def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_otherwise():
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     plan = compile_plan(load_recipe("tiny/tiny-sglang", ["model.path=/tmp/models/tiny-bailing-mtp", "model.served_name=null"]))
@@ -144,8 +144,8 @@ def test_the_resolved_args_check_fails_on_the_real_body_when_the_recipe_asked_ot
 def _evidence_of(run: str) -> tuple:
     """(plan, evidence, recorded checks) of a real run directory captured on the H200."""
     from sparkit.checks.evidence import ProbeResult
+    from sparkit.contract.plan import LaunchPlan
     from sparkit.engines.activation_report import load_reports
-    from sparkit.recipes.plan import LaunchPlan
 
     directory = FIXTURES / run
     plan = LaunchPlan.from_dict(json.loads((directory / "plan.json").read_text()))

@@ -12,8 +12,8 @@ import pytest
 
 from sparkit.checks.activation import check_ignored_settings, check_resolved_args
 from sparkit.checks.evidence import ServerEvidence, parse_server_info
-from sparkit.checks.results import Status
-from sparkit.recipes.compile import compile_plan
+from sparkit.contract.checks import Status
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe, shipped_recipes
 
 SGLANG_RECIPES = []

@@ -146,7 +146,7 @@ def test_the_embedded_engines_suggested_sglang_recipe_is_a_valid_recipe(tmp_path
     """The preflight's fix for a model the embedded engine cannot serve names a recipe: written
     as it says, it loads and compiles for SGLang."""
     from sparkit.engines.embedded.adapter import serve_elsewhere_hint, sglang_recipe
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     name, text = sglang_recipe("Qwen/Qwen2.5-0.5B-Instruct")

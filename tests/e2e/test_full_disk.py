@@ -124,7 +124,7 @@ def test_a_launch_on_a_full_disk_names_the_file_and_leaves_no_empty_run(full_hom
     written, so the error names plan.json and no empty run directory is left."""
     from sparkit.errors import StateError
     from sparkit.paths import ensure_dir, runs_dir
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
     from sparkit.runs import launch
 

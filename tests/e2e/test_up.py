@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 
 pytestmark = pytest.mark.e2e
 
@@ -267,7 +267,7 @@ def test_unshared_head_fails_shared_head_and_acceptance(sparkit_home, tiny_model
 
 def test_fp8_head_asked_but_server_reports_bf16_fails_lm_head(start_embedded_server, tmp_path):
     from sparkit.checks.runner import run_activation_checks
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     server = start_embedded_server(
@@ -285,7 +285,7 @@ def test_fp8_head_without_exact_rescoring_fails_lm_head_and_with_it_passes(start
     """A real server whose FP8 head keeps no bf16 copy (--lm-head-exact-top-k 0), checked against the
     default tiny recipe (which asks for top-4 re-scoring): the lm_head check fails and says why."""
     from sparkit.checks.runner import run_activation_checks
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     plan = compile_plan(load_recipe("tiny"))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sparkit.checks.preflight import check_model
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.host import Host
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _checkpoints import write_safetensors

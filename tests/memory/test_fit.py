@@ -13,7 +13,7 @@ import pytest
 
 from sparkit.host import Gpu, Host
 from sparkit.memory.fit import MemoryBasis, compute_fit, memory_basis
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _shared import REPO_DIR

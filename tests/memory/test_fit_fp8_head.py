@@ -9,7 +9,7 @@ import json
 
 from sparkit.engines.sglang import adapter
 from sparkit.memory.fit import compute_fit
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 FP8_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"

@@ -21,7 +21,7 @@ from sparkit.checkpoint_headers import read_safetensors_index
 from sparkit.host import detect_host
 from sparkit.memory.fit import CUDA_CONTEXT_BYTES, compute_fit, memory_basis
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _shared import REPO_DIR
@@ -130,7 +130,7 @@ def test_a_pool_sglang_cannot_size_is_refused_before_launch(models, tmp_path):
     """12 layers (59 GiB of bf16 weights) at mem_fraction_static 0.4: P x 0.6 stays free, the rest
     after the weights is negative, SGLang would stop in its memory profile: preflight exit 4."""
     from sparkit.checks.preflight import check_memory
-    from sparkit.checks.results import Status
+    from sparkit.contract.checks import Status
 
     plan = variant_plan(tmp_path, "E", models["L12"], fraction=0.4)
     result = check_memory(plan, h200(processes=[]))
@@ -176,7 +176,7 @@ def test_servers_still_starting_keep_their_share_from_the_next_launch(models, tm
     NVML still shows 139.8 GiB free, but G (12 layers + NEXTN, 65 GiB of weights) must be judged
     against 139.8 - 2 x 56 GiB, and refused; once they are up (NVML shows them) nothing is reserved."""
     from sparkit.checks.preflight import check_memory
-    from sparkit.checks.results import Status
+    from sparkit.contract.checks import Status
     from sparkit.runs.store import RunState
 
     (e, e_engine), (f, f_engine) = starting_runs
@@ -260,7 +260,7 @@ def test_launches_check_memory_one_at_a_time(sparkit_home):
 def test_the_launch_records_its_memory_fit_before_the_engine_is_up(sparkit_home, tmp_path):
     """launch() writes memory-fit.json and calls back (up releases its lock there) while the run is
     still starting: a stand-in engine that becomes healthy only after the callback ran."""
-    from sparkit.recipes.plan import Expectations, LaunchPlan
+    from sparkit.contract.plan import Expectations, LaunchPlan
     from sparkit.runs import free_port, launch, stop
     from sparkit.runs.store import RunFiles, RunState
 

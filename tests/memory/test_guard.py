@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sparkit.contract.plan import Expectations, LaunchPlan
 from sparkit.errors import LaunchError
 from sparkit.memory.meminfo import read_meminfo
-from sparkit.recipes.plan import Expectations, LaunchPlan
 from sparkit.runs import free_port, launch, list_runs, stop
 
 GIB, MIB = 1024**3, 1024**2

@@ -11,8 +11,8 @@ import pytest
 
 from sparkit.engines.sglang import plugin
 from sparkit.env_switch import truthy
+from sparkit.planning.rules import check_rules
 from sparkit.recipes.load import load_recipe
-from sparkit.recipes.rules import check_rules
 
 # Values the two former helpers read differently (rules: anything but ''/0/false/no/off was on;
 # the plugin: only 1/true/yes/on), and ones they agreed on.

@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from sparkit.checks.preflight import run_preflight
-from sparkit.checks.results import Status
+from sparkit.contract.checks import Status
 from sparkit.host import Gpu, Host, detect_host
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 
 from _shared import REPO_DIR

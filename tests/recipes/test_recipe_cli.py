@@ -194,7 +194,7 @@ def test_help_imports_no_heavy_modules():
 def test_plan_of_a_tiny_recipe_imports_no_sglang():
     code = (
         "import sys\n"
-        "from sparkit.recipes.compile import compile_plan\n"
+        "from sparkit.planning.compile import compile_plan\n"
         "from sparkit.recipes.load import load_recipe\n"
         "compile_plan(load_recipe('tiny'))\n"
         "print('HEAVY=' + ','.join(m for m in ('torch', 'sglang') if m in sys.modules))\n"

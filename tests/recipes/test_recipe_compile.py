@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkit.contract.plan import LaunchPlan
 from sparkit.errors import RecipeError
 from sparkit.paths import cache_dir
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe, shipped_recipes
-from sparkit.recipes.plan import LaunchPlan
 
 SHIPPED = [name for name, _ in shipped_recipes()]
 SGLANG_RECIPES = [n for n in SHIPPED if load_recipe(n).recipe.engine == "sglang"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from sparkit.errors import RecipeError, SparkitError, UsageError
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import display_path, load_recipe, shipped_recipes
 
 SEED = 20261201

@@ -14,8 +14,8 @@ import pytest
 from sparkit.cli.main import main
 from sparkit.errors import RecipeError, UsageError
 from sparkit.paths import repo_recipes_dir
+from sparkit.planning.compile import compile_plan
 from sparkit.recipes import load as recipe_load
-from sparkit.recipes.compile import compile_plan
 from sparkit.recipes.load import load_recipe, shipped_recipes
 
 PLANTED = "engine: embedded\nmodel: {path: 'sparkit:tiny-ling'}\nserver:\n  env: {PYTHONPATH: %s}\n"

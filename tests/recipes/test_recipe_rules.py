@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from sparkit.engines.sglang.rules import expert_width
 from sparkit.errors import RecipeError
-from sparkit.recipes.compile import compile_plan
+from sparkit.planning.compile import compile_plan
+from sparkit.planning.rules import check_rules, every_rule
 from sparkit.recipes.load import load_recipe
-from sparkit.recipes.rules import check_rules, every_rule, expert_width
 
 # (rule, severity, base recipe, overrides that break it, overrides that satisfy it)
 CASES = [

@@ -68,7 +68,7 @@ def test_a_flag_sglang_refuses_reads_the_same_from_the_record(tmp_path):
 
 
 def test_the_record_answers_as_the_real_parser_for_every_shipped_sglang_recipe(sparkit_home, monkeypatch):
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe, shipped_recipes
 
     def plans():
@@ -89,7 +89,7 @@ def test_the_record_answers_as_the_real_parser_for_every_shipped_sglang_recipe(s
 
 
 def test_another_port_reuses_the_verdict(sparkit_home):
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     adapter.parser_facts.cache_clear()

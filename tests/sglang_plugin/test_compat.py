@@ -234,7 +234,7 @@ def test_the_recipes_needs_follow_their_stack():
 
 
 def plan_of(recipe: str, *sets: str):
-    from sparkit.recipes.compile import compile_plan
+    from sparkit.planning.compile import compile_plan
     from sparkit.recipes.load import load_recipe
 
     return compile_plan(load_recipe(recipe, list(sets)))

@@ -8,19 +8,27 @@ lines, so its log reads as SGLang's (SGLangLogAdapter).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sparkit._version import __version__
+from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.engine import EngineInfo, EngineLaunch
+from sparkit.contract.plan import Provision
+from sparkit.contract.reading import DTYPE_BYTES, ReadRules
+from sparkit.contract.rules import Rule
 from sparkit.engines.base import (
-    EngineInfo,
-    EngineLaunch,
     flag_value,
     hub_model_path,
     local_model_provisions,
     package_version,
+    packages_check,
 )
 from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
+from sparkit.engines.embedded.formats import recognise, recognise_config
 from sparkit.engines.embedded.settings import (
     API_KEY_ENV,
     SETTINGS,
@@ -32,8 +40,9 @@ from sparkit.engines.embedded.settings import (
 )
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.table import command_line, passed
+from sparkit.errors import SparkitError
 from sparkit.hub.refs import model_hub_ref
-from sparkit.recipes.rules import Rule
+from sparkit.hub.remote import remote_checkpoint
 
 
 def embedded_arg_parser() -> argparse.ArgumentParser:
@@ -88,14 +97,10 @@ class EmbeddedAdapter(SGLangLogAdapter):
     key_env = (API_KEY_ENV,)
 
     def probe(self) -> EngineInfo:
-        import importlib.util
-
         missing = [m for m in ("torch", "safetensors", "transformers", "starlette", "uvicorn")
                    if importlib.util.find_spec(m) is None]
         extras = {pkg: package_version(pkg) for pkg in ("torch", "safetensors", "transformers", "uvicorn")}
         detail = "" if not missing else "missing " + ", ".join(missing) + ": pip install 'sparkit[embedded]'"
-        from sparkit._version import __version__
-
         return EngineInfo("embedded", not missing, __version__, detail, extras)
 
     def rules(self) -> list[Rule]:
@@ -104,8 +109,6 @@ class EmbeddedAdapter(SGLangLogAdapter):
     def read_rules(self, recipe, layout, device: str):
         """How this engine reads a checkpoint's bytes per step (sparkit.roofline): every weight
         decoded once at load and read in the compute dtype, experts included."""
-        from sparkit.roofline.estimate import DTYPE_BYTES, ReadRules
-
         stack = recipe.stack
         compute = DTYPE_BYTES.get(recipe.model.dtype) or (4 if device == "cpu" else 2)
         name = {4: "float32", 2: "bfloat16"}[compute]
@@ -119,8 +122,6 @@ class EmbeddedAdapter(SGLangLogAdapter):
                          fp8_head_dequantised=device == "cpu")
 
     def preflight(self, plan) -> list:
-        from sparkit.checks.preflight import packages_check
-
         return [packages_check(self)]
 
     def model_check(self, plan, pulled=None):
@@ -131,11 +132,6 @@ class EmbeddedAdapter(SGLangLogAdapter):
         (`pulled`, the preflight's verdict on the plan's pulls, then stands), or, not here, the
         config.json the memory fit read from the hub: a tiny-ling export gets the exact
         `sparkit pull`, another model the engine that serves it."""
-        from dataclasses import replace
-
-        from sparkit.checks.results import CheckResult, Status
-        from sparkit.engines.embedded.formats import recognise
-
         model, title = plan.model, "model"
         if parse_builtin(model) is not None:
             builds = ", ".join(b["dir"] for b in plan.model_builds)
@@ -189,8 +185,6 @@ class EmbeddedAdapter(SGLangLogAdapter):
         return str(Path(path).expanduser())
 
     def launch(self, loaded, *, port: int) -> EngineLaunch:
-        from sparkit.recipes.plan import Provision
-
         r = loaded.recipe
         stack, server, spec = r.stack, r.server, r.stack.speculative
         builds: list[dict[str, Any]] = []
@@ -275,10 +269,6 @@ SERVES = ("it serves tiny-ling only: sparkit's builds (`sparkit:tiny-ling`, `spa
 def _hub_recognised(ref: str):
     """What a hub model not here is, from its config.json (read for the memory fit in the same
     preflight, so kept; no weights are read): None when the hub cannot tell."""
-    from sparkit.engines.embedded.formats import recognise_config
-    from sparkit.errors import SparkitError
-    from sparkit.hub.remote import remote_checkpoint
-
     hub_ref = model_hub_ref(ref)
     if hub_ref is None:
         return None

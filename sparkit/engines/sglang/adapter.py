@@ -15,15 +15,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.engine import EngineInfo, EngineLaunch
+from sparkit.contract.plan import Provision
+from sparkit.contract.reading import DTYPE_BYTES, ReadRules
+from sparkit.contract.rules import Rule
 from sparkit.engines.base import (
-    EngineInfo,
-    EngineLaunch,
     flag_value,
     hub_model_path,
     local_model_provisions,
     package_version,
+    packages_check,
 )
 from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
+from sparkit.engines.sglang import compat
 from sparkit.engines.sglang.flags import MANAGED_DESTS, MANAGED_FLAGS, SETTINGS, Planned, server_args
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
@@ -37,10 +42,9 @@ from sparkit.engines.sglang.plugin import (
     PLUGINS_ENV,
     SHARE_ENV,
 )
+from sparkit.engines.sglang.rules import SGLANG_RULES
 from sparkit.engines.table import ALIASES, command_line, passed, recipe_value
 from sparkit.env_switch import truthy
-from sparkit.recipes.plan import Provision
-from sparkit.recipes.rules import Rule
 
 # The Ling patch's own FP8 head switch (in the registry of a patched sglang, absent from 0.5.23).
 FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
@@ -129,13 +133,11 @@ class SGLangAdapter(SGLangLogAdapter):
         return EngineInfo("sglang", importable, version, detail, extras)
 
     def rules(self) -> list[Rule]:
-        return RULES
+        return SGLANG_RULES + RULES
 
     def read_rules(self, recipe, layout, device: str):
         """How SGLang reads a checkpoint's bytes per step (sparkit.roofline): weights in their
         stored dtypes, the router and KV cache and linear-attention state as its flags set them."""
-        from sparkit.roofline.estimate import DTYPE_BYTES, ReadRules
-
         stack = recipe.stack
         args = list(recipe.server.extra_args)
         kv = 1 if (flag_value(args, "--kv-cache-dtype") or "auto").startswith("fp8") else 2
@@ -155,14 +157,9 @@ class SGLangAdapter(SGLangLogAdapter):
     def preflight(self, plan) -> list:
         """sglang importable, then every package pair the recipe needs, judged from the installed
         code (sparkit.engines.sglang.compat; sgl_kernel imported in a child process)."""
-        from sparkit.checks.preflight import packages_check
-        from sparkit.checks.results import Status
-
         result = packages_check(self)
         if result.status is not Status.PASS:
             return [result]
-        from sparkit.engines.sglang import compat
-
         judgement = compat.judge(plan.recipe, probe=True)
         return [result] + [compat_check(f, plan.env) for f in judgement.findings]
 
@@ -170,8 +167,6 @@ class SGLangAdapter(SGLangLogAdapter):
         """Every package pair SGLang recipes can need, judged on the installed code, and for each
         recipe whether the installed stack can run it (the pairs it needs that fail, the fixes the
         plugin applies)."""
-        from sparkit.engines.sglang import compat
-
         judgement = compat.judge(None, probe=probe)
         by_need = {f.need: f for f in judgement.findings}
         verdicts = []
@@ -323,8 +318,6 @@ class SGLangAdapter(SGLangLogAdapter):
         (sparkit.engines.sglang.compat). Where this machine cannot tell (the
         provider is not installed here), the adapter is enabled too: it renames only a keyword
         the function it wraps does not take, so it is a no-op where none was renamed."""
-        from sparkit.engines.sglang import compat
-
         needs = [n for n in compat.needs_for(loaded.recipe.model_dump(mode="json")) if n.name in compat.PLUGIN_ADAPTED]
         if not needs:
             return [], {}
@@ -456,9 +449,6 @@ class SGLangAdapter(SGLangLogAdapter):
 def compat_check(finding, plan_env: dict[str, str] | None = None):
     """A compatibility finding as a preflight check: its title names the pair. A plugin fix is a
     pass when the plan enables it, a failure when the plan does not (a plan made elsewhere)."""
-    from sparkit.checks.results import CheckResult, Status
-    from sparkit.engines.sglang import compat
-
     status = {compat.OK: Status.PASS, compat.PLUGIN: Status.PASS, compat.WARN: Status.WARN,
               compat.FAIL: Status.FAIL, compat.UNKNOWN: Status.SKIP}[finding.status]
     detail, fix = finding.detail, finding.fix

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 
+from sparkit.kernels.fp8_linear import exact_description, fp8_linear, prepare_fp8_weight, quantize_fp8_per_row
+
 logger = logging.getLogger("sparkit.sglang")
 
 QUANT_METHOD_NAME = "SparkitFp8LmHeadMethod"
@@ -41,8 +43,6 @@ class SparkitFp8LmHeadMethod:
         return None
 
     def apply(self, layer, x, bias=None):
-        from sparkit.kernels.fp8_linear import fp8_linear
-
         packed = getattr(layer, "sparkit_packed", None)
         if packed is not None:  # carries its own exact weight and re-scoring depth
             out = fp8_linear(x, packed, None, out_dtype=x.dtype)
@@ -64,8 +64,6 @@ def is_fp8_lm_head(module) -> bool:
 
 def _quantize_rows(weight):
     import torch
-
-    from sparkit.kernels.fp8_linear import quantize_fp8_per_row
 
     n = weight.shape[0]
     q = torch.empty(weight.shape, dtype=torch.float8_e4m3fn, device=weight.device)
@@ -100,8 +98,6 @@ def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
     exact = weight.data if exact_top_k > 0 else None
     packed = None
     if q.is_cuda:
-        from sparkit.kernels.fp8_linear import prepare_fp8_weight
-
         # Tuned here, at load: SGLang captures its CUDA graphs after the weights are loaded, and
         # the captured calls replay the configs chosen now.
         packed = prepare_fp8_weight(q, scale, exact_weight=exact, exact_top_k=exact_top_k,
@@ -126,7 +122,6 @@ def convert_lm_head_to_fp8(lm_head, exact_top_k: int = 0) -> dict:
     lm_head.sparkit_exact_top_k = int(exact_top_k) if exact is not None else 0
     del q, weight
     lm_head.quant_method = SparkitFp8LmHeadMethod()
-    from sparkit.kernels.fp8_linear import exact_description
 
     info = {"rows": rows, "hidden": hidden, "format": "e4m3, per-row scales",
             "kernel": kernel, "replaced": previous, "exact_top_k": lm_head.sparkit_exact_top_k,

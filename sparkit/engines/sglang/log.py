@@ -2,7 +2,10 @@
 server starts (`detect_phase`, `phase_timeline`) and the diagnosis of a failed start
 (`diagnose_failure`). The wording is SGLang 0.5.23's (../shared/docs/sglang-facts.md §5; the
 patterns below quote what real servers wrote on an H200: tests/fixtures/sglang-0.5.23-h200); the
-embedded engine writes the same lines, so one reader serves both adapters. Pure text -> data.
+embedded engine writes the same lines, so one reader serves both adapters. What it returns
+(LogEvidence, Diagnosis) is the contract's (sparkit.contract.log); the failures every engine shows
+alike, and the driver that tries these patterns in order, are sparkit.engines.startup_log's.
+Pure text -> data.
 """
 
 from __future__ import annotations
@@ -13,7 +16,18 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sparkit.engines.base import STARTUP_PHASES as PHASES  # the seam's vocabulary of phases
+from sparkit.contract.engine import STARTUP_PHASES as PHASES  # the seam's vocabulary of phases
+from sparkit.contract.log import DecodeStat, Diagnosis, LogEvidence, WeightLoad
+from sparkit.engines.startup_log import (
+    BROKEN_CHECKPOINT,
+    MISSING_MODEL,
+    NOT_INSTALLED,
+    OUT_OF_MEMORY,
+    PORT_IN_USE,
+    UNKNOWN_FLAG,
+    DiagnosisPattern,
+    diagnose,
+)
 
 # -- log line patterns (SGLang's wording; lines carry a "[time TPn] " prefix we ignore) --
 _SERVER_ARGS = re.compile(r"server_args=(.*)$")
@@ -58,66 +72,6 @@ _STATE_ERROR = re.compile(r"Not enough GPU memory for hybrid \(mamba/linear-atte
                           r"mamba_cache_per_req=(?P<per>[\d.]+) MB\)")
 _NO_KV_ERROR = re.compile(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=(?P<f>[\d.]+)")
 _TIMESTAMP = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
-
-
-@dataclass
-class WeightLoad:
-    """One "Load weight end." line: one per model (target, then the NextN draft)."""
-
-    model_class: str | None
-    quant: str | None
-    elapsed_s: float | None
-    line: str
-
-
-@dataclass
-class DecodeStat:
-    """One periodic "Decode batch ..." line (every 40 decode steps)."""
-
-    accept_length: float | None
-    accept_rate: float | None
-    gen_throughput: float | None
-    graph: bool | None
-    line: str
-
-
-@dataclass
-class LogEvidence:
-    server_args: dict[str, Any] | None = None
-    weight_loads: list[WeightLoad] = field(default_factory=list)
-    mixed_mxfp4_experts: bool = False
-    moe_backend_override: str | None = None  # "Bailing V3 mixed ... moe_runner_backend=X"
-    humming_gemm: str | None = None  # "indexed" | "grouped" when humming MoE ran
-    fp8_lm_head: bool = False
-    graph_captures: int = 0
-    graph_capture_failed: str | None = None
-    decode_stats: list[DecodeStat] = field(default_factory=list)
-    ready: bool = False
-    rewrites: list[str] = field(default_factory=list)  # warnings where the engine changed a setting
-    lines: dict[str, str] = field(default_factory=dict)  # evidence name -> the log line that proves it
-    # SGLang's own "Engine startup timings (s)" line: {"load_weight": 0.14, "cuda_graph.prefill": 56.11, ...}
-    startup_timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def target_load(self) -> WeightLoad | None:
-        return self.weight_loads[0] if self.weight_loads else None
-
-    @property
-    def draft_load(self) -> WeightLoad | None:
-        drafts = [w for w in self.weight_loads if w.model_class and w.model_class.endswith("NextN")]
-        if drafts:
-            return drafts[-1]
-        return self.weight_loads[1] if len(self.weight_loads) > 1 else None
-
-    @property
-    def last_accept_length(self) -> float | None:
-        values = [d.accept_length for d in self.decode_stats if d.accept_length is not None]
-        return values[-1] if values else None
-
-    @property
-    def last_gen_throughput(self) -> float | None:
-        values = [d.gen_throughput for d in self.decode_stats if d.gen_throughput is not None]
-        return values[-1] if values else None
 
 
 @dataclass
@@ -379,33 +333,13 @@ def detect_phase(text: str) -> str:
 
 
 # -- failed start ------------------------------------------------------------------------------
-@dataclass
-class Diagnosis:
-    cause: str  # short name: "out of memory", "unknown flag", ...
-    detail: str  # one sentence for the user
-    hint: str
-    line: str | None = None  # the log line that gave it away
-
-
-_DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
-    (
-        re.compile(r"No module named '?(sglang|torch|sparkit)\b"),
-        "engine not installed",
-        "the engine's Python package is not installed in this environment",
-        "install it (e.g. `pip install sglang==0.5.23` or `pip install sparkit[embedded]`)",
-    ),
-    (
-        re.compile(r"unrecognized arguments|ambiguous option|error: argument|no such option|invalid choice", re.IGNORECASE),
-        "unknown flag",
-        "the engine rejected a command-line flag",
-        "check the flag against the installed engine version (`sparkit plan` shows the exact argv); remove or rename it in the recipe's engine extras",
-    ),
-    (
-        re.compile(r"Address already in use|address already in use|\[Errno 98\]|port \d+ is (?:already )?in use", re.IGNORECASE),
-        "port in use",
-        "the port is already taken by another process",
-        "pick another port with `--port N`, or `--port auto`; `sparkit status` shows running servers",
-    ),
+# In the order they are tried: the first that matches one of the last lines names the cause (the
+# general ones are sparkit.engines.startup_log's; the FP8 one comes before the capture failure,
+# whose line it also matches).
+_DIAGNOSES: list[DiagnosisPattern] = [
+    NOT_INSTALLED,
+    UNKNOWN_FLAG,
+    PORT_IN_USE,
     (
         # A BF16 kernel handed an FP8 tensor. Seen on the H200 (SGLang 0.5.23 + sparkit's FP8 head
         # with SPARKIT_SHARE_LM_HEAD=0): the NEXTN draft, given only the target head's weight
@@ -435,33 +369,9 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
         "start servers one after another, or size their pools explicitly (--max-total-tokens, --max-mamba-cache-size) "
         "with a mem_fraction_static that leaves P x (1 - f) free; `sparkit plan` shows the arithmetic",
     ),
-    (
-        re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory|Not enough memory|MemoryError|Cannot allocate memory", re.IGNORECASE),
-        "out of memory",
-        "the engine ran out of memory",
-        "lower mem_fraction_static (0.68 on a DGX Spark), the context length or the CUDA graph batch sizes; stop other GPU processes",
-    ),
-    (
-        re.compile(
-            r"does not appear to have a file named|Repository Not Found|is not a local folder and is not a valid model identifier"
-            r"|No such file or directory.*(?:config\.json|model|safetensors)|model path .* does not exist|not a valid model|"
-            r"(?:FileNotFoundError|OSError).*(?:config\.json|checkpoint|model)",
-            re.IGNORECASE,
-        ),
-        "missing model",
-        "the model (or its draft) could not be found",
-        "check model.path in the recipe (a local directory or a hub id already downloaded); `sparkit model make-tiny DIR` builds a tiny-ling",
-    ),
-    (
-        re.compile(
-            r"cannot load the checkpoint|corrupt safetensors|Error while deserializing header|HeaderTooLarge"
-            r"|incomplete metadata|safetensors_rust\.SafetensorError",
-            re.IGNORECASE,
-        ),
-        "broken checkpoint",
-        "the model's weight files are unreadable (truncated download or not a checkpoint)",
-        "re-download the checkpoint; a tiny-ling build: delete its directory and build it again with `sparkit model make-tiny DIR`",
-    ),
+    OUT_OF_MEMORY,
+    MISSING_MODEL,
+    BROKEN_CHECKPOINT,
     (
         re.compile(r"Unknown speculative algorithm name"),
         "unknown speculative algorithm",
@@ -471,7 +381,6 @@ _DIAGNOSES: list[tuple[re.Pattern[str], str, str, str]] = [
 ]
 
 
-_MISSING_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
 # What provides a module an engine imports only on some paths (seen on the H200 with SGLang 0.5.23).
 _MODULE_FIXES = {
     "flash_mla": "pip install sgl-flash-mla (SGLang's NEXTN/EAGLE draft imports it to capture CUDA graphs), "
@@ -482,70 +391,11 @@ _MODULE_FIXES = {
                   "kernels for any request with temperature > 0 (greedy requests do not need it)",
     "cutlass": "pip install nvidia-cutlass-dsl (SGLang's CuTe DSL kernels)",
 }
-# The exception that ended a traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
-_EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:[\w.]+\.)?(?P<kind>\w*(?:Error|Exception))(?::\s*(?P<message>.*))?$")
 
 
 def diagnose_failure(log_text: str, returncode: int | None = None) -> Diagnosis:
     """Name the most likely cause of a failed start from the log's last lines."""
-    lines = log_text.splitlines()
-    for pattern, cause, detail, hint in _DIAGNOSES:
-        for line in reversed(lines[-400:]):
-            if pattern.search(line):
-                return Diagnosis(cause, detail, hint, line.strip())
-        if cause == "engine not installed":  # next most telling: any other missing module
-            for line in reversed(lines[-400:]):
-                # SGLang 0.5.23 logs the optional models it skips: "Ignore import error when loading
-                # sglang.srt.models.midashenglm: No module named 'torchaudio.functional'" (benign)
-                if "Ignore import error" in line:
-                    continue
-                if m := _MISSING_MODULE.search(line):
-                    module = m.group("module")
-                    fix = _MODULE_FIXES.get(module.split(".")[0], f"install the package that provides the Python module {module}")
-                    return Diagnosis("missing Python module", f"the engine imports {module}, which is not installed",
-                                     fix, line.strip())
-    for line in reversed(lines[-400:]):
-        if m := _EXCEPTION_LINE.match(line.strip()):
-            return Diagnosis(
-                "engine error",
-                f"the engine raised {m.group('kind')}" + (f": {m.group('message')}" if m.group("message") else ""),
-                "read the traceback above it in the log (`sparkit logs RUN` shows the whole log)",
-                line.strip(),
-            )
-    if returncode is not None and (returncode < 0 or returncode in (137, 143)):
-        # Only the signal is known here: whether the OOM killer sent it is for the kernel to say
-        # (sparkit.runs.launcher asks it, sparkit.memory.oom).
-        number = -returncode if returncode < 0 else returncode - 128
-        return Diagnosis(
-            f"killed by {signal_name(number)}",
-            f"the engine was killed by {signal_name(number)} (signal {number}) before it became healthy",
-            "if nobody stopped it on purpose: a supervisor, a job or session limit, or the OOM killer "
-            "(`dmesg | grep -i oom`); `sparkit logs RUN` shows what it did last",
-        )
-    if returncode is not None:
-        return Diagnosis(
-            "process exited",
-            f"the engine exited with code {returncode} before it became healthy",
-            "read the log lines above; `sparkit logs RUN` shows the whole log",
-        )
-    return Diagnosis(
-        "not healthy in time",
-        "the engine did not answer /health in time",
-        "raise --timeout (first starts compile kernels and capture graphs), or read the log",
-    )
-
-
-def signal_name(number: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def tail_lines(text: str, n: int = 20) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()][-n:]
+    return diagnose(log_text, returncode, _DIAGNOSES, _MODULE_FIXES)
 
 
 class SGLangLogAdapter:

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.engines.base import package_version
+from sparkit.paths import cache_dir, ensure_dir, write_atomic
+
 FORMAT = 1
 SOURCES = ("srt/server_args.py", "srt/environ.py")
 MAX_VERDICTS = 1024  # argvs remembered per sglang install (the oldest go first)
@@ -47,8 +50,6 @@ class OptionFact:
 def install_key() -> tuple[str | None, str | None, str | None]:
     """(key, version, why sglang is unavailable) of the installed sglang, found without
     importing it. The key is None when sglang is missing or its files cannot be read."""
-    from sparkit.engines.base import package_version
-
     try:
         spec = importlib.util.find_spec("sglang")
     except Exception as exc:  # a broken install, or an import hook that refuses it
@@ -159,7 +160,6 @@ class ParserFacts:
         """Write the record if anything was learnt (a failure to write costs only speed)."""
         if not self._dirty or self.key is None or self.unavailable is not None or not self.options:
             return
-        from sparkit.paths import ensure_dir, write_atomic
 
         path = record_path(self.key)
         try:
@@ -171,8 +171,6 @@ class ParserFacts:
 
 
 def record_path(key: str) -> Path:
-    from sparkit.paths import cache_dir
-
     return cache_dir() / "sglang-parser" / f"{key}.json"
 
 

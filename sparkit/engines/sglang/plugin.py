@@ -46,6 +46,11 @@ import os
 from dataclasses import dataclass
 
 from sparkit.env_switch import truthy
+from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+
+# Imported inside functions: the FP8 head and the activation report, in the hooks that use them
+# (inside their `try`, which logs rather than raises: a hook must never stop SGLang). This module
+# loads in every SGLang process, enabled or not, and needs neither until a hook runs.
 
 # How SGLang finds this plugin: the entry point pyproject.toml registers under this name in the
 # group `sglang.srt.plugins`, selected by SGLANG_PLUGINS (comma-separated names).
@@ -116,8 +121,6 @@ def sharing_enabled() -> bool:
 
 def exact_top_k() -> int:
     """The re-scoring depth from the environment; a bad value falls back to the default (logged)."""
-    from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
-
     raw = os.environ.get(EXACT_TOP_K_ENV, "").strip()
     if not raw:
         return DEFAULT_EXACT_TOP_K

@@ -1,6 +1,6 @@
 """compile_plan: a loaded recipe -> the exact LaunchPlan (argv, env, expectations).
 
-The general rules and the engine's own (its adapter's `rules()`) run first; then the engine's
+The general rules and the engine's own (its adapter's `rules()`) run first (sparkit.planning.rules); then the engine's
 adapter turns the recipe into its part of the launch (`EngineLaunch`), checking what only the
 installed engine can judge (its flag parser, its environment registry); compile alone assembles
 the plan from it. Planning never needs the target hardware.
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from sparkit.engines.base import EngineLaunch, get_adapter
+from sparkit.contract.engine import EngineLaunch
+from sparkit.contract.plan import Expectations, LaunchPlan
+from sparkit.engines.base import get_adapter
 from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH, SHARED, recipe_value
+from sparkit.planning.rules import check_rules, raise_for_errors
 from sparkit.recipes.load import LoadedRecipe, display_path
-from sparkit.recipes.plan import Expectations, LaunchPlan
-from sparkit.recipes.rules import check_rules, code_env_notes, raise_for_errors
+from sparkit.recipes.rules import code_env_notes
 from sparkit.recipes.schema import Recipe
 
 

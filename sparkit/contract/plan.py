@@ -1,6 +1,6 @@
 """LaunchPlan: the exact engine launch a recipe compiles to.
 
-This is the contract between the recipe compiler (sparkit.recipes), the process
+This is the contract between the planner (sparkit.planning), the process
 lifecycle (sparkit.runs) and the startup checks (sparkit.checks). It is plain
 data, serialised as plan.json in each run directory.
 """
@@ -57,7 +57,7 @@ class Expectations:
 
 @dataclass
 class LaunchPlan:
-    engine: str  # a name in sparkit.engines.base.registry()
+    engine: str  # a name in sparkit.contract.engine.engine_names()
     argv: list[str]  # argv[0] is the executable (sys.executable for python -m ...)
     env: dict[str, str]  # only the variables sparkit sets (merged over os.environ at start)
     host: str
