@@ -61,9 +61,12 @@ def test_every_spelling_sglang_parses_reads_the_same():
 
 
 def test_the_plugin_still_imports_only_the_standard_library_and_its_switch():
+    """Inside SGLang's process the plugin loads before anything else of sparkit: only its switch
+    and the re-scoring rule's numbers (both standard library only), never torch or the adapters."""
     code = ("import sys; before = set(sys.modules); import sparkit.engines.sglang.plugin; "
             "print(sorted(m for m in set(sys.modules) - before if m.startswith('sparkit')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sorted(["sparkit", "sparkit._version", "sparkit.engines", "sparkit.engines.sglang",
-                                              "sparkit.engines.sglang.plugin", "sparkit.env_switch"]))
+                                              "sparkit.engines.sglang.plugin", "sparkit.env_switch",
+                                              "sparkit.kernels", "sparkit.kernels.rescoring"]))
