@@ -18,9 +18,9 @@ from typing import Any
 from sparkit.checks.evidence import ServerEvidence
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT
 from sparkit.contract.checks import CheckResult, Status
+from sparkit.contract.flag_table import ALIASES, EXPECTATION_KEYS
 from sparkit.contract.plan import LaunchPlan
 from sparkit.engines.activation_report import MoeLayerReport
-from sparkit.engines.table import ALIASES, EXPECTATION_KEYS
 
 # -- helpers -----------------------------------------------------------------------------------
 _DTYPE_NAMES = {
@@ -536,7 +536,7 @@ def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
 
 # The accept length of a draft that is never accepted: every verify step commits its bonus token
 # only. A plan that states no minimum (compile always states one for a speculative recipe:
-# sparkit.engines.table.DEFAULT_MIN_ACCEPT_LENGTH) must clear this much.
+# sparkit.contract.flag_table.DEFAULT_MIN_ACCEPT_LENGTH) must clear this much.
 NO_DRAFT_ACCEPTED = 1.0
 
 

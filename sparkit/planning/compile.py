@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sparkit.contract.engine import EngineLaunch
+from sparkit.contract.flag_table import DEFAULT_MIN_ACCEPT_LENGTH, SHARED, recipe_value
 from sparkit.contract.plan import Expectations, LaunchPlan
 from sparkit.engines.base import get_adapter
-from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH, SHARED, recipe_value
 from sparkit.planning.rules import check_rules, raise_for_errors
 from sparkit.recipes.load import LoadedRecipe, display_path
 from sparkit.recipes.rules import code_env_notes

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from sparkit.contract.flag_table import SPECULATIVE_NUMBERS
 from sparkit.contract.rules import Rule, Severity
 from sparkit.recipes.load import LoadedRecipe
 from sparkit.recipes.schema import code_loading
@@ -43,7 +44,7 @@ def _spec_all_or_none(loaded: LoadedRecipe):
     spec = loaded.recipe.stack.speculative
     if spec.method != "nextn":
         return []
-    given = {k: getattr(spec, k) for k in ("num_steps", "eagle_topk", "num_draft_tokens")}
+    given = {k: getattr(spec, k) for k in SPECULATIVE_NUMBERS}
     missing = [k for k, v in given.items() if v is None]
     if missing and len(missing) < 3:
         return [("error", "stack.speculative", "speculative numbers are partial: missing " + ", ".join(missing))]

@@ -1,4 +1,4 @@
-"""The minimum accept length: one default (sparkit.engines.table.DEFAULT_MIN_ACCEPT_LENGTH), which
+"""The minimum accept length: one default (sparkit.contract.flag_table.DEFAULT_MIN_ACCEPT_LENGTH), which
 compile writes into every speculative plan whose recipe states none; a plan that states none (one
 written elsewhere, or with the value removed) is held only to beating a draft that is never accepted."""
 
@@ -9,7 +9,7 @@ import dataclasses
 from sparkit.checks.activation import check_acceptance
 from sparkit.checks.evidence import ProbeRequest, ProbeResult, ServerEvidence
 from sparkit.contract.checks import Status
-from sparkit.engines.table import DEFAULT_MIN_ACCEPT_LENGTH
+from sparkit.contract.flag_table import DEFAULT_MIN_ACCEPT_LENGTH
 from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import load_recipe
 from sparkit.recipes.schema import Checks

@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
+from sparkit.contract.flag_table import EXPECTATION_KEYS, SHARED, SPECULATIVE_NUMBERS, managed_dests
 from sparkit.contract.plan import Expectations
 from sparkit.engines.embedded import settings as embedded_settings
 from sparkit.engines.embedded.adapter import embedded_arg_parser
 from sparkit.engines.sglang import flags as sglang_flags
-from sparkit.engines.table import EXPECTATION_KEYS, SHARED, SPECULATIVE_NUMBERS, managed_dests
 from sparkit.recipes.schema import Recipe
 
 TABLES = {"sglang": sglang_flags.SETTINGS, "embedded": embedded_settings.SETTINGS}

@@ -17,6 +17,7 @@ from typing import Any
 from sparkit._version import __version__
 from sparkit.contract.checks import CheckResult, Status
 from sparkit.contract.engine import EngineInfo, EngineLaunch
+from sparkit.contract.flag_table import command_line, passed
 from sparkit.contract.plan import Provision
 from sparkit.contract.reading import DTYPE_BYTES, ReadRules
 from sparkit.contract.rules import Rule
@@ -39,7 +40,6 @@ from sparkit.engines.embedded.settings import (
     validate_args,
 )
 from sparkit.engines.sglang.log import SGLangLogAdapter
-from sparkit.engines.table import command_line, passed
 from sparkit.errors import SparkitError
 from sparkit.hub.refs import model_hub_ref
 from sparkit.hub.remote import remote_checkpoint

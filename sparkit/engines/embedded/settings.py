@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from
-from sparkit.engines.table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, shared
+from sparkit.contract.flag_table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, shared
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 
 ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
@@ -312,7 +312,7 @@ def redacted_argv(argv: list[str]) -> list[str]:
 
 
 # -- the settings table: recipe key -> setting (its flag) -> resolved-args name -> expectation ---------
-# (the shape: sparkit.engines.table). The adapter's argv is the table's rows in order
+# (the shape: sparkit.contract.flag_table). The adapter's argv is the table's rows in order
 # (`command_line`), then the recipe's pass-through flags; the expected server args come from the
 # same rows.
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sparkit.contract.checks import CheckResult, Status
 from sparkit.contract.engine import EngineInfo, EngineLaunch
+from sparkit.contract.flag_table import ALIASES, command_line, passed, recipe_value
 from sparkit.contract.plan import Provision
 from sparkit.contract.reading import DTYPE_BYTES, ReadRules
 from sparkit.contract.rules import Rule
@@ -43,7 +44,6 @@ from sparkit.engines.sglang.plugin import (
     SHARE_ENV,
 )
 from sparkit.engines.sglang.rules import SGLANG_RULES
-from sparkit.engines.table import ALIASES, command_line, passed, recipe_value
 from sparkit.env_switch import truthy
 
 # The Ling patch's own FP8 head switch (in the registry of a patched sglang, absent from 0.5.23).

@@ -1,5 +1,5 @@
 """SGLang's settings table: recipe key -> `sglang.launch_server` flag -> resolved-args name ->
-what /server_info must report (the shape: sparkit.engines.table).
+what /server_info must report (the shape: sparkit.contract.flag_table).
 
 The adapter's argv is the table's rows in order (`command_line`), then the recipe's pass-through
 flags; MANAGED_DESTS (the destinations a pass-through flag may not repeat) and the expected server
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkit.engines.table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, managed_dests, shared
+from sparkit.contract.flag_table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, managed_dests, shared
 
 # The NEXTN numbers SGLang 0.5.23 picks for a Bailing (Ling) model when the recipe gives none
 # (sglang.srt.arg_groups.speculative_hook._auto_choose_speculative_params).

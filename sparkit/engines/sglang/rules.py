@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sparkit.contract.flag_table import SPECULATIVE_NUMBERS
 from sparkit.contract.rules import Rule
 from sparkit.env_switch import truthy as _truthy
 from sparkit.recipes.load import LoadedRecipe
@@ -55,7 +56,7 @@ def _dspark_numbers(loaded: LoadedRecipe):
     spec = loaded.recipe.stack.speculative
     if spec.method != "dspark":
         return []
-    given = [k for k in ("num_steps", "eagle_topk", "num_draft_tokens") if getattr(spec, k) is not None]
+    given = [k for k in SPECULATIVE_NUMBERS if getattr(spec, k) is not None]
     if given:
         return [("error", f"stack.speculative.{given[0]}", "dspark takes no " + ", ".join(given))]
     return []
