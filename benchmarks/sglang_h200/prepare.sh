@@ -25,6 +25,10 @@ SHARED=${SPARKIT_SHARED_DIR:-../shared}
 TREE_BYTES=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
 LIMIT_BYTES=$(( 64 * 1048576 ))
 export PIECE=${PIECE:-$(( LIMIT_BYTES - TREE_BYTES - 2 * 1048576 ))}
+if ! [[ "$PIECE" =~ ^[0-9]+$ ]]; then
+  echo "prepare.sh: PIECE=$PIECE is not a number of bytes" >&2
+  exit 2
+fi
 if [ $(( PIECE + TREE_BYTES )) -ge "$LIMIT_BYTES" ] || [ "$PIECE" -le 0 ]; then
   echo "prepare.sh: PIECE=$PIECE bytes + this tree's $TREE_BYTES bytes do not fit a run call's 64 MiB;" \
        "set PIECE smaller, or make the tree smaller" >&2
