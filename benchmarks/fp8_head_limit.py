@@ -155,13 +155,17 @@ def main(argv=None):
         ranked = sorted(rep.times_us.get(m, {}).items(), key=lambda kv: kv[1])
         lines.append(f"# tuning M={m}: " + ", ".join(f"{a} {b:.1f}" for a, b in ranked))
     header = ("M | bf16 us | fp8 us | fp8+exact us | x bf16 (exact) | x bf16 (fp8) | limit x | "
-              "cand-only us | former us | x bf16 (former) | config | logits = former | top1 vs bf16")
+              "cand-only us | former us | x bf16 (former) | config | logits = former | top1 vs bf16 | "
+              "fp8 err (former err)")
     lines += ["", header]
     write(lines)
     log("tuned: " + rep.summary())
 
     # 3. the table
     bf16_top1 = torch.cat([F.linear(hidden[i:i + 1], w_bf16).argmax(dim=1) for i in range(args.samples)])
+    q_packed, s_packed = fk.unpack_fp8_weight(plain[0])
+    w_product = q_packed.double() * s_packed.double()[:, None]  # what the FP8 kernels compute, exactly
+    del q_packed
     timer = wall_timer if args.rehearse else fp8_tune.time_graphs
     pack_bytes = plain[0].data.numel() + plain[0].scale.numel() * 4
     for m in ms:
@@ -202,11 +206,19 @@ def main(argv=None):
             row["top1_vs_bf16"] = float(hit.float().mean())
             row["top1_samples"] = int(hit.numel())
             agree = f"{row['top1_vs_bf16'] * 100:.2f}% of {hit.numel()}"
+            # Without re-scoring, each path's largest logit error against the exact product of its
+            # e4m3 weight and the bf16 activations, relative to the largest logit (fp32 outputs).
+            want = x.double() @ w_product.T
+            for name, y_path in (("fp8", api.fp8_linear(x, plain[0], None, out_dtype=torch.float32)),
+                                 ("former", fk.fp8_linear_packed(x, plain[0], torch.float32,
+                                                                 config=fk.PACKED_DEFAULT))):
+                row[f"{name}_err_vs_product"] = float((y_path.double() - want).abs().max() / want.abs().max())
+            agree += f" | {row['fp8_err_vs_product']:.2g} ({row['former_err_vs_product']:.2g})"
         doc["rows"].append(row)
         lines.append(f"{m} | {med['bf16']:.1f} | {med['fp8']:.1f} | {med['exact']:.1f} | {ratio['exact']:.3f}x | "
                      f"{ratio['fp8']:.3f}x | {limit:.3f}x | {med['cand']:.1f} | {med['former']:.1f} | "
                      f"{ratio['former']:.3f}x | {cfg.label()} | {'yes' if same == 0 else f'max diff {same:.3g}'} | "
-                     f"{agree or '-'}")
+                     f"{agree or '- | -'}")
         write(lines)
         log(lines[-1])
     worst = min(doc["rows"], key=lambda r: r["x_bf16"]["exact"])

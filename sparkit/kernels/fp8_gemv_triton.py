@@ -61,21 +61,25 @@ class KernelConfig:
         base = f"{self.kind}:n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
         if self.kind == STREAM_KIND:
             base += f"p{self.ctas_per_sm}f{self.prefetch_kb}"
+        elif self.prefetch_kb:
+            base += f"f{self.prefetch_kb}"
         return base
 
     @classmethod
     def from_label(cls, label: str) -> KernelConfig:
-        """The inverse of label(): 'pk16p:n128k256w4s3', 'ps16p:n128k256w4s3p2f64'."""
-        m = re.fullmatch(r"([a-z0-9]+):n(\d+)k(\d+)w(\d+)s(\d+)(?:p(\d+)f(\d+))?", label.strip())
+        """The inverse of label(): 'pk16p:n128k256w4s3', 'pk8:n128k256w4s3f32', 'ps16p:n128k256w4s3p2f64'."""
+        m = re.fullmatch(r"([a-z0-9]+):n(\d+)k(\d+)w(\d+)s(\d+)(?:p(\d+))?(?:f(\d+))?", label.strip())
         if m is None:
             raise ValueError(f"not a kernel config label: {label!r} (expected e.g. {PACKED_DEFAULT.label()!r})")
         kind, bn, bk, nw, ns, ctas, pf = m.groups()
-        if (kind == STREAM_KIND) != (ctas is not None):
+        if (kind == STREAM_KIND) != (ctas is not None) or (kind == STREAM_KIND and pf is None):
             raise ValueError(f"kernel config label {label!r}: p<ctas>f<KiB> belongs to {STREAM_KIND} only")
         return cls(kind, int(bn), int(bk), int(nw), int(ns), int(ctas or 0), int(pf or 0))
 
 
-PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4}
+PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4, "pk8": 5, "pk8w": 6}
+# The modes that read e4m3 activations (_split_rows_fp8_kernel: rows up to PRESCALE_ONE_PASS_K long).
+FP8_ACTIVATION_MODES = (5, 6)
 # The persistent kernel (_fp8_stream_kernel) on the same packed weight, activations pre-scaled as pk16p.
 STREAM_KIND = "ps16p"
 
@@ -271,6 +275,47 @@ def _row_exponent_kernel(x_ptr, e_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, B
     tl.store(e_ptr + offs_m, e, mask=offs_m < M)
 
 
+# e4m3's largest power of two (its maximum is 448 = 1.75 * 2^8): a row scaled so that its largest
+# magnitude lies in (128, 256] uses the format's top binade and keeps 15 binades below it normal.
+FP8_SPLIT_TOP = tl.constexpr(8)
+
+
+@triton.jit
+def _pow2_exponent(amax):
+    """The power of two e with amax * 2^-e in (128, 256]; 0 for an all-zero (or non-finite) amax."""
+    return tl.where((amax > 0) & (amax < float("inf")), tl.ceil(tl.log2(amax)) - FP8_SPLIT_TOP, 0.0)
+
+
+@triton.jit
+def _split_fp8_row(v):
+    """One activation row (fp32 values of a bf16 row) as two e4m3 rows and their powers of two:
+    hi = e4m3(v * 2^-e), lo = e4m3((v * 2^-e - hi) * 2^-e_lo). hi keeps the top 4 significant bits
+    of each value (rounded to nearest), so the remainder needs at most 4 more; a bf16 value has 8,
+    so hi * 2^e + lo * 2^(e + e_lo) is the row itself for every value within e4m3's normal range
+    of the row's largest (2^-14 of it: what lies below adds less than 2^-14 of the largest product
+    to a logit). With e4m3 activations the main kernel feeds the weight tile from shared memory
+    straight to the FP8 tensor cores: no conversion of the weight, no copy through registers."""
+    e = _pow2_exponent(tl.max(tl.abs(v), axis=0))
+    scaled = v * tl.exp2(-e)
+    hi = _round_to_4_bits(scaled).to(tl.float8e4nv)
+    rest = scaled - hi.to(tl.float32)  # exact; from hi as stored (below e4m3's normal range it rounds again)
+    e_lo = _pow2_exponent(tl.max(tl.abs(rest), axis=0))
+    lo = _round_to_4_bits(rest * tl.exp2(-e_lo)).to(tl.float8e4nv)
+    return hi, lo, e, e_lo
+
+
+@triton.jit
+def _round_to_4_bits(v):
+    """fp32 v rounded to 4 significant bits (e4m3's precision), to nearest, ties to even, by integer
+    arithmetic on its bits: the rounding the split relies on is then the same on every GPU and
+    under Triton's CPU interpreter (whose fp32 -> e4m3 conversion neither carries a rounded-up
+    mantissa into the exponent nor breaks ties to even). Values in e4m3's normal range then
+    convert to it exactly."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    return bits.to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, BLOCK_K: tl.constexpr,
                           PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0, ONE_PASS: tl.constexpr = False):
@@ -300,19 +345,48 @@ def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, 
             v = tl.load(src + k0 + offs, mask=(k0 + offs) < K, other=0.0)
             tl.store(dst + k0 + offs, (v.to(tl.float32) * inv).to(tl.float16), mask=(k0 + offs) < K)
     tl.store(e_ptr + row, e)
-    if NS_PAD > 0:  # the row's candidate slots, emptied for the main kernel's atomic maxima
-        slots = tl.arange(0, NS_PAD)
-        tl.store(key_ptr + row.to(tl.int64) * n_slots + slots, tl.full((NS_PAD,), EMPTY_KEY, tl.int64),
-                 mask=slots < n_slots)
+    if NS_PAD > 0:
+        _empty_slots(key_ptr, n_slots, row, NS_PAD)
+
+
+@triton.jit
+def _empty_slots(key_ptr, n_slots, row, NS_PAD: tl.constexpr):
+    """The row's candidate slots, emptied for the main kernel's atomic maxima."""
+    slots = tl.arange(0, NS_PAD)
+    tl.store(key_ptr + row.to(tl.int64) * n_slots + slots, tl.full((NS_PAD,), EMPTY_KEY, tl.int64),
+             mask=slots < n_slots)
+
+
+@triton.jit
+def _split_rows_fp8_kernel(x_ptr, x8_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, BLOCK_K: tl.constexpr,
+                           PDL: tl.constexpr = False, NS_PAD: tl.constexpr = 0):
+    """One activation row per program (K <= BLOCK_K, read once): its two e4m3 rows (_split_fp8_row)
+    for the FP8-activation modes. Layout, per block b of 16 rows: the rows' hi parts at rows
+    32b .. 32b+15 of x8, their lo parts at 32b+16 .. 32b+31, the powers of two in e at the same
+    indices; so one block's 32 rows are one [32, BLOCK_K] TMA box."""
+    if PDL:  # the main kernel may launch now; it waits for this one before reading x8
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_K)
+    v = tl.load(x_ptr + row.to(tl.int64) * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+    hi, lo, e, e_lo = _split_fp8_row(v)
+    hi_row = row + (row // 16) * 16
+    tl.store(x8_ptr + hi_row.to(tl.int64) * K + offs, hi, mask=offs < K)
+    tl.store(x8_ptr + (hi_row + 16).to(tl.int64) * K + offs, lo, mask=offs < K)
+    tl.store(e_ptr + hi_row, e)
+    tl.store(e_ptr + hi_row + 16, e + e_lo)
+    if NS_PAD > 0:
+        _empty_slots(key_ptr, n_slots, row, NS_PAD)
 
 
 @triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
-    key_ptr, n_slots,
+    key_ptr, n_slots, w_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
-    PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0,
+    PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0, PREFETCH_TILES: tl.constexpr = 0,
+    PACK_N: tl.constexpr = 0,
 ):
     # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
     # every tile is one contiguous block and a program streams one contiguous region of
@@ -322,16 +396,31 @@ def _fp8_packed_kernel(
     # which keeps the MMAs chained on one accumulator. MODE 3: as 2, the powers of two computed
     # once per call by _row_exponent_kernel instead of by every program. MODE 4: x_desc describes
     # activations already scaled and rounded to fp16 by _prescale_rows_kernel (exponents in e_ptr):
-    # nothing but the chained MMA in the loop.
+    # nothing but the chained MMA in the loop. MODE 5 and 6: x_desc describes the activations split
+    # into two e4m3 parts by _split_rows_fp8_kernel (32 rows per block of 16: hi parts, then lo
+    # parts), multiplied by the e4m3 weight tile on FP8 tensor cores as it sits in shared memory;
+    # MODE 5 as two MMAs of 16 columns, MODE 6 as one of 32.
+    # PACK_N (0: BLOCK_N): the packing's tile rows; a program may read BLOCK_N of them (a stripe:
+    # a packed tile's [BLOCK_N, BLOCK_K] pieces are contiguous), so that the grid has more, shorter
+    # programs than packed tiles.
+    PACKED_N: tl.constexpr = BLOCK_N if PACK_N == 0 else PACK_N
+    SUB: tl.constexpr = PACKED_N // BLOCK_N
+    pid_n = tl.program_id(0)
+    row0 = (pid_n // SUB) * K_BLOCKS * PACKED_N + (pid_n % SUB) * BLOCK_N
+    if PREFETCH_TILES > 0:
+        # Before waiting on the kernel that prepares the activations: ask L2 for this program's
+        # first weight tiles, so that the programs of the first wave find them there instead of
+        # starting on an idle HBM.
+        for t in tl.static_range(PREFETCH_TILES):
+            _prefetch_l2(w_ptr + (row0 + t * PACKED_N).to(tl.int64) * BLOCK_K,
+                         tl.full((), BLOCK_N * BLOCK_K, tl.int32))
     if PDL:
         # Launched early (programmatic dependent launch): let the re-scoring kernel launch in turn,
         # then wait until the pre-scaling kernel's output is complete and visible.
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     off_m = pid_m * BLOCK_M
-    row0 = pid_n * K_BLOCKS * BLOCK_N
     offs_m = off_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if MODE == 2:
@@ -342,11 +431,22 @@ def _fp8_packed_kernel(
         inv = tl.exp2(-e)
     if MODE == 4:
         e = tl.load(e_ptr + offs_m, mask=offs_m < M, other=0.0)
+    if MODE >= 5:
+        e_at = 2 * off_m + tl.arange(0, BLOCK_M)
+        e = tl.load(e_ptr + e_at, mask=offs_m < M, other=0.0)
+        e_lo = tl.load(e_ptr + e_at + BLOCK_M, mask=offs_m < M, other=0.0)
+        acc_lo = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_both = tl.zeros((BLOCK_N, 2 * BLOCK_M), dtype=tl.float32)
     for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
-        w = w_desc.load([row0 + kb * BLOCK_N, 0])
-        xk = x_desc.load([off_m, kb * BLOCK_K])
+        w = w_desc.load([row0 + kb * PACKED_N, 0])
+        xk = x_desc.load([2 * off_m if MODE >= 5 else off_m, kb * BLOCK_K])
         if MODE == 1:
             acc = _dot_fp16_rescaled(w, xk, acc)
+        elif MODE == 5:
+            acc = _dot_fp8(w, xk, acc)
+            acc_lo = _dot_fp8(w, x_desc.load([2 * off_m + BLOCK_M, kb * BLOCK_K]), acc_lo)
+        elif MODE == 6:
+            acc_both = _dot_fp8(w, xk, acc_both)
         elif MODE == 4:
             acc = tl.dot(w.to(tl.float16), tl.trans(xk), acc)
         elif MODE >= 2:
@@ -354,7 +454,11 @@ def _fp8_packed_kernel(
             acc = tl.dot(w.to(tl.float16), tl.trans(xs), acc)
         else:
             acc = tl.dot(w.to(xk.dtype), tl.trans(xk), acc)
-    if MODE >= 2:
+    if MODE == 6:
+        acc, acc_lo = tl.split(tl.permute(tl.reshape(acc_both, (BLOCK_N, 2, BLOCK_M)), (0, 2, 1)))
+    if MODE >= 5:
+        acc = acc * tl.exp2(e)[None, :] + acc_lo * tl.exp2(e_lo)[None, :]
+    elif MODE >= 2:
         acc = acc * tl.exp2(e)[None, :]  # MODE 2, 3, 4
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     s = tl.load(s_ptr + offs_n)  # padded to a multiple of BLOCK_N
@@ -363,7 +467,19 @@ def _fp8_packed_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
     if KEY_GROUP > 0:
-        _fold_tile_keys(acc, offs_n, offs_m, M, N, key_ptr, n_slots, pid_n // KEY_GROUP)
+        _fold_tile_keys(acc, offs_n, offs_m, M, N, key_ptr, n_slots, (pid_n // SUB) // KEY_GROUP)
+
+
+# Triton's CPU interpreter has no FP8 dot; there the e4m3 operands are widened to fp32 (exact).
+_FP8_DOT_VIA_F32 = tl.constexpr(_INTERPRETED)
+
+
+@triton.jit
+def _dot_fp8(w, xk, acc):
+    """acc[BN, BM] += w[BN, BK] @ xk[BM, BK]^T, both e4m3, fp32 accumulation."""
+    if _FP8_DOT_VIA_F32:
+        return tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(w, tl.trans(xk), acc)
 
 
 @triton.jit
@@ -617,6 +733,10 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
         return out.reshape(*lead, n)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    if mode in FP8_ACTIVATION_MODES and (x2.dtype != torch.bfloat16 or k % 16 or k > PRESCALE_ONE_PASS_K):
+        # Two e4m3 parts hold a bf16 value's 8 significant bits, not fp16's 11; e4m3 rows must be
+        # 16-byte aligned for TMA, and are split in one read.
+        mode = 4
     if mode == 4 and k % 8:
         if stream is not None:
             raise ValueError(f"{stream.label()} needs K divisible by 8 (K={k})")
@@ -627,13 +747,18 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     # between them (each waits on the previous one's results inside the kernel).
     pdl = pdl_available(x2.device) if pdl is None else pdl
     launch = {"launch_pdl": True} if pdl else {}
-    grid = (packed.scale.shape[0] // packed.block_n, triton.cdiv(m, block_m))
-    n_tiles = grid[0]
+    # the grid kernel's programs each read one stripe of block_n tokens (a whole packed tile, or a part)
+    block_n = config.block_n if config is not None and stream is None else packed.block_n
+    grid = (packed.scale.shape[0] // block_n, triton.cdiv(m, block_m))
+    n_tiles = packed.scale.shape[0] // packed.block_n
     top_k = min(exact_top_k, n) if exact is not None else 0
     key_group, n_slots, keys = _candidate_slots(m, n_tiles, top_k, key_slots, mode, out)
     if mode == 4:
         xs, exps = _prescaled_rows(x2, keys, n_slots, key_group, pdl)
         x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
+    elif mode in FP8_ACTIVATION_MODES:
+        xs, exps = _split_rows(x2, keys, n_slots, key_group, pdl)
+        x_desc = TensorDescriptor.from_tensor(xs, [block_m * (2 if mode == 6 else 1), packed.block_k])
     else:
         x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
     k_blocks = packed.data.shape[0] // packed.scale.shape[0]
@@ -650,18 +775,20 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
             num_warps=stream.num_warps, **launch,
         )
     else:
-        w_desc = _descriptor(packed.data, (packed.block_n, packed.block_k))
+        w_desc = _descriptor(packed.data, (block_n, packed.block_k))
         if mode == 3:
             exps = torch.empty((m,), dtype=torch.float32, device=x2.device)
             _row_exponent_kernel[(triton.cdiv(m, block_m),)](
                 x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
         _fp8_packed_kernel[grid](
             x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-            keys, n_slots,
-            BLOCK_M=block_m, BLOCK_N=packed.block_n, BLOCK_K=packed.block_k,
+            keys, n_slots, packed.data,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=packed.block_k, PACK_N=packed.block_n,
             K_BLOCKS=k_blocks, NUM_STAGES=num_stages,
             MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
-            PDL=pdl and mode == 4, **(launch if mode == 4 else {}),
+            PREFETCH_TILES=0 if _INTERPRETED or config is None else
+            min(config.prefetch_kb * 1024 // (block_n * packed.block_k), k_blocks),
+            PDL=pdl and mode >= 4, **(launch if mode >= 4 else {}),
         )
     if key_group and rescore:
         _rescore(x2, exact, keys, out, n_slots, key_group * packed.block_n, min(top_k, n_slots),
@@ -715,6 +842,19 @@ def _prescaled_rows(x2, keys, n_slots: int, key_group: int, pdl: bool):
     return xs, exps
 
 
+def _split_rows(x2, keys, n_slots: int, key_group: int, pdl: bool):
+    """The FP8-activation modes' e4m3 rows (two per activation row, 32 per block of 16) and their
+    powers of two (the kernel also empties the candidates' slots)."""
+    m, k = x2.shape
+    rows = triton.cdiv(m, 16) * 32
+    x8 = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x2.device)
+    exps = torch.empty((rows,), dtype=torch.float32, device=x2.device)
+    _split_rows_fp8_kernel[(m,)](x2, x8, exps, k, x2.stride(0), keys, n_slots,
+                                 BLOCK_K=triton.next_power_of_2(k), num_warps=4, PDL=pdl,
+                                 NS_PAD=triton.next_power_of_2(n_slots) if key_group else 0)
+    return x8, exps
+
+
 def _kernel_rows(x, k: int, mode: int):
     """x as the kernels read it: 2-D rows of K, contiguous, 16-byte aligned (TMA), bf16/fp16 (fp32 too from mode 1)."""
     x2 = x.reshape(-1, k)
@@ -738,17 +878,17 @@ def _candidate_slots(m: int, n_tiles: int, top_k: int, key_slots: int | None, mo
     if not key_group:
         return key_group, n_slots, out  # unused
     keys = torch.empty((m, n_slots), dtype=torch.int64, device=out.device)
-    if mode != 4:  # mode 4's pre-scaling kernel empties the slots itself
+    if mode < 4:  # from mode 4 the kernel that prepares the activations empties the slots
         keys.fill_(-(2 ** 63))
     return key_group, n_slots, keys
 
 
 def _check_config_fits(config: KernelConfig, packed: PackedFp8Weight) -> None:
-    """A packed-weight config reads the packing's own tiles: its K block is the packing's, and a
-    persistent config's stripes split a packed tile evenly."""
+    """A packed-weight config reads the packing's own tiles: its K block is the packing's, and its
+    stripes (a grid program's, or a persistent program's) split a packed tile evenly."""
     if config.block_k != packed.block_k or (
             config.kind == STREAM_KIND and (packed.block_n % config.block_n or config.ctas_per_sm < 1)) or (
-            config.kind in PACKED_MODES and config.block_n != packed.block_n):
+            config.kind in PACKED_MODES and packed.block_n % config.block_n):
         raise ValueError(f"kernel config {config.label()} does not fit a weight packed as "
                          f"{packed.block_n}x{packed.block_k} tiles")
 

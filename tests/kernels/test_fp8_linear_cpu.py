@@ -110,30 +110,52 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
     packed = fk.pack_fp8_weight(q, s, 64, 128)
     q2, s2 = fk.unpack_fp8_weight(packed)
     assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2, s)
+    packed128 = fk.pack_fp8_weight(q, s, 128, 128)
     for m in (1, 3, 17):
         for dt in (torch.float16, torch.bfloat16):
             x = torch.randn(m, K).to(dt)
             x[:, 7] = 3.0e4  # needs the fp16 path's rescaling
             want = exact(x)
             runs = {f"packed mode {mode}": fk.fp8_linear_packed(x, packed, torch.float32, mode=mode)
-                    for mode in (1, 2, 3, 4)}
+                    for mode in (1, 2, 3, 4, 5, 6)}
             runs["tma16"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma16", 64, 128, 4, 3))
             runs["dot"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("dot", 64, 128, 4, 3))
             runs["cc"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("cc", 16, 128, 4, 3))
             if dt == torch.float16:
                 runs["packed mode 0"] = fk.fp8_linear_packed(x, packed, torch.float32, mode=0)
                 runs["tma"] = fk.fp8_linear(x, q, s, torch.float32, config=fk.KernelConfig("tma", 64, 128, 4, 3))
+            for kind in ("pk16p", "pk8", "pk8w"):  # programs reading half a packed tile each
+                runs[f"{kind} stripes"] = fk.fp8_linear_packed(x, packed128, torch.float32,
+                                                               config=fk.KernelConfig(kind, 64, 128, 4, 3))
+            if dt == torch.float16:  # 8 significant bits in two e4m3 parts: fp16's 11 take mode 4
+                assert torch.equal(runs["packed mode 5"], runs["packed mode 4"])
             for name, y in runs.items():
                 rel = ((y.double() - want).norm() / want.norm()).item()
                 assert y.shape == (m, N) and rel < 1e-5, (name, m, dt, rel)
+    # The FP8-activation modes' split: a bf16 row is hi * 2^e + lo * 2^e_lo exactly where its
+    # values lie within e4m3's normal range of its largest (rows of randn, one scaled to 1e-30);
+    # a row with a 3e4 outlier loses only values below 2^-20 of it; hi alone is not the row.
+    x = torch.randn(19, K).clamp(-4, 4).to(torch.bfloat16)
+    x[x.abs() < 2.0 ** -9] = 2.0 ** -9
+    x[3, 9] = -3.0e4
+    x[5] *= 1e-30
+    x8, e = fk._split_rows(x, x, 0, 0, False)
+    at = torch.arange(19) + torch.arange(19) // 16 * 16
+    hi, lo = x8[at].double(), x8[at + 16].double()
+    rebuilt = hi * torch.exp2(e[at].double())[:, None] + lo * torch.exp2(e[at + 16].double())[:, None]
+    plain = torch.arange(19) != 3
+    assert torch.equal(rebuilt[plain], x.double()[plain]), (rebuilt - x.double())[plain].abs().max()
+    assert (rebuilt[3] - x[3].double()).abs().max() <= 3.0e4 * 2.0 ** -20
+    assert not torch.equal(hi * torch.exp2(e[at].double())[:, None], x.double())
     bad = s.clone(); bad[5] *= 2  # a wrong scale must show: the check above is not vacuous
     x = torch.randn(2, K).to(torch.bfloat16)
     y = fk.fp8_linear_packed(x, fk.pack_fp8_weight(q, bad, 64, 128), torch.float32, mode=1)
     assert torch.allclose(y[:, 5].double(), 2 * exact(x)[:, 5], rtol=1e-4, atol=1e-6)
     assert torch.allclose(y[:, 6].double(), exact(x)[:, 6], rtol=1e-4, atol=1e-6)
     # Exact top-k re-scoring: the epilogue's keyed slots and the re-scoring kernel. 3000 tokens =
-    # 47 tiles of 64; 16 slots -> 3 tiles per slot; 256 slots -> 1. Logits of both signs, and a
+    # 47 tiles of 64 (24 of 128); 16 slots -> 3 tiles per slot (2 of 128); 256 slots -> 1. Logits of both signs, and a
     # row whose logits are all negative (the key's order-preserving bits must hold there too).
+    import itertools
     import torch.nn.functional as F
     w = (torch.randn(3000, K) * 0.05).to(torch.bfloat16)
     qw, sw = quantize_fp8_per_row(w)
@@ -144,24 +166,27 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
     qp, sp = quantize_fp8_per_row(wpos)
     for weight, qq, ss in ((w, qw, sw), (wpos, qp, sp)):
         ref = x.float() @ weight.float().T
-        packed = fk.pack_fp8_weight(qq, ss, 64, 128, exact=weight, exact_top_k=4)
-        for mode in (4, 2):
-            for slots in (16, 256):
-                y0 = fk.fp8_linear_packed(x, packed, torch.float32, mode=mode, exact_top_k=0)
-                y = fk.fp8_linear_packed(x, packed, torch.float32, mode=mode, key_slots=slots)
-                changed = y != y0
-                assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
-                assert torch.equal(y[~changed], y0[~changed])
-                group = -(-47 // slots)
-                n_slots = -(-47 // group)
-                span = group * 64
-                stretches = F.pad(y0, (0, n_slots * span - 3000), value=-float("inf")).view(5, n_slots, span)
-                best_slots = stretches.max(2).values.topk(4, dim=1).indices
-                for r in range(5):
-                    want = set()
-                    for sl in best_slots[r].tolist():
-                        want |= {sl * span + i for i in stretches[r, sl].topk(2).indices.tolist()}
-                    assert set(changed[r].nonzero().flatten().tolist()) == want, (mode, slots, r)
+        # (packed tile rows, how the kernel runs: a mode on whole tiles, or a config on half tiles)
+        runs = [(64, {"mode": mode}) for mode in (4, 2, 5)]
+        runs += [(128, {"config": fk.KernelConfig(kind, 64, 128, 4, 3)}) for kind in ("pk8", "pk16p")]
+        for (pack_n, how), slots in itertools.product(runs, (16, 256)):
+            packed = fk.pack_fp8_weight(qq, ss, pack_n, 128, exact=weight, exact_top_k=4)
+            y0 = fk.fp8_linear_packed(x, packed, torch.float32, exact_top_k=0, **how)
+            y = fk.fp8_linear_packed(x, packed, torch.float32, key_slots=slots, **how)
+            changed = y != y0
+            assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
+            assert torch.equal(y[~changed], y0[~changed])
+            tiles = -(-3000 // pack_n)
+            group = -(-tiles // slots)
+            n_slots = -(-tiles // group)
+            span = group * pack_n
+            stretches = F.pad(y0, (0, n_slots * span - 3000), value=-float("inf")).view(5, n_slots, span)
+            best_slots = stretches.max(2).values.topk(4, dim=1).indices
+            for r in range(5):
+                want = set()
+                for sl in best_slots[r].tolist():
+                    want |= {sl * span + i for i in stretches[r, sl].topk(2).indices.tolist()}
+                assert set(changed[r].nonzero().flatten().tolist()) == want, (how, slots, r)
     print("INTERPRETER-OK")
 """)
 

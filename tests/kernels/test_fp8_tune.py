@@ -231,7 +231,7 @@ def test_configs_that_do_not_read_the_packing_are_refused():
     for bad in (fk.KernelConfig(fk.STREAM_KIND, 96, 256, 4, 3, 1, 0),  # 96 does not split 128
                 fk.KernelConfig(fk.STREAM_KIND, 128, 128, 4, 3, 1, 0),  # not the packing's K block
                 fk.KernelConfig(fk.STREAM_KIND, 128, 256, 4, 3, 0, 0),  # no programs
-                fk.KernelConfig("pk16p", 64, 256, 4, 3)):  # the grid kernel reads whole tiles
+                fk.KernelConfig("pk16p", 96, 256, 4, 3)):  # a grid program's stripe must split a tile
         with pytest.raises(ValueError, match="does not fit a weight packed as 128x256"):
             fk.fp8_linear_packed(x, packed, config=bad)
         assert bad not in fp8_tune.fitting_candidates(packed, [bad, fk.PACKED_DEFAULT])
