@@ -84,6 +84,9 @@ def main(argv=None):
     ap.add_argument("--tune-reps", type=int, default=10)
     ap.add_argument("--candidates", default="",
                     help="comma-separated config labels for the tuner (default: all of TUNE_CANDIDATES)")
+    ap.add_argument("--rescore-parts", action="store_true",
+                    help="also time, at the first and last M, what each part of exact re-scoring costs: "
+                         "the re-scoring kernel with 1 slot of 1 token, 4 slots of 1 token, 2 warps, 128 slots")
     ap.add_argument("--rehearse", action="store_true", help="CPU interpreter run of the script at a toy shape")
     args = ap.parse_args(argv)
     if args.rehearse:
@@ -183,7 +186,27 @@ def main(argv=None):
             "cand": cycling(lambda i: fk.fp8_linear_packed_default(x, exact[i], out_dtype, rescore=False)),
             "former": cycling(lambda i: fk.fp8_linear_packed(x, exact[i], out_dtype, config=fk.PACKED_DEFAULT)),
         }
+        parts = {}
+        if args.rescore_parts and m in (ms[0], ms[-1]):
+            parts = {
+                "rescore 1 slot x 1 token": cycling(lambda i: fk.fp8_linear_packed_default(
+                    x, exact[i], out_dtype, exact_top_k=1, per_slot=1)),
+                "rescore 4 slots x 1 token": cycling(lambda i: fk.fp8_linear_packed_default(
+                    x, exact[i], out_dtype, per_slot=1)),
+                "rescore, 2 warps": cycling(lambda i: fk.fp8_linear_packed_default(
+                    x, exact[i], out_dtype, rescore_warps=2)),
+                "rescore, 128 slots": cycling(lambda i: fk.fp8_linear_packed_default(
+                    x, exact[i], out_dtype, key_slots=128)),
+            }
+        fns.update(parts)
         per_round = timer(fns, args.reps, args.rounds)
+        if parts:
+            doc.setdefault("rescore_parts", {})[m] = {name: statistics.median(per_round[name]) for name in parts}
+            lines.append(f"# M={m} re-scoring parts (us; fp8 {statistics.median(per_round['fp8']):.1f}, cand-only "
+                         f"{statistics.median(per_round['cand']):.1f}, exact {statistics.median(per_round['exact']):.1f}): "
+                         + ", ".join(f"{name} {statistics.median(per_round[name]):.1f}" for name in parts))
+            for name in parts:
+                del fns[name]
         med = {name: statistics.median(v) for name, v in per_round.items()}
         ratio = {name: statistics.median(b / t for b, t in zip(per_round["bf16"], per_round[name]))
                  for name in fns}

@@ -472,6 +472,10 @@ def _fp8_packed_kernel(
 
 # Triton's CPU interpreter has no FP8 dot; there the e4m3 operands are widened to fp32 (exact).
 _FP8_DOT_VIA_F32 = tl.constexpr(_INTERPRETED)
+# Hopper's FP8 MMA adds into its accumulator with fewer bits than fp32, so a sum carried through
+# many MMAs drifts; every FP8_PROMOTE_K products the partial sum is added to an fp32 accumulator
+# on the CUDA cores (Triton's max_num_imprecise_acc). 0: never; -1: once per BLOCK_K.
+FP8_PROMOTE_K = tl.constexpr(int(os.environ.get("SPARKIT_FP8_PROMOTE_K", "-1")))
 
 
 @triton.jit
@@ -479,7 +483,11 @@ def _dot_fp8(w, xk, acc):
     """acc[BN, BM] += w[BN, BK] @ xk[BM, BK]^T, both e4m3, fp32 accumulation."""
     if _FP8_DOT_VIA_F32:
         return tl.dot(w.to(tl.float32), tl.trans(xk.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(w, tl.trans(xk), acc)
+    if FP8_PROMOTE_K < 0:
+        return acc + tl.dot(w, tl.trans(xk))
+    if FP8_PROMOTE_K == 0:
+        return tl.dot(w, tl.trans(xk), acc)
+    return tl.dot(w, tl.trans(xk), acc, max_num_imprecise_acc=FP8_PROMOTE_K)
 
 
 @triton.jit
