@@ -44,11 +44,18 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
                      K_BLOCKS=k_blocks, NUM_STAGES=cfg.num_stages, KEY_GROUP=key_group, PDL=True, PREFETCH=True)
     else:
         fn = fk._fp8_packed_kernel
-        sig = {"x_desc": "tensordesc<fp16[16, 256]>", "x_ptr": "*bf16", "stride_xm": "i32", "e_ptr": "*fp32",
+        mode = fk.PACKED_MODES[cfg.kind]
+        # the activations as the mode reads them: fp16 rows, or e4m3 hi/lo rows (32 per block of 16)
+        x_desc = ("tensordesc<fp8e4nv[32, 256]>" if mode == 6 else "tensordesc<fp8e4nv[16, 256]>"
+                  if mode in fk.FP8_ACTIVATION_MODES else "tensordesc<fp16[16, 256]>")
+        sig = {"x_desc": x_desc, "x_ptr": "*bf16", "stride_xm": "i32", "e_ptr": "*fp32",
                "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>", "s_ptr": "*fp32", "out_ptr": "*bf16",
-               "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "key_ptr": "*i64", "n_slots": "i32"}
+               "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "key_ptr": "*i64", "n_slots": "i32",
+               "w_ptr": "*fp8e4nv"}
         const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_BLOCKS=k_blocks,
-                     NUM_STAGES=cfg.num_stages, MODE=fk.PACKED_MODES[cfg.kind], PDL=True, KEY_GROUP=key_group)
+                     NUM_STAGES=cfg.num_stages, MODE=mode, PDL=True, KEY_GROUP=key_group,
+                     PREFETCH_TILES=min(cfg.prefetch_kb * 1024 // (cfg.block_n * cfg.block_k), k_blocks),
+                     PACK_N=fk.PACK_BLOCK_N)
     sig.update({name: "constexpr" for name in const})
     kernel = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": cfg.num_warps})

@@ -94,23 +94,26 @@ PACK_BLOCK_N, PACK_BLOCK_K = 128, 256
 PACKED_DEFAULT = KernelConfig("pk16p", PACK_BLOCK_N, PACK_BLOCK_K, 4, 3)
 # What sparkit.kernels.fp8_tune may choose per M on the GPU it runs on (every one checked against
 # an exact product under the CPU interpreter by the tests, and against PACKED_DEFAULT on the device
-# before it is timed). The persistent kernel's variants, on the H200's numbers (132 SMs, 228 KB of
-# shared memory each, 4.8 TB/s): the weight is 402 MB, so each SM must take in a 32 KB tile every
-# ~1 us; a tile's 16 MMA steps run one after another in a warpgroup (the e4m3 -> fp16 operand sits
-# in registers), so an SM needs two warpgroups' worth of independent tiles (2 CTAs of 4 warps, or
-# 8 warps) to keep up with HBM, and 2-4 tiles in flight (64-128 KB) to cover its latency.
-# 128-token stripes split 1228 ways (9.3 per SM: a 7% imbalance at the end), 64-token ones 2456
-# ways (2% at 1 CTA per SM). Prefetch: the first 64-128 KB per program, 8-17 MB in all, about
-# the time the pre-scaling kernel takes at full bandwidth.
+# before it is timed). On the H200's numbers (132 SMs, 228 KB of shared memory each, 4.8 TB/s):
+# the weight is 402 MB, so each SM must take in a 32 KB tile every ~1 us. With fp16 MMAs a tile's
+# 16 MMA steps run one after another in a warpgroup (the e4m3 -> fp16 operand sits in registers),
+# which is as long as HBM takes to deliver the tile; with e4m3 activations (pk8, pk8w) the FP8 MMA
+# reads the tile from shared memory where TMA put it, half the steps, nothing through registers.
+# Grid programs on 64-token stripes (half a packed tile, 2456 programs: 2% imbalance at the end
+# instead of 7% for 1228 whole tiles) and 3-4 stages keep 2-3 programs per SM; f32: each asks L2
+# for its first 32 KB before waiting on the activations' kernel, so the first wave starts on data.
+# Measured on an H200 (benchmarks/fp8_head_limit.py, benchmarks/results/h200-session-9.md):
+# pk8w:n64k256w4s3f32 ~5% faster than PACKED_DEFAULT at every M; the persistent kernel (ps16p)
+# 7-80% slower than PACKED_DEFAULT there (session 8), kept in two forms for other GPUs.
 TUNE_CANDIDATES = (
     PACKED_DEFAULT,
+    KernelConfig("pk16p", PACK_BLOCK_N, PACK_BLOCK_K, 4, 3, prefetch_kb=64),
+    KernelConfig("pk8w", 64, PACK_BLOCK_K, 4, 3, prefetch_kb=32),
+    KernelConfig("pk8w", 64, PACK_BLOCK_K, 4, 4, prefetch_kb=32),
+    KernelConfig("pk8", 64, PACK_BLOCK_K, 4, 4, prefetch_kb=32),
+    KernelConfig("pk8w", PACK_BLOCK_N, PACK_BLOCK_K, 4, 4),
     KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 64),
-    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 2, 0),
-    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 3, 1, 128),
-    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 8, 4, 1, 128),
-    KernelConfig(STREAM_KIND, 128, PACK_BLOCK_K, 4, 5, 1, 128),
     KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 5, 2, 64),
-    KernelConfig(STREAM_KIND, 64, PACK_BLOCK_K, 4, 7, 1, 128),
 )
 UNPACKED_DEFAULT = KernelConfig("tma16", 128, 128, 8, 4)
 FP32_DEFAULT = KernelConfig("cc", 16, 128, 4, 3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -105,6 +106,8 @@ def test_every_config_the_tuner_may_choose_is_exact_under_the_cpu_interpreter(tm
     kinds = {c.kind for c in fk.TUNE_CANDIDATES}
     assert fk.STREAM_KIND in kinds and fk.PACKED_DEFAULT.kind in kinds
     assert {c.block_n for c in fk.TUNE_CANDIDATES if c.kind == fk.STREAM_KIND} == {64, 128}
+    assert {"pk8", "pk8w"} <= kinds  # the e4m3-activation modes, on half tiles as well
+    assert any(c.kind == "pk8w" and c.block_n < fk.PACK_BLOCK_N for c in fk.TUNE_CANDIDATES)
 
 
 _TUNER_SCRIPT = _HEAD + """
@@ -220,6 +223,11 @@ def test_config_labels_round_trip_and_bad_ones_are_named():
         fk.KernelConfig.from_label("ps16p:n64")
     with pytest.raises(ValueError, match="belongs to ps16p only"):
         fk.KernelConfig.from_label("pk16p:n128k256w4s3p2f64")
+    with pytest.raises(ValueError, match="belongs to ps16p only"):
+        fk.KernelConfig.from_label("ps16p:n128k256w4s3p2")  # the persistent kernel states its prefetch
+    grid = fk.KernelConfig.from_label("pk8w:n64k256w4s3f32")  # a grid program's L2 prefetch, in KiB
+    assert (grid.kind, grid.block_n, grid.prefetch_kb, grid.ctas_per_sm) == ("pk8w", 64, 32, 0)
+    assert fk.KernelConfig("pk8", 64, 256, 4, 4).label() == "pk8:n64k256w4s4"  # no prefetch: no suffix
 
 
 def test_configs_that_do_not_read_the_packing_are_refused():
@@ -273,8 +281,11 @@ def test_every_candidate_compiles_for_hopper_and_holds_its_programs_per_sm():
         assert regs is not None and regs <= 255, (cfg.label(), regs)
         assert check.programs_per_sm(cfg, shared, regs) >= max(1, cfg.ctas_per_sm), (cfg.label(), shared, regs)
         assert "wgmma.mma_async" in ptx, cfg.label()  # Hopper tensor cores, not the mma.sync fallback
-        if cfg.kind == fk.STREAM_KIND:
+        if cfg.kind == fk.STREAM_KIND or cfg.prefetch_kb:
             assert "cp.async.bulk.prefetch.L2.global" in ptx and "griddepcontrol.wait" in ptx, cfg.label()
+        if fk.PACKED_MODES.get(cfg.kind) in fk.FP8_ACTIVATION_MODES:  # e4m3 x e4m3 MMAs, the weight unconverted
+            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n(16|32)k32\.f32\.e4m3\.e4m3", ptx), cfg.label()
+            assert "cvt.rn.f16x2.e4m3x2" not in ptx, cfg.label()
     # The check is not vacuous: a candidate with more stages than an SM's shared memory holds
     # twice is reported as not fitting its two programs per SM.
     greedy = fk.KernelConfig(fk.STREAM_KIND, 128, 256, 4, 5, 2, 0)
