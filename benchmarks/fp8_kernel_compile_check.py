@@ -55,7 +55,7 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
         const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_BLOCKS=k_blocks,
                      NUM_STAGES=cfg.num_stages, MODE=mode, PDL=True, KEY_GROUP=key_group,
                      PREFETCH_TILES=min(cfg.prefetch_kb * 1024 // (cfg.block_n * cfg.block_k), k_blocks),
-                     PACK_N=fk.PACK_BLOCK_N)
+                     PACK_N=fk.PACK_BLOCK_N, HANDOFF=False)
     sig.update({name: "constexpr" for name in const})
     kernel = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": cfg.num_warps})

@@ -56,7 +56,7 @@ _ANNOTATION_CATEGORIES = {"lm_head": "lm_head", "logits": "logits", "sampling": 
                           "kda": "kda_attention", "mla": "mla_attention", "moe": "moe", "dense_mlp": "dense_mlp"}
 # Kernel names that say what they are (matched lower-case, first match wins).
 _NAMED: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("lm_head", re.compile(r"fp8_(?:dot|cc|tma|packed|ccr|stream)_kernel|_rescore_kernel|prescale_rows|row_exponent|"
+    ("lm_head", re.compile(r"fp8_(?:dot|cc|tma|packed|ccr|stream)_kernel|_rescore_kernel|prescale_rows|split_rows_fp8|row_exponent|"
                          r"fold_tile_keys|lm_head")),
     ("kda_attention", re.compile(r"kda|(?<![a-z])gla|delta_rule|fused_recurrent|causal_conv1d|conv1d_update|short_conv|"
                                  r"chunk_(?:fwd|bwd|local|scaled)|l2norm|mamba|ssm|gated_delta")),

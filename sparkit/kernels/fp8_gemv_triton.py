@@ -77,6 +77,17 @@ class KernelConfig:
         return cls(kind, int(bn), int(bk), int(nw), int(ns), int(ctas or 0), int(pf or 0))
 
 
+# How _fp8_packed_kernel reads the weight packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N,
+# BLOCK_K], see pack_fp8_weight: every tile is one contiguous block and a program streams one
+# contiguous region, which HBM serves far better than BLOCK_K-byte pieces of many rows), by mode:
+# 0: bf16 MMA. 1: fp16 MMA, activations rescaled per tile (_dot_fp16_rescaled). 2: fp16 MMA, one
+# power of two per activation row found by a pre-scan of x (from L2), which keeps the MMAs chained
+# on one accumulator. 3: as 2, the powers of two computed once per call by _row_exponent_kernel.
+# 4: activations already scaled and rounded to fp16 by _prescale_rows_kernel: nothing but the
+# chained MMA in the loop. 5 and 6: activations split into two e4m3 parts by
+# _split_rows_fp8_kernel (32 rows per block of 16: hi parts, then lo parts), multiplied by the
+# e4m3 weight tile on FP8 tensor cores as it sits in shared memory; 5 as two MMAs of 16 columns,
+# 6 as one of 32.
 PACKED_MODES = {"pk": 0, "pk16t": 1, "pk16": 2, "pk16x": 3, "pk16p": 4, "pk8": 5, "pk8w": 6}
 # The modes that read e4m3 activations (_split_rows_fp8_kernel: rows up to PRESCALE_ONE_PASS_K long).
 FP8_ACTIVATION_MODES = (5, 6)
@@ -394,21 +405,9 @@ def _fp8_packed_kernel(
     PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0, PREFETCH_TILES: tl.constexpr = 0,
     PACK_N: tl.constexpr = 0, HANDOFF: tl.constexpr = False,
 ):
-    # Weight pre-packed tile-major ([N/BLOCK_N, K/BLOCK_K, BLOCK_N, BLOCK_K], see pack_fp8_weight):
-    # every tile is one contiguous block and a program streams one contiguous region of
-    # BLOCK_N * K bytes, which HBM serves far better than BLOCK_K-byte pieces of many rows.
-    # MODE 0: bf16 MMA. MODE 1: fp16 MMA, activations rescaled per tile (_dot_fp16_rescaled).
-    # MODE 2: fp16 MMA, one power of two per activation row found by a pre-scan of x (from L2),
-    # which keeps the MMAs chained on one accumulator. MODE 3: as 2, the powers of two computed
-    # once per call by _row_exponent_kernel instead of by every program. MODE 4: x_desc describes
-    # activations already scaled and rounded to fp16 by _prescale_rows_kernel (exponents in e_ptr):
-    # nothing but the chained MMA in the loop. MODE 5 and 6: x_desc describes the activations split
-    # into two e4m3 parts by _split_rows_fp8_kernel (32 rows per block of 16: hi parts, then lo
-    # parts), multiplied by the e4m3 weight tile on FP8 tensor cores as it sits in shared memory;
-    # MODE 5 as two MMAs of 16 columns, MODE 6 as one of 32.
-    # PACK_N (0: BLOCK_N): the packing's tile rows; a program may read BLOCK_N of them (a stripe:
-    # a packed tile's [BLOCK_N, BLOCK_K] pieces are contiguous), so that the grid has more, shorter
-    # programs than packed tiles.
+    # Weight pre-packed tile-major (pack_fp8_weight); MODE: PACKED_MODES. PACK_N (0: BLOCK_N): the
+    # packing's tile rows, of which a program reads BLOCK_N (a stripe: a packed tile's
+    # [BLOCK_N, BLOCK_K] pieces are contiguous), so that the grid may have more, shorter programs.
     PACKED_N: tl.constexpr = BLOCK_N if PACK_N == 0 else PACK_N
     SUB: tl.constexpr = PACKED_N // BLOCK_N
     pid_n = tl.program_id(0)
@@ -761,18 +760,8 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out.reshape(*lead, n)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if mode in FP8_ACTIVATION_MODES and (x2.dtype != torch.bfloat16 or k % 16 or k > PRESCALE_ONE_PASS_K):
-        # Two e4m3 parts hold a bf16 value's 8 significant bits, not fp16's 11; e4m3 rows must be
-        # 16-byte aligned for TMA, and are split in one read.
-        mode = 4
-    if mode == 4 and k % 8:
-        if stream is not None:
-            raise ValueError(f"{stream.label()} needs K divisible by 8 (K={k})")
-        mode = 1  # the fp16 copy's rows would not be 16-byte aligned for TMA
+    mode = _mode_for_rows(mode, x2, stream)
     block_m = 16
-    exps = x2  # unused unless mode 3 or 4
     # Programmatic dependent launch chains the 2-3 kernels of a call without a launch gap
     # between them (each waits on the previous one's results inside the kernel).
     pdl = pdl_available(x2.device) if pdl is None else pdl
@@ -785,14 +774,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     key_group, n_slots, keys = _candidate_slots(m, n_tiles, top_k, key_slots, mode, out)
     # the re-scoring kernel waits on the main kernel's count of programs done (grid kernel, PDL)
     handoff = bool(RESCORE_HANDOFF if handoff is None else handoff) and mode >= 4 and stream is None and key_group > 0
-    if mode == 4:
-        xs, exps = _prescaled_rows(x2, keys, n_slots, key_group, pdl)
-        x_desc = TensorDescriptor.from_tensor(xs, [block_m, packed.block_k])
-    elif mode in FP8_ACTIVATION_MODES:
-        xs, exps = _split_rows(x2, keys, n_slots, key_group, pdl)
-        x_desc = TensorDescriptor.from_tensor(xs, [block_m * (2 if mode == 6 else 1), packed.block_k])
-    else:
-        x_desc = TensorDescriptor.from_tensor(x2, [block_m, packed.block_k])
+    x_desc, exps = _activation_rows(x2, mode, block_m, packed.block_k, keys, n_slots, key_group, pdl)
     k_blocks = packed.data.shape[0] // packed.scale.shape[0]
     if stream is not None:
         n_stripes = packed.scale.shape[0] // stream.block_n
@@ -828,6 +810,34 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
                  RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch,
                  grid[0] * grid[1] if handoff else 0)
     return out.reshape(*lead, n)
+
+
+def _mode_for_rows(mode: int, x2, stream) -> int:
+    """The mode that can read these activation rows (K = x2's row length) in place of `mode`."""
+    k = x2.shape[1]
+    if mode in FP8_ACTIVATION_MODES and (x2.dtype != torch.bfloat16 or k % 16 or k > PRESCALE_ONE_PASS_K):
+        # Two e4m3 parts hold a bf16 value's 8 significant bits, not fp16's 11; e4m3 rows must be
+        # 16-byte aligned for TMA, and are split in one read.
+        mode = 4
+    if mode == 4 and k % 8:
+        if stream is not None:
+            raise ValueError(f"{stream.label()} needs K divisible by 8 (K={k})")
+        mode = 1  # the fp16 copy's rows would not be 16-byte aligned for TMA
+    return mode
+
+
+def _activation_rows(x2, mode: int, block_m: int, block_k: int, keys, n_slots: int, key_group: int, pdl: bool):
+    """(the TMA descriptor of the activations as `mode` reads them, their powers of two or x2 when
+    the mode has none); from mode 4 the kernel that prepares them also empties the key slots."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if mode == 4:
+        xs, exps = _prescaled_rows(x2, keys, n_slots, key_group, pdl)
+        return TensorDescriptor.from_tensor(xs, [block_m, block_k]), exps
+    if mode in FP8_ACTIVATION_MODES:
+        xs, exps = _split_rows(x2, keys, n_slots, key_group, pdl)
+        return TensorDescriptor.from_tensor(xs, [block_m * (2 if mode == 6 else 1), block_k]), exps
+    return TensorDescriptor.from_tensor(x2, [block_m, block_k]), x2
 
 
 def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: int, warps: int, tokens: int,
