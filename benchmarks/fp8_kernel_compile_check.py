@@ -51,7 +51,7 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
         sig = {"x_desc": x_desc, "x_ptr": "*bf16", "stride_xm": "i32", "e_ptr": "*fp32",
                "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>", "s_ptr": "*fp32", "out_ptr": "*bf16",
                "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "key_ptr": "*i64", "n_slots": "i32",
-               "w_ptr": "*fp8e4nv"}
+               "w_ptr": "*fp8e4nv", "count_ptr": "*i64"}
         const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_BLOCKS=k_blocks,
                      NUM_STAGES=cfg.num_stages, MODE=mode, PDL=True, KEY_GROUP=key_group,
                      PREFETCH_TILES=min(cfg.prefetch_kb * 1024 // (cfg.block_n * cfg.block_k), k_blocks),

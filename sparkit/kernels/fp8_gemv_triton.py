@@ -399,7 +399,7 @@ def _split_rows_fp8_kernel(x_ptr, x8_ptr, e_ptr, K, stride_xm, key_ptr, n_slots,
 @triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
-    key_ptr, n_slots, w_ptr,
+    key_ptr, n_slots, w_ptr, count_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
     PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0, PREFETCH_TILES: tl.constexpr = 0,
@@ -475,7 +475,7 @@ def _fp8_packed_kernel(
         _fold_tile_keys(acc, offs_n, offs_m, M, N, key_ptr, n_slots, (pid_n // SUB) // KEY_GROUP)
         if HANDOFF:  # this program's logits and keys are written: count it (see _rescore_kernel)
             tl.debug_barrier()
-            tl.atomic_add(key_ptr + M.to(tl.int64) * n_slots, 1, sem="release", scope="gpu")
+            tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
 
 
 # Triton's CPU interpreter has no FP8 dot; there the e4m3 operands are widened to fp32 (exact).
@@ -579,7 +579,7 @@ def _rescore_kernel(
     x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, N, K,
     NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr,
     BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
-    HANDOFF: tl.constexpr = False, programs=0,
+    HANDOFF: tl.constexpr = False, count_ptr=None, programs=0,
 ):
     """Program (m, t, c): the c-th best token of row m's t-th best slot gets its exact logit.
 
@@ -595,10 +595,9 @@ def _rescore_kernel(
         # Launched early (PDL): instead of waiting for the main kernel's grid to complete, wait
         # until all its `programs` have counted themselves done (each after its logits and keys,
         # with release order; read here with acquire order).
-        done = tl.atomic_add(key_ptr + tl.num_programs(0).to(tl.int64) * n_slots, 0, sem="acquire", scope="gpu")
+        done = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
         while done < programs:
-            done = tl.atomic_add(key_ptr + tl.num_programs(0).to(tl.int64) * n_slots, 0, sem="acquire",
-                                 scope="gpu")
+            done = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()  # the thread that read the count orders the others' reads after it
     elif PDL:  # launched while the main kernel finishes: wait for all its logits and keys
         tl.extra.cuda.gdc_wait()
@@ -796,7 +795,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
                 x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
         _fp8_packed_kernel[grid](
             x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-            keys, n_slots, packed.data,
+            keys, n_slots, packed.data, keys[m * n_slots:] if key_group else keys,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=packed.block_k, PACK_N=packed.block_n,
             K_BLOCKS=k_blocks, NUM_STAGES=num_stages,
             MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
@@ -850,7 +849,8 @@ def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: i
         x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
         NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
         ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-        num_warps=warps, PDL=pdl, HANDOFF=handoff_programs > 0, programs=handoff_programs, **launch,
+        num_warps=warps, PDL=pdl, HANDOFF=handoff_programs > 0, count_ptr=keys[m * n_slots:],
+        programs=handoff_programs, **launch,
     )
 
 
