@@ -51,13 +51,18 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
         sig = {"x_desc": x_desc, "x_ptr": "*bf16", "stride_xm": "i32", "e_ptr": "*fp32",
                "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {cfg.block_k}]>", "s_ptr": "*fp32", "out_ptr": "*bf16",
                "M": "i32", "N": "i32", "K": "i32", "stride_om": "i32", "key_ptr": "*i64", "n_slots": "i32",
-               "w_ptr": "*fp8e4nv", "count_ptr": "*i64"}
+               "w_ptr": "*fp8e4nv"}
         const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_BLOCKS=k_blocks,
                      NUM_STAGES=cfg.num_stages, MODE=mode, PDL=True, KEY_GROUP=key_group,
                      PREFETCH_TILES=min(cfg.prefetch_kb * 1024 // (cfg.block_n * cfg.block_k), k_blocks),
-                     PACK_N=fk.PACK_BLOCK_N, HANDOFF=False)
+                     PACK_N=fk.PACK_BLOCK_N, LOGITS_EVICT=fk.LOGITS_EVICT)
     sig.update({name: "constexpr" for name in const})
-    kernel = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+    # what Triton assumes at run time at Ling's head (N = 157184, K = 2560, torch's allocations):
+    # pointers and those integers divisible by 16 (it decides, among others, the stores' vector width)
+    names = list(sig)
+    aligned = [name for name, kind in sig.items() if kind.startswith("*") or name in ("N", "K", "stride_om", "stride_xm")]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    kernel = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": cfg.num_warps})
     return kernel.metadata.shared, kernel.asm["ptx"], kernel.asm["cubin"]
 

@@ -365,13 +365,10 @@ def _prescale_rows_kernel(x_ptr, xs_ptr, e_ptr, K, stride_xm, key_ptr, n_slots, 
 
 @triton.jit
 def _empty_slots(key_ptr, n_slots, row, NS_PAD: tl.constexpr):
-    """The row's candidate slots, emptied for the main kernel's atomic maxima (and, by row 0's
-    program, the count of main-kernel programs done, which follows the rows' slots)."""
+    """The row's candidate slots, emptied for the main kernel's atomic maxima."""
     slots = tl.arange(0, NS_PAD)
     tl.store(key_ptr + row.to(tl.int64) * n_slots + slots, tl.full((NS_PAD,), EMPTY_KEY, tl.int64),
              mask=slots < n_slots)
-    if row == 0:
-        tl.store(key_ptr + tl.num_programs(0).to(tl.int64) * n_slots, 0)
 
 
 @triton.jit
@@ -399,11 +396,11 @@ def _split_rows_fp8_kernel(x_ptr, x8_ptr, e_ptr, K, stride_xm, key_ptr, n_slots,
 @triton.jit
 def _fp8_packed_kernel(
     x_desc, x_ptr, stride_xm, e_ptr, w_desc, s_ptr, out_ptr, M, N, K, stride_om,
-    key_ptr, n_slots, w_ptr, count_ptr,
+    key_ptr, n_slots, w_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, MODE: tl.constexpr,
     PDL: tl.constexpr = False, KEY_GROUP: tl.constexpr = 0, PREFETCH_TILES: tl.constexpr = 0,
-    PACK_N: tl.constexpr = 0, HANDOFF: tl.constexpr = False,
+    PACK_N: tl.constexpr = 0, LOGITS_EVICT: tl.constexpr = "",
 ):
     # Weight pre-packed tile-major (pack_fp8_weight); MODE: PACKED_MODES. PACK_N (0: BLOCK_N): the
     # packing's tile rows, of which a program reads BLOCK_N (a stripe: a packed tile's
@@ -470,12 +467,9 @@ def _fp8_packed_kernel(
     acc = acc * s[:, None]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
-             mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+             mask=(offs_m < M)[None, :] & (offs_n < N)[:, None], eviction_policy=LOGITS_EVICT)
     if KEY_GROUP > 0:
         _fold_tile_keys(acc, offs_n, offs_m, M, N, key_ptr, n_slots, (pid_n // SUB) // KEY_GROUP)
-        if HANDOFF:  # this program's logits and keys are written: count it (see _rescore_kernel)
-            tl.debug_barrier()
-            tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
 
 
 # Triton's CPU interpreter has no FP8 dot; there the e4m3 operands are widened to fp32 (exact).
@@ -579,7 +573,6 @@ def _rescore_kernel(
     x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, N, K,
     NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr,
     BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
-    HANDOFF: tl.constexpr = False, count_ptr=None, programs=0,
 ):
     """Program (m, t, c): the c-th best token of row m's t-th best slot gets its exact logit.
 
@@ -591,15 +584,7 @@ def _rescore_kernel(
     it. The programs of a slot write different tokens and read the slot's logits only at
     positions no other program writes (the best token is masked by position, not by value).
     Each program computes one dot product of K, its loads unrolled so they are all in flight."""
-    if HANDOFF:
-        # Launched early (PDL): instead of waiting for the main kernel's grid to complete, wait
-        # until all its `programs` have counted themselves done (each after its logits and keys,
-        # with release order; read here with acquire order).
-        done = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        while done < programs:
-            done = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()  # the thread that read the count orders the others' reads after it
-    elif PDL:  # launched while the main kernel finishes: wait for all its logits and keys
+    if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
         tl.extra.cuda.gdc_wait()
     m = tl.program_id(0)
     t = tl.program_id(1)
@@ -715,9 +700,12 @@ def pdl_available(device) -> bool:
 RESCORE_SLOTS = 256
 RESCORE_PER_SLOT = TOKENS_PER_STRETCH
 RESCORE_WARPS = 1
-# RESCORE_HANDOFF: the re-scoring kernel (launched early by PDL) starts when the main kernel's
-# programs have all counted themselves done, instead of when its grid has completed (gdc_wait).
-RESCORE_HANDOFF = os.environ.get("SPARKIT_FP8_RESCORE_HANDOFF", "0") == "1"
+# The grid kernel's logits stores: "evict_last" asks L2 to keep them (the re-scoring and the sampler
+# read them next) while the weight streams through; "" is the default policy.
+LOGITS_EVICT = os.environ.get("SPARKIT_FP8_LOGITS_EVICT", "")
+# Measured and dropped (H200 session 9): starting the re-scoring kernel on a count of the main
+# kernel's programs done (release/acquire) instead of on its grid's completion saved <= 0.6 us
+# of re-scoring and cost 0.8 us in the main kernel's epilogues (a barrier and an atomic each).
 
 
 def _check_exact(exact, n, k):
@@ -739,7 +727,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
                       rescore: bool = True, pdl: bool | None = None, key_slots: int | None = None,
                       rescore_warps: int | None = None, per_slot: int | None = None,
-                      config: KernelConfig | None = None, handoff: bool | None = None):
+                      config: KernelConfig | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off).
     config (a PACKED_MODES kind or STREAM_KIND) replaces num_warps, num_stages and mode.
     The other keywords override module settings for benchmarks/fp8_lm_head.py, which times the
@@ -771,8 +759,6 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     n_tiles = packed.scale.shape[0] // packed.block_n
     top_k = min(exact_top_k, n) if exact is not None else 0
     key_group, n_slots, keys = _candidate_slots(m, n_tiles, top_k, key_slots, mode, out)
-    # the re-scoring kernel waits on the main kernel's count of programs done (grid kernel, PDL)
-    handoff = bool(RESCORE_HANDOFF if handoff is None else handoff) and mode >= 4 and stream is None and key_group > 0
     x_desc, exps = _activation_rows(x2, mode, block_m, packed.block_k, keys, n_slots, key_group, pdl)
     k_blocks = packed.data.shape[0] // packed.scale.shape[0]
     if stream is not None:
@@ -795,19 +781,18 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
                 x2, exps, m, k, x2.stride(0), BLOCK_M=block_m, BLOCK_K=256, num_warps=4)
         _fp8_packed_kernel[grid](
             x_desc, x2, x2.stride(0), exps, w_desc, packed.scale, out, m, n, k, out.stride(0),
-            keys, n_slots, packed.data, keys[m * n_slots:] if key_group else keys,
+            keys, n_slots, packed.data,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=packed.block_k, PACK_N=packed.block_n,
             K_BLOCKS=k_blocks, NUM_STAGES=num_stages,
             MODE=mode, KEY_GROUP=key_group, num_warps=num_warps,
             PREFETCH_TILES=0 if _INTERPRETED or config is None else
             min(config.prefetch_kb * 1024 // (block_n * packed.block_k), k_blocks),
-            PDL=pdl and mode >= 4, HANDOFF=handoff and key_group > 0, **(launch if mode >= 4 else {}),
+            PDL=pdl and mode >= 4, LOGITS_EVICT=LOGITS_EVICT, **(launch if mode >= 4 else {}),
         )
     if key_group and rescore:
         _rescore(x2, exact, keys, out, n_slots, key_group * packed.block_n, min(top_k, n_slots),
                  RESCORE_WARPS if rescore_warps is None else rescore_warps,
-                 RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch,
-                 grid[0] * grid[1] if handoff else 0)
+                 RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch)
     return out.reshape(*lead, n)
 
 
@@ -840,7 +825,7 @@ def _activation_rows(x2, mode: int, block_m: int, block_k: int, keys, n_slots: i
 
 
 def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: int, warps: int, tokens: int,
-             pdl: bool, launch: dict, handoff_programs: int = 0) -> None:
+             pdl: bool, launch: dict) -> None:
     """The exact (bf16) logits of the candidates in the key slots, written over their FP8 ones in `out`."""
     m, k = x2.shape
     n = out.shape[1]
@@ -849,8 +834,7 @@ def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: i
         x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
         NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
         ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-        num_warps=warps, PDL=pdl, HANDOFF=handoff_programs > 0, count_ptr=keys[m * n_slots:],
-        programs=handoff_programs, **launch,
+        num_warps=warps, PDL=pdl, **launch,
     )
 
 
@@ -920,12 +904,9 @@ def _candidate_slots(m: int, n_tiles: int, top_k: int, key_slots: int | None, mo
     n_slots = triton.cdiv(n_tiles, key_group) if key_group else 0
     if not key_group:
         return key_group, n_slots, out  # unused
-    # after the m * n_slots slots, one more int64: how many main-kernel programs have folded their
-    # keys (RESCORE_HANDOFF); the kernel that prepares the activations empties the slots and zeroes it
-    keys = torch.empty((m * n_slots + 1,), dtype=torch.int64, device=out.device)
-    if mode < 4:
+    keys = torch.empty((m, n_slots), dtype=torch.int64, device=out.device)
+    if mode < 4:  # from mode 4 the kernel that prepares the activations empties the slots
         keys.fill_(-(2 ** 63))
-        keys[-1] = 0
     return key_group, n_slots, keys
 
 

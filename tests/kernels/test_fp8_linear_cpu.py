@@ -173,9 +173,6 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
             packed = fk.pack_fp8_weight(qq, ss, pack_n, 128, exact=weight, exact_top_k=4)
             y0 = fk.fp8_linear_packed(x, packed, torch.float32, exact_top_k=0, **how)
             y = fk.fp8_linear_packed(x, packed, torch.float32, key_slots=slots, **how)
-            # the re-scoring kernel started by the main kernel's count of programs done
-            assert torch.equal(y, fk.fp8_linear_packed(x, packed, torch.float32, key_slots=slots,
-                                                       handoff=True, **how)), (how, slots)
             changed = y != y0
             assert torch.allclose(y[changed], ref[changed], rtol=1e-5, atol=1e-5)
             assert torch.equal(y[~changed], y0[~changed])
