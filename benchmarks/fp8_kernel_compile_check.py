@@ -41,7 +41,8 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
                "w_bytes": "i64", "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_om": "i32",
                "key_ptr": "*i64", "n_slots": "i32", "n_stripes": "i32", "prefetch_bytes": "i32"}
         const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PACK_N=fk.PACK_BLOCK_N,
-                     K_BLOCKS=k_blocks, NUM_STAGES=cfg.num_stages, KEY_GROUP=key_group, PDL=True, PREFETCH=True)
+                     K_BLOCKS=k_blocks, NUM_STAGES=cfg.num_stages, KEY_GROUP=key_group, PDL=True, PREFETCH=True,
+                     LOGITS_EVICT=fk.LOGITS_EVICT)
     else:
         fn = fk._fp8_packed_kernel
         mode = fk.PACKED_MODES[cfg.kind]

@@ -522,7 +522,7 @@ def _fp8_stream_kernel(
     n_stripes, prefetch_bytes,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK_N: tl.constexpr,
     K_BLOCKS: tl.constexpr, NUM_STAGES: tl.constexpr, KEY_GROUP: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LOGITS_EVICT: tl.constexpr = "",
 ):
     """The persistent form of _fp8_packed_kernel (MODE 4): a grid of about as many programs as
     the GPU holds at once, each streaming one contiguous, balanced run of BLOCK_N-token stripes
@@ -562,7 +562,7 @@ def _fp8_stream_kernel(
             # as _fp8_packed_kernel: the power of two first, then the scale (padded to the packing)
             y = acc * pow2[None, :] * tl.load(s_ptr + offs_n)[:, None]
             tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], y.to(out_ptr.dtype.element_ty),
-                     mask=(offs_m < M)[None, :] & (offs_n < N)[:, None])
+                     mask=(offs_m < M)[None, :] & (offs_n < N)[:, None], eviction_policy=LOGITS_EVICT)
             if KEY_GROUP > 0:
                 _fold_tile_keys(y, offs_n, offs_m, M, N, key_ptr, n_slots, (stripe // SUB) // KEY_GROUP)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -700,9 +700,14 @@ def pdl_available(device) -> bool:
 RESCORE_SLOTS = 256
 RESCORE_PER_SLOT = TOKENS_PER_STRETCH
 RESCORE_WARPS = 1
-# The grid kernel's logits stores: "evict_last" asks L2 to keep them (the re-scoring and the sampler
-# read them next) while the weight streams through; "" is the default policy.
-LOGITS_EVICT = os.environ.get("SPARKIT_FP8_LOGITS_EVICT", "")
+# The logits stores' L2 policy: "evict_last" keeps them in L2 while the 402 MB weight streams past
+# (the re-scoring and the sampler read them next), where written back under the stream's pressure
+# they cost the read stream up to 6 us at M = 16 (H200 session 9, call 5: FP8 kernel 95.3 us at
+# every M with it, 94.5-100.5 us without). SPARKIT_FP8_LOGITS_EVICT="" (the default policy) is
+# for measuring that again.
+LOGITS_EVICT = os.environ.get("SPARKIT_FP8_LOGITS_EVICT", "evict_last")
+if LOGITS_EVICT not in ("", "evict_last", "evict_first"):
+    raise ValueError(f"SPARKIT_FP8_LOGITS_EVICT={LOGITS_EVICT!r}: expected evict_last, evict_first or empty")
 # Measured and dropped (H200 session 9): starting the re-scoring kernel on a count of the main
 # kernel's programs done (release/acquire) instead of on its grid's completion saved <= 0.6 us
 # of re-scoring and cost 0.8 us in the main kernel's epilogues (a barrier and an atomic each).
@@ -770,7 +775,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
             stream.prefetch_kb * 1024,
             BLOCK_M=block_m, BLOCK_N=stream.block_n, BLOCK_K=packed.block_k, PACK_N=packed.block_n,
             K_BLOCKS=k_blocks, NUM_STAGES=stream.num_stages, KEY_GROUP=key_group,
-            PDL=pdl, PREFETCH=not _INTERPRETED,
+            PDL=pdl, PREFETCH=not _INTERPRETED, LOGITS_EVICT=LOGITS_EVICT,
             num_warps=stream.num_warps, **launch,
         )
     else:

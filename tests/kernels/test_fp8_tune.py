@@ -281,6 +281,9 @@ def test_every_candidate_compiles_for_hopper_and_holds_its_programs_per_sm():
         assert regs is not None and regs <= 255, (cfg.label(), regs)
         assert check.programs_per_sm(cfg, shared, regs) >= max(1, cfg.ctas_per_sm), (cfg.label(), shared, regs)
         assert "wgmma.mma_async" in ptx, cfg.label()  # Hopper tensor cores, not the mma.sync fallback
+        # the logits are stored with vector stores that ask L2 to keep them (fk.LOGITS_EVICT)
+        assert re.search(r"st\.global\.L1::evict_last\.L2::cache_hint\.v\d", ptx), cfg.label()
+        assert "createpolicy.fractional.L2::evict_last" in ptx, cfg.label()
         if cfg.kind == fk.STREAM_KIND or cfg.prefetch_kb:
             assert "cp.async.bulk.prefetch.L2.global" in ptx and "griddepcontrol.wait" in ptx, cfg.label()
         if fk.PACKED_MODES.get(cfg.kind) in fk.FP8_ACTIVATION_MODES:  # e4m3 x e4m3 MMAs, the weight unconverted
