@@ -11,11 +11,15 @@ once and apply it to all M activation rows (the activations are tiny and stay in
   over K and reduces once at the end (no per-tile cross-thread reductions).
 
 The per-row scale factors out of the K sum, so it is applied once to the fp32 accumulator.
-The shipped path (prepare_fp8_weight, then fp8_linear) is the tile-packed swap-AB kernel in mode
-pk16p: e4m3 -> fp16 weight tiles, activations scaled by a power of two per row and rounded to fp16
-once per call (overflow-safe for any bf16 input), the power of two undone on the fp32 result.
-Which kernel and tile serve which M is a table measured on an H200 (benchmarks/fp8_lm_head.py
---sweep); ``fp8_linear(..., config=...)`` overrides it.
+The shipped path (prepare_fp8_weight, then fp8_linear) is the tile-packed swap-AB kernel, its
+config per M chosen on the GPU by sparkit.kernels.fp8_tune. Untuned it runs pk16p: e4m3 -> fp16
+weight tiles, activations scaled by a power of two per row and rounded to fp16 once per call
+(overflow-safe for any bf16 input), the power of two undone on the fp32 result. On an H200 the
+tuner picks pk8w: each bf16 activation row split exactly into two e4m3 rows (_split_fp8_row), the
+weight tile multiplied as TMA left it in shared memory on FP8 tensor cores, the partial sums
+promoted to fp32 once per K block (FP8_PROMOTE_K), 64-token stripes; 94.5-95.5 us at M = 1..16
+against bf16 F.linear's 190-196 us (benchmarks/results/h200-session-9.md).
+``fp8_linear(..., config=...)`` overrides the choice.
 
 The persistent form of pk16p (STREAM_KIND, _fp8_stream_kernel) reads the same packed weight with a
 grid of about as many programs as the GPU holds, each streaming one balanced run of 64- or
@@ -476,8 +480,15 @@ def _fp8_packed_kernel(
 _FP8_DOT_VIA_F32 = tl.constexpr(_INTERPRETED)
 # Hopper's FP8 MMA adds into its accumulator with fewer bits than fp32, so a sum carried through
 # many MMAs drifts; every FP8_PROMOTE_K products the partial sum is added to an fp32 accumulator
-# on the CUDA cores (Triton's max_num_imprecise_acc). 0: never; -1: once per BLOCK_K.
-FP8_PROMOTE_K = tl.constexpr(int(os.environ.get("SPARKIT_FP8_PROMOTE_K", "-1")))
+# on the CUDA cores (Triton's max_num_imprecise_acc). 0: never; -1: once per BLOCK_K (256).
+# Largest logit error against the exact product on an H200, relative to the largest logit (heavy-
+# tailed hidden states; benchmarks/fp8_head_limit.py): 0: 2.7e-3 (M = 1) .. 1.7e-2 (M = 16);
+# 128: 4.2e-4 .. 5.5e-4; -1: 4.6e-4 .. 6.5e-4 and the fastest; 32: 1.1e-4 but 2-5% slower.
+# Half a bf16 ulp of the largest logit is 2^-9 = 2.0e-3. SPARKIT_FP8_PROMOTE_K is for measuring.
+_PROMOTE = os.environ.get("SPARKIT_FP8_PROMOTE_K", "-1")
+if not re.fullmatch(r"-1|0|[1-9][0-9]*", _PROMOTE):
+    raise ValueError(f"SPARKIT_FP8_PROMOTE_K={_PROMOTE!r}: expected -1, 0 or a number of products")
+FP8_PROMOTE_K = tl.constexpr(int(_PROMOTE))
 
 
 @triton.jit
