@@ -98,7 +98,8 @@ FP8_ACTIVATION_MODES = (5, 6)
 # The persistent kernel (_fp8_stream_kernel) on the same packed weight, activations pre-scaled as pk16p.
 STREAM_KIND = "ps16p"
 
-# Shipped choice (H200, N=157184, K=2560; benchmarks/gpu_session.sh, all candidates interleaved in
+# The packing, and the untuned default, which is also the reference the tuner checks every candidate
+# against (H200, N=157184, K=2560; benchmarks/gpu_session.sh, all candidates interleaved in
 # the same rounds): weights packed as 128 x 256 tiles, read by pk16p (activations pre-scaled to fp16
 # once per call by _prescale_rows_kernel, then plain chained fp16 MMAs), 4 warps, 3 stages:
 # 1.80-1.87x bf16 F.linear for M = 1..16, and 0.5-4% faster than the former default (pk16t on 256 x 128
