@@ -17,8 +17,8 @@ weight tiles, activations scaled by a power of two per row and rounded to fp16 o
 (overflow-safe for any bf16 input), the power of two undone on the fp32 result. On an H200 the
 tuner picks pk8w: each bf16 activation row split exactly into two e4m3 rows (_split_fp8_row), the
 weight tile multiplied as TMA left it in shared memory on FP8 tensor cores, the partial sums
-promoted to fp32 once per K block (FP8_PROMOTE_K), 64-token stripes; 94.5-95.5 us at M = 1..16
-against bf16 F.linear's 190-196 us (benchmarks/results/h200-session-9.md).
+promoted to fp32 once per K block (FP8_PROMOTE_K), 64-token stripes; 94-96 us at M = 1..16
+against bf16 F.linear's 184-196 us (benchmarks/results/h200-session-9.md).
 ``fp8_linear(..., config=...)`` overrides the choice.
 
 The persistent form of pk16p (STREAM_KIND, _fp8_stream_kernel) reads the same packed weight with a
@@ -119,7 +119,7 @@ PACKED_DEFAULT = KernelConfig("pk16p", PACK_BLOCK_N, PACK_BLOCK_K, 4, 3)
 # instead of 7% for 1228 whole tiles) and 3-4 stages keep 2-3 programs per SM; f32: each asks L2
 # for its first 32 KB before waiting on the activations' kernel, so the first wave starts on data.
 # Measured on an H200 (benchmarks/fp8_head_limit.py, benchmarks/results/h200-session-9.md):
-# pk8w:n64k256w4s3f32 ~5% faster than PACKED_DEFAULT at every M; the persistent kernel (ps16p)
+# pk8w 1.5-9% faster than PACKED_DEFAULT with exact re-scoring (call 6); the persistent kernel (ps16p)
 # 7-80% slower than PACKED_DEFAULT there (session 8), kept in two forms for other GPUs.
 TUNE_CANDIDATES = (
     PACKED_DEFAULT,
@@ -442,7 +442,9 @@ def _fp8_packed_kernel(
         e_at = 2 * off_m + tl.arange(0, BLOCK_M)
         e = tl.load(e_ptr + e_at, mask=offs_m < M, other=0.0)
         e_lo = tl.load(e_ptr + e_at + BLOCK_M, mask=offs_m < M, other=0.0)
+    if MODE == 5:  # the lo parts' products, in their own accumulator
         acc_lo = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if MODE == 6:  # hi and lo parts side by side, split after the loop
         acc_both = tl.zeros((BLOCK_N, 2 * BLOCK_M), dtype=tl.float32)
     for kb in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
         w = w_desc.load([row0 + kb * PACKED_N, 0])

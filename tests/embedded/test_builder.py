@@ -71,8 +71,10 @@ def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
 
 def _cpu_signature() -> str:
     """'model name|avx512f' (or '|noavx512'): what the builder's bits were seen to depend on."""
+    from pathlib import Path
+
     try:
-        text = open("/proc/cpuinfo", encoding="utf-8").read()
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
         return "unknown"
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
