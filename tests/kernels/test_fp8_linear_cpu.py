@@ -214,3 +214,17 @@ def test_kernel_description_names_the_path_the_head_takes():
     exact = fk.pack_fp8_weight(q, s, exact=torch.randn(300, 256).to(torch.bfloat16), exact_top_k=8)
     assert "top-8 candidates re-scored exactly" in kernel_description(exact)
     assert "top-4 candidates re-scored exactly" in kernel_description(q, exact_top_k=4)
+
+
+@pytest.mark.parametrize("variable, value", [("SPARKIT_FP8_LOGITS_EVICT", "keep"), ("SPARKIT_FP8_PROMOTE_K", "-2")])
+def test_a_bad_value_of_a_kernel_knob_is_named_at_import(variable, value):
+    """The kernel module's measuring knobs refuse a value Triton would fail on later, by name."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, **{variable: value})
+    proc = subprocess.run([sys.executable, "-c", "import sparkit.kernels.fp8_gemv_triton"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and f"{variable}={value!r}" in proc.stderr, proc.stderr[-2000:]
+    env[variable] = {"SPARKIT_FP8_LOGITS_EVICT": "evict_first", "SPARKIT_FP8_PROMOTE_K": "32"}[variable]
+    ok = subprocess.run([sys.executable, "-c", "import sparkit.kernels.fp8_gemv_triton"], env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
