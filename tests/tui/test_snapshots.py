@@ -85,6 +85,16 @@ def steady_cursor(monkeypatch):
     monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
 
 
+@pytest.fixture(autouse=True)
+def no_press_flash(monkeypatch):
+    """A pressed Button shows its -active style for 0.2 s on a timer, so a snapshot taken right
+    after a click caught it lit one time and unlit another (CI failed on it). Without the flash
+    the pressed button is drawn as it rests, whatever the machine's speed."""
+    from textual.widgets import Button
+
+    monkeypatch.setattr(Button, "_start_active_affect", lambda self: None)
+
+
 def app_for(tmp_path, *, open_conversation: bool = True):
     store_path, cid, run = prepared(tmp_path)
     return create_app(DEAD_URL, model="ling-3.0-flash", run=run, store_path=store_path, health_interval=None,
