@@ -68,6 +68,30 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
     return kernel.metadata.shared, kernel.asm["ptx"], kernel.asm["cubin"]
 
 
+def compile_rescore_for_sm90(speculate: bool, n_slots: int = 246, slot_tokens: int = 640, k: int = 2560):
+    """The re-scoring kernel's PTX for sm_90 at Ling's head (246 slots of 640 tokens, K = 2560),
+    launched early (PDL), with or without its early guess."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    sig = {"x_ptr": "*bf16", "stride_xm": "i32", "w_ptr": "*bf16", "stride_wn": "i32", "key_ptr": "*i64",
+           "guess_key_ptr": "*i64", "out_ptr": "*bf16", "stride_om": "i32", "n_slots": "i32", "N": "i32", "K": "i32"}
+    block_k = min(triton.next_power_of_2(k), 32 * fk.RESCORE_WARPS * 8)
+    const = dict(NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
+                 ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
+                 PDL=True, SPECULATE=speculate)
+    sig.update({name: "constexpr" for name in const})
+    names = list(sig)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name, kind in sig.items()
+             if kind.startswith("*") or name in ("stride_xm", "stride_wn", "stride_om", "N", "K")}
+    kernel = triton.compile(ASTSource(fk._rescore_kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": fk.RESCORE_WARPS})
+    return kernel.asm["ptx"]
+
+
 def registers(cubin: bytes) -> int | None:
     import triton
 

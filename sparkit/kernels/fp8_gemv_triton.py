@@ -583,10 +583,56 @@ def _fp8_stream_kernel(
 
 
 @triton.jit
+def _rescore_candidate(key_ptr, out_ptr, stride_om, m, t, c, n_slots, N, NS_PAD: tl.constexpr,
+                       SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr):
+    """(token, whether there is one) of program (m, t, c) of _rescore_kernel, from row m's keys and
+    logits as they are in memory now. Read at L2 (.cg): the keys and logits are written by other
+    SMs, and a line kept in this SM's L1 from an earlier read would not show their final values."""
+    offs = tl.arange(0, NS_PAD)
+    keys = tl.load(key_ptr + m.to(tl.int64) * n_slots + offs, mask=offs < n_slots, other=EMPTY_KEY,
+                   cache_modifier=".cg")
+    for _ in range(t):
+        keys = tl.where(keys == tl.max(keys, axis=0), EMPTY_KEY, keys)
+    best = tl.max(keys, axis=0)
+    # a key read before the main kernel is done may be anything (its slot not yet emptied): the
+    # token is kept in range, so that a speculative row read stays inside the weight
+    tok = tl.minimum(tl.maximum((best & 0xFFFFFFFF).to(tl.int32), 0), N - 1)
+    found = best != EMPTY_KEY
+    if c > 0:  # the slot's c-th runner-up by FP8 logit
+        out_row = out_ptr + m.to(tl.int64) * stride_om
+        start = (tok // SLOT_TOKENS) * SLOT_TOKENS
+        offs_s = tl.arange(0, ST_PAD)
+        in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
+        slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf"),
+                              cache_modifier=".cg").to(tl.float32)
+        slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
+        for _ in range(c - 1):
+            slot_logits = tl.where(offs_s == tl.argmax(slot_logits, axis=0), float("-inf"), slot_logits)
+        tok = tl.minimum(start + tl.argmax(slot_logits, axis=0).to(tl.int32), N - 1)
+        found = found & (tl.max(slot_logits, axis=0) > float("-inf"))
+    return tok, found
+
+
+@triton.jit
+def _exact_logit(x_row, w_ptr, stride_wn, tok, k_end, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr):
+    """x_row . w[tok] over the first k_end of K (0: no load is issued), fp32; loads unrolled so
+    that they are all in flight at once."""
+    w_row = w_ptr + tok.to(tl.int64) * stride_wn
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for kb in tl.static_range(K_BLOCKS):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
+        xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _rescore_kernel(
-    x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, out_ptr, stride_om, n_slots, N, K,
+    x_ptr, stride_xm, w_ptr, stride_wn, key_ptr, guess_key_ptr, out_ptr, stride_om, n_slots, N, K,
     NS_PAD: tl.constexpr, SLOT_TOKENS: tl.constexpr, ST_PAD: tl.constexpr,
     BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, PDL: tl.constexpr = False,
+    SPECULATE: tl.constexpr = False,
 ):
     """Program (m, t, c): the c-th best token of row m's t-th best slot gets its exact logit.
 
@@ -597,39 +643,32 @@ def _rescore_kernel(
     neighbouring ids (the digits "3" and "4") shares a slot, so the slot's best alone would miss
     it. The programs of a slot write different tokens and read the slot's logits only at
     positions no other program writes (the best token is masked by position, not by value).
-    Each program computes one dot product of K, its loads unrolled so they are all in flight."""
-    if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
-        tl.extra.cuda.gdc_wait()
+
+    SPECULATE: launched early (PDL), the program guesses its token from the keys and logits as
+    they stand before the main kernel is done (guess_key_ptr: the same keys; a test passes others)
+    and computes that token's exact logit while the main kernel's last programs run. After the
+    wait it selects again from the final keys; where the guess was right, the HBM read of the bf16
+    row is off the critical path, and where it was wrong the row is read then. Either way the
+    value stored is the final token's dot product, computed by the same code: a guess can change
+    the time, never the result."""
     m = tl.program_id(0)
     t = tl.program_id(1)
     c = tl.program_id(2)
-    offs = tl.arange(0, NS_PAD)
-    keys = tl.load(key_ptr + m.to(tl.int64) * n_slots + offs, mask=offs < n_slots, other=EMPTY_KEY)
-    for _ in range(t):
-        keys = tl.where(keys == tl.max(keys, axis=0), EMPTY_KEY, keys)
-    best = tl.max(keys, axis=0)
-    tok = (best & 0xFFFFFFFF).to(tl.int32)
-    k_end = tl.where(best != EMPTY_KEY, K, 0)  # 0: nothing to re-score
-    out_row = out_ptr + m.to(tl.int64) * stride_om
-    if c > 0:  # the slot's c-th runner-up by FP8 logit
-        start = (tok // SLOT_TOKENS) * SLOT_TOKENS
-        offs_s = tl.arange(0, ST_PAD)
-        in_slot = (offs_s < SLOT_TOKENS) & (start + offs_s < N)
-        slot_logits = tl.load(out_row + start + offs_s, mask=in_slot, other=float("-inf")).to(tl.float32)
-        slot_logits = tl.where(offs_s == tok - start, float("-inf"), slot_logits)
-        for _ in range(c - 1):
-            slot_logits = tl.where(offs_s == tl.argmax(slot_logits, axis=0), float("-inf"), slot_logits)
-        tok = start + tl.argmax(slot_logits, axis=0).to(tl.int32)
-        k_end = tl.where(tl.max(slot_logits, axis=0) > float("-inf"), k_end, 0)
-    w_row = w_ptr + tok.to(tl.int64) * stride_wn
     x_row = x_ptr + m.to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for kb in tl.static_range(K_BLOCKS):
-        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        w = tl.load(w_row + offs_k, mask=offs_k < k_end, other=0.0)
-        xv = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0)
-        acc += w.to(tl.float32) * xv.to(tl.float32)
-    tl.store(out_row + tok, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=k_end > 0)
+    if SPECULATE:
+        guess, guess_found = _rescore_candidate(guess_key_ptr, out_ptr, stride_om, m, t, c, n_slots, N,
+                                                NS_PAD, SLOT_TOKENS, ST_PAD)
+        guessed = _exact_logit(x_row, w_ptr, stride_wn, guess, tl.where(guess_found, K, 0), BLOCK_K, K_BLOCKS)
+    if PDL:  # launched while the main kernel finishes: wait for all its logits and keys
+        tl.extra.cuda.gdc_wait()
+    tok, found = _rescore_candidate(key_ptr, out_ptr, stride_om, m, t, c, n_slots, N, NS_PAD, SLOT_TOKENS, ST_PAD)
+    if SPECULATE:
+        hit = guess_found & (guess == tok)
+        logit = _exact_logit(x_row, w_ptr, stride_wn, tok, tl.where(found & ~hit, K, 0), BLOCK_K, K_BLOCKS)
+        logit = tl.where(hit, guessed, logit)
+    else:
+        logit = _exact_logit(x_row, w_ptr, stride_wn, tok, tl.where(found, K, 0), BLOCK_K, K_BLOCKS)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + tok, logit.to(out_ptr.dtype.element_ty), mask=found)
 
 
 @dataclass
@@ -722,6 +761,13 @@ RESCORE_WARPS = 1
 LOGITS_EVICT = os.environ.get("SPARKIT_FP8_LOGITS_EVICT", "evict_last")
 if LOGITS_EVICT not in ("", "evict_last", "evict_first"):
     raise ValueError(f"SPARKIT_FP8_LOGITS_EVICT={LOGITS_EVICT!r}: expected evict_last, evict_first or empty")
+# Re-scoring guesses its tokens before the main kernel is done and reads their bf16 rows while the
+# last programs run (_rescore_kernel's SPECULATE; with PDL only, where it launches early). The
+# result is the same either way; SPARKIT_FP8_RESCORE_SPECULATE=0 turns it off, for measuring.
+_SPECULATE = os.environ.get("SPARKIT_FP8_RESCORE_SPECULATE", "1")
+if _SPECULATE not in ("0", "1"):
+    raise ValueError(f"SPARKIT_FP8_RESCORE_SPECULATE={_SPECULATE!r}: expected 1 or 0")
+RESCORE_SPECULATE = _SPECULATE == "1"
 # Measured and dropped (H200 session 9): starting the re-scoring kernel on a count of the main
 # kernel's programs done (release/acquire) instead of on its grid's completion saved <= 0.6 us
 # of re-scoring and cost 0.8 us in the main kernel's epilogues (a barrier and an atomic each).
@@ -746,11 +792,12 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
                       num_stages: int = 4, mode: int = 2, exact=None, exact_top_k: int | None = None,
                       rescore: bool = True, pdl: bool | None = None, key_slots: int | None = None,
                       rescore_warps: int | None = None, per_slot: int | None = None,
-                      config: KernelConfig | None = None):
+                      config: KernelConfig | None = None, speculate: bool | None = None):
     """exact/exact_top_k default to the packed weight's own (exact_top_k=0 turns re-scoring off).
     config (a PACKED_MODES kind or STREAM_KIND) replaces num_warps, num_stages and mode.
     The other keywords override module settings for benchmarks/fp8_lm_head.py, which times the
-    parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot."""
+    parts: rescore=False stops after the candidates; pdl, key_slots, rescore_warps, per_slot,
+    speculate (_rescore's)."""
     stream = None
     if config is not None:
         stream, mode, num_warps, num_stages = _packed_config(config, packed, num_warps, num_stages)
@@ -811,7 +858,7 @@ def fp8_linear_packed(x, packed: PackedFp8Weight, out_dtype=None, num_warps: int
     if key_group and rescore:
         _rescore(x2, exact, keys, out, n_slots, key_group * packed.block_n, min(top_k, n_slots),
                  RESCORE_WARPS if rescore_warps is None else rescore_warps,
-                 RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch)
+                 RESCORE_PER_SLOT if per_slot is None else per_slot, pdl, launch, speculate=speculate)
     return out.reshape(*lead, n)
 
 
@@ -843,17 +890,34 @@ def _activation_rows(x2, mode: int, block_m: int, block_k: int, keys, n_slots: i
     return TensorDescriptor.from_tensor(x2, [block_m, block_k]), x2
 
 
+def reference_candidate_keys(logits, slot_tokens: int):
+    """What the main kernels' epilogues fold into the key slots (_fold_tile_keys), computed by
+    torch from fp32 logits [M, N]: per row and slot of slot_tokens tokens, the int64 max of the
+    logit's order-preserving bits << 32 | token id. For checking the re-scoring kernel."""
+    m, n = logits.shape
+    n_slots = -(-n // slot_tokens)
+    bits = logits.float().contiguous().view(torch.int32).long()
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    keyed = (ordered << 32) | torch.arange(n, device=logits.device)
+    keyed = torch.nn.functional.pad(keyed, (0, n_slots * slot_tokens - n), value=-(2 ** 63))
+    return keyed.view(m, n_slots, slot_tokens).max(2).values.contiguous()
+
+
 def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: int, warps: int, tokens: int,
-             pdl: bool, launch: dict) -> None:
-    """The exact (bf16) logits of the candidates in the key slots, written over their FP8 ones in `out`."""
+             pdl: bool, launch: dict, speculate: bool | None = None, guess_keys=None) -> None:
+    """The exact (bf16) logits of the candidates in the key slots, written over their FP8 ones in `out`.
+    speculate (default: RESCORE_SPECULATE where the kernel launches early, pdl) guesses the
+    tokens from guess_keys (default: keys, as they stand when the kernel starts)."""
     m, k = x2.shape
     n = out.shape[1]
     block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
+    speculate = (RESCORE_SPECULATE and pdl) if speculate is None else speculate
     _rescore_kernel[(m, slots_read, tokens)](
-        x2, x2.stride(0), exact, exact.stride(0), keys, out, out.stride(0), n_slots, n, k,
+        x2, x2.stride(0), exact, exact.stride(0), keys, keys if guess_keys is None else guess_keys,
+        out, out.stride(0), n_slots, n, k,
         NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
         ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-        num_warps=warps, PDL=pdl, **launch,
+        num_warps=warps, PDL=pdl, SPECULATE=speculate, **launch,
     )
 
 

@@ -318,3 +318,57 @@ def test_tuning_on_the_gpu_chooses_per_m_and_the_choice_replays_in_a_graph(head_
     torch.cuda.synchronize()
     assert torch.equal(static_y, eager)
     assert torch.equal(eager, fk.fp8_linear_packed(static_x, packed, torch.bfloat16, config=packed.tuned[2]))
+
+
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_rescoring_that_guesses_early_stores_the_same_logits(head_bf16, m):
+    """Launched early (PDL), the re-scoring kernel guesses its tokens from keys and logits read
+    while the main kernel's last programs still run (the large vocabulary's grid outlasts one
+    wave, so they do race here). What it stores must be the final tokens' values: the same
+    logits as without guessing, for every config the tuner may choose, in and out of a graph."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    w, q, s = head_bf16
+    packed = fk.pack_fp8_weight(q, s, exact=w, exact_top_k=4)
+    for seed in range(3):
+        x = near_tie_states(w, m, seed=300 + 10 * m + seed)
+        for cfg in fk.TUNE_CANDIDATES:
+            guessed = fk.fp8_linear_packed(x, packed, torch.bfloat16, config=cfg, speculate=True)
+            plain = fk.fp8_linear_packed(x, packed, torch.bfloat16, config=cfg, speculate=False)
+            assert torch.equal(guessed, plain), (cfg.label(), seed)
+    static_x = near_tie_states(w, m, seed=7).clone()
+    fk.fp8_linear_packed(static_x, packed, torch.bfloat16, speculate=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fk.fp8_linear_packed(static_x, packed, torch.bfloat16, speculate=True)
+    for seed in (8, 9):
+        static_x.copy_(near_tie_states(w, m, seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, fk.fp8_linear_packed(static_x, packed, torch.bfloat16, speculate=False))
+
+
+def test_a_wrong_or_garbage_guess_changes_no_logit_and_reads_inside_the_weight(head_bf16):
+    """Guesses from keys that are not the final ones (none, another row's, random bits whose
+    token ids lie far outside the vocabulary) are recomputed from the final keys; the garbage
+    ones must not read outside the weight (a fault would end the process)."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    w, q, s = head_bf16
+    packed = fk.pack_fp8_weight(q, s, exact=w, exact_top_k=4)
+    x = near_tie_states(w, 5, seed=11)
+    y0 = fk.fp8_linear_packed(x, packed, torch.float32, config=fk.PACKED_DEFAULT, exact_top_k=0)
+    want = fk.fp8_linear_packed(x, packed, torch.float32, config=fk.PACKED_DEFAULT, speculate=False)
+    tiles = -(-w.shape[0] // fk.PACK_BLOCK_N)
+    span = -(-tiles // fk.RESCORE_SLOTS) * fk.PACK_BLOCK_N
+    keys = fk.reference_candidate_keys(y0, span)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    guesses = {"final": keys, "none": torch.full_like(keys, -(2 ** 63)), "rolled": keys.roll(1, 0).contiguous(),
+               "garbage": torch.randint(-(2 ** 62), 2 ** 62, keys.shape, generator=g, device="cuda") * 2}
+    for name, guess in guesses.items():
+        out = y0.clone()
+        fk._rescore(x, w, keys, out, keys.shape[1], span, 4, fk.RESCORE_WARPS, fk.RESCORE_PER_SLOT, False, {},
+                    speculate=True, guess_keys=guess)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), name

@@ -187,6 +187,25 @@ _INTERPRETER_SCRIPT = textwrap.dedent("""
                 for sl in best_slots[r].tolist():
                     want |= {sl * span + i for i in stretches[r, sl].topk(2).indices.tolist()}
                 assert set(changed[r].nonzero().flatten().tolist()) == want, (how, slots, r)
+    # Speculative re-scoring: the tokens guessed from keys read before the main kernel is done
+    # (here: the final keys, none, garbage, another row's) never change what is stored; a miss
+    # re-reads the final token's row.
+    packed = fk.pack_fp8_weight(qw, sw, 64, 128, exact=w, exact_top_k=4)
+    y0 = fk.fp8_linear_packed(x, packed, torch.float32, exact_top_k=0, mode=4)
+    want = fk.fp8_linear_packed(x, packed, torch.float32, mode=4, key_slots=16)
+    span, n_slots = 3 * 64, 16
+    keys = fk.reference_candidate_keys(y0, span)
+    guesses = {"final": keys, "none": torch.full_like(keys, -(2 ** 63)),
+               "garbage": torch.randint(-(2 ** 62), 2 ** 62, keys.shape) * 2,
+               "rolled": keys.roll(1, 0).contiguous()}
+    for speculate, (name, guess) in itertools.product((False, True), guesses.items()):
+        out = y0.clone()
+        fk._rescore(x, w, keys, out, n_slots, span, 4, 1, 2, False, {}, speculate=speculate, guess_keys=guess)
+        assert torch.equal(out, want), (speculate, name, (out != want).sum())
+    out = y0.clone()  # and the check is not vacuous: a wrong final key changes what is stored
+    fk._rescore(x, w, keys.roll(1, 0).contiguous(), out, n_slots, span, 4, 1, 2, False, {}, speculate=True,
+                guess_keys=keys)
+    assert not torch.equal(out, want)
     print("INTERPRETER-OK")
 """)
 
@@ -216,7 +235,8 @@ def test_kernel_description_names_the_path_the_head_takes():
     assert "top-4 candidates re-scored exactly" in kernel_description(q, exact_top_k=4)
 
 
-@pytest.mark.parametrize("variable, value", [("SPARKIT_FP8_LOGITS_EVICT", "keep"), ("SPARKIT_FP8_PROMOTE_K", "-2")])
+@pytest.mark.parametrize("variable, value", [("SPARKIT_FP8_LOGITS_EVICT", "keep"), ("SPARKIT_FP8_PROMOTE_K", "-2"),
+                                             ("SPARKIT_FP8_RESCORE_SPECULATE", "yes")])
 def test_a_bad_value_of_a_kernel_knob_is_named_at_import(variable, value):
     """The kernel module's measuring knobs refuse a value Triton would fail on later, by name."""
     pytest.importorskip("triton")
@@ -224,7 +244,8 @@ def test_a_bad_value_of_a_kernel_knob_is_named_at_import(variable, value):
     proc = subprocess.run([sys.executable, "-c", "import sparkit.kernels.fp8_gemv_triton"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and f"{variable}={value!r}" in proc.stderr, proc.stderr[-2000:]
-    env[variable] = {"SPARKIT_FP8_LOGITS_EVICT": "evict_first", "SPARKIT_FP8_PROMOTE_K": "32"}[variable]
+    env[variable] = {"SPARKIT_FP8_LOGITS_EVICT": "evict_first", "SPARKIT_FP8_PROMOTE_K": "32",
+                     "SPARKIT_FP8_RESCORE_SPECULATE": "0"}[variable]
     ok = subprocess.run([sys.executable, "-c", "import sparkit.kernels.fp8_gemv_triton"], env=env,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]

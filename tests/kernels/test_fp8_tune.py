@@ -296,6 +296,32 @@ def test_every_candidate_compiles_for_hopper_and_holds_its_programs_per_sm():
     assert check.programs_per_sm(greedy, shared, check.registers(cubin)) < 2
 
 
+def test_the_rescoring_kernel_reads_its_guessed_rows_before_the_wait_and_the_keys_at_l2():
+    """Compiled for sm_90 (benchmarks/fp8_kernel_compile_check.py): with the guess, the bf16
+    rows of the guessed tokens are loaded before the dependent-launch wait (that is its whole
+    gain), and without it none is. Every read of the keys and of the slot's logits is at L2
+    (ld.global.cg): the guess reads them before the main kernel is done, and a line left in L1
+    from that read would hide the final values from the read after the wait."""
+    import triton
+
+    from _shared import REPO_DIR
+
+    if not (os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))):
+        pytest.skip("this Triton has no ptxas to compile for sm_90")
+    sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+    import fp8_kernel_compile_check as check
+
+    for speculate in (True, False):
+        ptx = check.compile_rescore_for_sm90(speculate)
+        before, wait, after = ptx.partition("griddepcontrol.wait")
+        assert wait, speculate
+        key_loads = re.compile(r"ld\.global(\.cg)?\.b64 ")  # the int64 keys
+        assert key_loads.search(after) and all(x.group(1) for x in key_loads.finditer(ptx)), speculate
+        row_loads = len(re.findall(r"ld\.global\.v4\.b32 ", before))  # the bf16 rows of x and w (not .cg)
+        assert (row_loads >= 20) if speculate else (row_loads == 0 and not key_loads.search(before)), (speculate, row_loads)
+        assert len(re.findall(r"ld\.global\.cg\.v4\.b32 ", after)) >= 4, speculate  # the slot's 640 logits
+
+
 @pytest.mark.slow
 def test_the_device_benchmark_rehearses_end_to_end_on_the_cpu(tmp_path):
     """benchmarks/fp8_head_limit.py runs unattended in one device call: its whole flow (inputs,
@@ -312,10 +338,12 @@ def test_the_device_benchmark_rehearses_end_to_end_on_the_cpu(tmp_path):
     doc = json.loads((out / "fp8_head_limit.json").read_text())
     assert [row["m"] for row in doc["rows"]] == [1, 2]
     for row in doc["rows"]:
-        assert set(row["us"]) == {"bf16", "fp8", "exact", "cand", "former"}
+        assert set(row["us"]) == {"bf16", "fp8", "exact", "cand", "former", "no guess"}
+        assert row["logits_equal_no_guess"]
         assert row["config"] in ("pk16p:n128k256w4s3", "ps16p:n64k256w4s5p2f64")
         assert 1.0 < row["limit_x"] < 2.05 and row["argmax_equal_former"] and row["max_abs_diff_vs_former"] == 0
     assert doc["rows"][0]["top1_vs_bf16"] == 1.0  # exact top-4 re-scoring at the toy shape
     assert doc["tuning"]["source"] == "measured" and set(doc["tuning"]["chosen"]) == {"1", "2"}
     table = (out / "fp8_head_limit.txt").read_text()
     assert table.count("\n1 | ") == 1 and "# worst M:" in table and "# kernel config per M: tuned" in table
+    assert "LOGITS DIFFER" not in table
