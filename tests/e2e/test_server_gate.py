@@ -102,11 +102,21 @@ def test_half_sent_requests_are_closed_and_the_connection_limit_holds(start_embe
 
 
 def test_past_the_limit_with_every_connection_busy_a_new_one_is_refused(start_embedded_server):
-    server = start_embedded_server(max_connections=2, debug_step_delay_ms=100)
-    busy = [threading.Thread(target=_stream_generate, args=(server, f"busy{i}", {})) for i in range(2)]
-    for thread in busy:
-        thread.start()
-    time.sleep(2)
+    server = start_embedded_server(max_connections=2, debug_step_delay_ms=50)
+    # The embedded engine runs one request at a time: the first stream runs (its first chunk read),
+    # the second waits in the queue (the server's own "Decode batch." line, every 40 steps, counts
+    # it), and only then does the third connection come; the first runs >= 10 s after that line.
+    started = threading.Event()
+    busy = [threading.Thread(target=_stream_generate, args=(server, "busy0", {}),
+                             kwargs={"max_new_tokens": 280, "started": started}),
+            threading.Thread(target=_stream_generate, args=(server, "busy1", {}))]
+    busy[0].start()
+    assert started.wait(120)
+    log_start = len(server.log())
+    busy[1].start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "#queue-req: 1" not in server.log()[log_start:]:
+        time.sleep(0.05)
     answer = raw(server, f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port_of(server)}\r\n\r\n".encode())
     for thread in busy:
         thread.join(300)
@@ -197,11 +207,19 @@ def test_a_hundred_thousand_stop_strings_are_refused_by_their_count_first(start_
 # -- 5. other local clients --------------------------------------------------------------------------------
 
 
-def _stream_generate(server, rid: str, out: dict, headers: dict | None = None) -> None:
+def _stream_generate(server, rid: str, out: dict, headers: dict | None = None, max_new_tokens: int = 40,
+                     started: threading.Event | None = None) -> None:
+    """One streamed /generate; out["finish"]: its finish reason. started is set at its first chunk,
+    so that a test acts while the request runs, however long the loaded machine took to start it."""
+    chunks = []
     with httpx.stream("POST", server.url + "/generate", json={"text": "count: one two three", "rid": rid, "stream": True,
-                      "sampling_params": {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0}},
+                      "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0}},
                       headers=headers or {}, timeout=300) as response:
-        chunks = [line for line in response.iter_lines() if line.startswith("data: {")]
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(line)
+                if started is not None:
+                    started.set()
     out["finish"] = json.loads(chunks[-1][6:])["meta_info"]["finish_reason"]
 
 
@@ -225,9 +243,12 @@ def test_the_key_holder_may_abort_all(start_embedded_server):
     server = start_embedded_server(debug_step_delay_ms=50, env={"SPARKIT_API_KEY": "k1"})
     auth = {"Authorization": "Bearer k1"}
     out: dict = {}
-    client = threading.Thread(target=_stream_generate, args=(server, "mine", out, auth))
+    # a request that runs >= 50 s unless aborted, and is under way before the aborts are sent
+    started = threading.Event()
+    client = threading.Thread(target=_stream_generate, args=(server, "mine", out, auth),
+                              kwargs={"max_new_tokens": 1000, "started": started})
     client.start()
-    time.sleep(2)
+    assert started.wait(120)
     assert httpx.post(server.url + "/abort_request", json={"abort_all": True}, timeout=30).status_code == 401
     assert httpx.post(server.url + "/abort_request", json={"abort_all": True}, headers=auth, timeout=30).status_code == 200
     client.join(300)
