@@ -28,10 +28,6 @@ SM90_REGISTERS = 65536
 
 def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
     """(shared bytes, PTX text, cubin bytes) of cfg's main kernel built for sm_90."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from sparkit.kernels import fp8_gemv_triton as fk
 
     if cfg.kind == fk.STREAM_KIND:
@@ -57,39 +53,36 @@ def compile_for_sm90(cfg, key_group: int = 5, k_blocks: int = 10):
                      NUM_STAGES=cfg.num_stages, MODE=mode, PDL=True, KEY_GROUP=key_group,
                      PREFETCH_TILES=min(cfg.prefetch_kb * 1024 // (cfg.block_n * cfg.block_k), k_blocks),
                      PACK_N=fk.PACK_BLOCK_N, LOGITS_EVICT=fk.LOGITS_EVICT)
-    sig.update({name: "constexpr" for name in const})
-    # what Triton assumes at run time at Ling's head (N = 157184, K = 2560, torch's allocations):
-    # pointers and those integers divisible by 16 (it decides, among others, the stores' vector width)
-    names = list(sig)
-    aligned = [name for name, kind in sig.items() if kind.startswith("*") or name in ("N", "K", "stride_om", "stride_xm")]
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": cfg.num_warps})
+    kernel = _compile_sm90(fn, sig, const, cfg.num_warps)
     return kernel.metadata.shared, kernel.asm["ptx"], kernel.asm["cubin"]
+
+
+def _compile_sm90(fn, sig: dict, const: dict, num_warps: int):
+    """fn built for sm_90 with these argument types and constexprs, under what Triton assumes at
+    run time at Ling's head (N = 157184, K = 2560, torch's allocations): pointers and the sizes
+    and strides divisible by 16 (it decides, among others, the vector width of loads and stores)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {**sig, **{name: "constexpr" for name in const}}
+    names = list(sig)
+    aligned = [name for name, kind in sig.items()
+               if kind.startswith("*") or name in ("N", "K", "stride_om", "stride_xm", "stride_wn")]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    return triton.compile(ASTSource(fn, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
 
 
 def compile_rescore_for_sm90(speculate: bool, n_slots: int = 246, slot_tokens: int = 640, k: int = 2560):
     """The re-scoring kernel's PTX for sm_90 at Ling's head (246 slots of 640 tokens, K = 2560),
     launched early (PDL), with or without its early guess."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from sparkit.kernels import fp8_gemv_triton as fk
 
     sig = {"x_ptr": "*bf16", "stride_xm": "i32", "w_ptr": "*bf16", "stride_wn": "i32", "key_ptr": "*i64",
            "guess_key_ptr": "*i64", "out_ptr": "*bf16", "stride_om": "i32", "n_slots": "i32", "N": "i32", "K": "i32"}
-    block_k = min(triton.next_power_of_2(k), 32 * fk.RESCORE_WARPS * 8)
-    const = dict(NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
-                 ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
-                 PDL=True, SPECULATE=speculate)
-    sig.update({name: "constexpr" for name in const})
-    names = list(sig)
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name, kind in sig.items()
-             if kind.startswith("*") or name in ("stride_xm", "stride_wn", "stride_om", "N", "K")}
-    kernel = triton.compile(ASTSource(fk._rescore_kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": fk.RESCORE_WARPS})
-    return kernel.asm["ptx"]
+    const = dict(fk.rescore_constants(n_slots, slot_tokens, k, fk.RESCORE_WARPS), PDL=True, SPECULATE=speculate)
+    return _compile_sm90(fk._rescore_kernel, sig, const, fk.RESCORE_WARPS).asm["ptx"]
 
 
 def registers(cubin: bytes) -> int | None:

@@ -912,15 +912,20 @@ def _rescore(x2, exact, keys, out, n_slots: int, slot_tokens: int, slots_read: i
     tokens from guess_keys (default: keys, as they stand when the kernel starts)."""
     m, k = x2.shape
     n = out.shape[1]
-    block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
     speculate = (RESCORE_SPECULATE and pdl) if speculate is None else speculate
     _rescore_kernel[(m, slots_read, tokens)](
         x2, x2.stride(0), exact, exact.stride(0), keys, keys if guess_keys is None else guess_keys,
-        out, out.stride(0), n_slots, n, k,
-        NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
-        ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k),
+        out, out.stride(0), n_slots, n, k, **rescore_constants(n_slots, slot_tokens, k, warps),
         num_warps=warps, PDL=pdl, SPECULATE=speculate, **launch,
     )
+
+
+def rescore_constants(n_slots: int, slot_tokens: int, k: int, warps: int) -> dict:
+    """_rescore_kernel's block sizes for these slots and K (benchmarks/fp8_kernel_compile_check.py
+    builds it with the same): each of its warps' lanes loads 8 contiguous bf16 per K block."""
+    block_k = min(triton.next_power_of_2(k), 32 * warps * 8)
+    return dict(NS_PAD=triton.next_power_of_2(n_slots), SLOT_TOKENS=slot_tokens,
+                ST_PAD=triton.next_power_of_2(slot_tokens), BLOCK_K=block_k, K_BLOCKS=triton.cdiv(k, block_k))
 
 
 def _packed_config(config: KernelConfig, packed: PackedFp8Weight, num_warps: int,

@@ -276,6 +276,15 @@ def _changed(y, y0) -> list[set]:
     return [set((y[r] != y0[r]).nonzero().flatten().tolist()) for r in range(y.shape[0])]
 
 
+def _stretch_tokens(n: int) -> int:
+    """Tokens per re-scoring stretch (key slot) of an n-token packed head: whole 128-token tiles,
+    at most RESCORE_SLOTS stretches."""
+    from sparkit.kernels import fp8_gemv_triton as fk
+
+    tiles = -(-n // fk.PACK_BLOCK_N)
+    return -(-tiles // fk.RESCORE_SLOTS) * fk.PACK_BLOCK_N
+
+
 def _rescored(y0, top_k: int = 4) -> list[set]:
     """Which tokens exact re-scoring recomputes from these FP8 logits: the best TOKENS_PER_STRETCH
     of each of the top_k best stretches (RESCORE_SLOTS stretches of whole 128-token tiles)."""
@@ -284,8 +293,7 @@ def _rescored(y0, top_k: int = 4) -> list[set]:
     from sparkit.kernels import fp8_gemv_triton as fk
 
     m, n = y0.shape
-    tiles = -(-n // fk.PACK_BLOCK_N)
-    span = -(-tiles // fk.RESCORE_SLOTS) * fk.PACK_BLOCK_N
+    span = _stretch_tokens(n)
     slots = -(-n // span)
     stretches = F.pad(y0, (0, slots * span - n), value=-float("inf")).view(m, slots, span)
     best = stretches.max(2).values.topk(top_k, dim=1).indices
@@ -360,8 +368,7 @@ def test_a_wrong_or_garbage_guess_changes_no_logit_and_reads_inside_the_weight(h
     x = near_tie_states(w, 5, seed=11)
     y0 = fk.fp8_linear_packed(x, packed, torch.float32, config=fk.PACKED_DEFAULT, exact_top_k=0)
     want = fk.fp8_linear_packed(x, packed, torch.float32, config=fk.PACKED_DEFAULT, speculate=False)
-    tiles = -(-w.shape[0] // fk.PACK_BLOCK_N)
-    span = -(-tiles // fk.RESCORE_SLOTS) * fk.PACK_BLOCK_N
+    span = _stretch_tokens(w.shape[0])
     keys = fk.reference_candidate_keys(y0, span)
     g = torch.Generator(device="cuda").manual_seed(3)
     guesses = {"final": keys, "none": torch.full_like(keys, -(2 ** 63)), "rolled": keys.roll(1, 0).contiguous(),
