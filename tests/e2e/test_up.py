@@ -385,9 +385,19 @@ def test_up_killed_during_start_up_leaves_no_engine_and_a_failed_run(sparkit_hom
     stay "starting" forever; the next `status` stops it and records the start as failed."""
     args = ["tiny", *model_args(tiny_model_dir)] + (["--detach"] if detach else [])
     proc, _ = start_up(sparkit_home, tmp_path, *args)
-    # Held still as soon as it exists (importing torch takes it far longer than this poll), so
-    # that `up` is killed while the engine starts, however loaded the machine is.
-    engine = wait_for(lambda: (engine_processes(sparkit_home) or [None])[0], "the engine process", proc)
+    # Held still as soon as it exists and its run records its pid (importing torch takes it far
+    # longer than this poll), so that `up` is killed while the engine starts, however loaded the
+    # machine is; before the pid is in the record, the run reads as still being prepared.
+    def engine_recorded():
+        for meta in sparkit_home.glob("runs/*/meta.json"):
+            try:
+                if json.loads(meta.read_text()).get("pid"):
+                    return (engine_processes(sparkit_home) or [None])[0]
+            except (OSError, ValueError):
+                pass
+        return None
+
+    engine = wait_for(engine_recorded, "the engine process, its pid in the run's record", proc)
     engine.suspend()
     proc.kill()
     proc.wait()
