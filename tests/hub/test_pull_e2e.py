@@ -132,9 +132,14 @@ def test_the_page_cache_holds_none_of_the_pulled_files(hub, hub_env, tmp_path):
     assert row["repo"] == "sparkit-test/tiny-ling-fp32" and row["complete"] and row["page_cache_bytes"] == 0
     for p in weights:
         p.read_bytes()  # an engine loading it: now it is in the page cache
+    # On a shared machine the kernel may reclaim a few of those pages at any moment, so the doctor's
+    # figure is held between what mincore says just before and just after it ran (pages only leave).
+    before = sum(resident_bytes(p) for p in weights)
     doctor = run_sparkit(hub_env, "doctor", "--json")
+    after = sum(resident_bytes(p) for p in weights)
+    assert before > sum(p.stat().st_size for p in weights) // 2
     caches = {c["directory"]: c for c in json.loads(doctor.stdout)["memory"]["checkpoints"]}
-    assert caches[str(snapshot.resolve())]["cached_bytes"] >= sum(p.stat().st_size for p in weights) - 4096 * len(weights)
+    assert after <= caches[str(snapshot.resolve())]["cached_bytes"] <= before
 
 
 @pytest.mark.slow
