@@ -226,13 +226,14 @@ def _stream_generate(server, rid: str, out: dict, headers: dict | None = None, m
 def test_abort_all_from_another_client_aborts_nothing_without_the_key(start_embedded_server):
     server = start_embedded_server(debug_step_delay_ms=50)
     out: dict = {}
-    client = threading.Thread(target=_stream_generate, args=(server, "mine", out))
+    # a request of >= 6 s, under way before the abort is sent and still running once it is refused
+    started = threading.Event()
+    client = threading.Thread(target=_stream_generate, args=(server, "mine", out),
+                              kwargs={"max_new_tokens": 120, "started": started})
     client.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and "#running-req" not in json.dumps(httpx.get(server.url + "/server_info").json()):
-        time.sleep(0.05)
-    time.sleep(0.3)
+    assert started.wait(120)
     other = httpx.post(server.url + "/abort_request", json={"abort_all": True}, timeout=30)
+    assert client.is_alive(), "the stream ended before the abort was refused: the test proved nothing"
     client.join(300)
     assert other.status_code == 403 and "API key" in other.json()["message"]  # SGLang's flat error shape, as every route but /generate
     assert out["finish"]["type"] == "length"  # not aborted
