@@ -92,3 +92,28 @@ def test_a_url_where_nothing_listens_is_exit_7_saying_no_server_answered(sparkit
         assert done.stdout == "", name
     # the results file was started (its header) so that the run can be resumed once a server is up
     assert (tmp_path / "e.jsonl").read_text().splitlines()[0].startswith('{"type": "header"')
+
+
+def test_python_m_sparkit_keeps_its_exit_code_after_a_ctrl_c_that_was_handled(sparkit_home, tmp_path):
+    """Under `python -m`, CPython remembers a KeyboardInterrupt that left an exec() of a string even
+    after it was caught (a Ctrl-C landing while a dataclass is built), and then dies by SIGINT instead
+    of exiting with the code asked for: `up` interrupted while starting exited -2, not 130, about 1 in
+    10 times. sparkit's __main__ clears that memory, so the command's own code is what the shell sees."""
+    probe = tmp_path / "interrupted_then_sparkit.py"
+    probe.write_text(
+        "import runpy, sys\n"
+        "import sparkit.cli.main as cli\n"
+        "shown = cli._print_error\n"
+        "def interrupted_then_shown(*args):\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt')  # where a Ctrl-C lands inside a dataclass's generated code\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass  # handled, as sparkit handles Ctrl-C\n"
+        "    shown(*args)\n"
+        "cli._print_error = interrupted_then_shown  # the last thing before sparkit exits\n"
+        "sys.argv = ['sparkit', 'plan', 'no-such-recipe']\n"
+        "runpy.run_module('sparkit', run_name='__main__', alter_sys=True)\n")
+    env = {**os.environ, "SPARKIT_HOME": str(sparkit_home), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_DIR)])}
+    done = subprocess.run([sys.executable, "-m", probe.stem], env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert_one_error(done, errors.RecipeError.exit_code)
