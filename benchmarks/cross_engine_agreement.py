@@ -3,8 +3,8 @@
     python3 benchmarks/cross_engine_agreement.py CAPTURE.json MODEL_DIR [--json OUT]
 
 CAPTURE.json comes from benchmarks/cross_engine_capture.py (greedy /generate with logprobs);
-MODEL_DIR is the same checkpoint (the HF BailingMoeV2 export SGLang served, or the native
-tiny-ling it came from). For every captured prompt it reports:
+MODEL_DIR is the same checkpoint (the HF export SGLang served, or the native build it came from:
+tiny-ling or tiny-ling-v3). For every captured prompt it reports:
   * free-running token agreement: the embedded engine's own greedy continuation (float32 on the
     CPU, plain decoding) against SGLang's, position by position up to the first divergence;
   * teacher-forced agreement: the embedded model's argmax at every position of SGLang's output,
@@ -14,7 +14,9 @@ tiny-ling it came from). For every captured prompt it reports:
 Where they differ the reasons are numeric, not semantic: SGLang computed in bfloat16 on the GPU
 (its attention, MoE and norms kernels round differently) and, with an FP8 lm_head, from e4m3
 weights re-scored at the top; the embedded engine here computes in float32 with the bf16 head.
-Near-ties (top-2 logprobs closer than --tie) are counted separately.
+Near-ties (top-2 logprobs closer than --tie) are counted separately. And the known answer: the
+perplexity SGLang scored on the reference passages (the startup check's procedure) against the
+embedded model's on the same token ids, and their relative gap.
 """
 
 from __future__ import annotations
@@ -34,10 +36,28 @@ def _ids(record: dict) -> list[int]:
     return [int(entry[1]) for entry in record.get("output_token_logprobs") or []]
 
 
+def _known_answers(model, captured: dict | None) -> dict | None:
+    """SGLang's pooled perplexity on the reference passages and the embedded model's on the same ids."""
+    import torch
+
+    if not captured or not captured.get("input_token_logprobs") or captured.get("perplexity") is None:
+        return None
+    nll = tokens = 0.0
+    with torch.inference_mode():
+        for entries in captured["input_token_logprobs"]:
+            ids = [int(e[1]) for e in entries]
+            logprobs = model.logits(model.forward_hidden(torch.tensor([ids])))[0].float().log_softmax(-1)
+            nll -= sum(float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids)))
+            tokens += len(ids) - 1
+    mine = math.exp(nll / tokens)
+    return {"sglang": captured["perplexity"], "embedded": mine, "relative_gap": mine / captured["perplexity"] - 1,
+            "tokens": int(tokens), "passages": len(captured["input_token_logprobs"])}
+
+
 def main() -> int:
     import torch
 
-    from sparkit.engines.embedded.checkpoint import load_checkpoint
+    from sparkit.models.checkpoint import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("capture")
@@ -95,6 +115,7 @@ def main() -> int:
                 "mean_output_logprob_diff": sum(out_diffs) / len(out_diffs) if out_diffs else 0.0,
                 "max_input_logprob_diff": max(in_diffs, default=0.0),
             })
+    known = _known_answers(model, capture.get("known_answer"))
     total = sum(r["tokens"] for r in rows)
     forced = sum(r["teacher_forced"] for r in rows)
     identical = sum(r["identical"] for r in rows)
@@ -108,13 +129,16 @@ def main() -> int:
         "free_running_tokens_before_first_divergence": sum(r["free_running_prefix"] for r in rows),
         "max_output_logprob_diff": max((r["max_output_logprob_diff"] for r in rows), default=0.0),
         "max_input_logprob_diff": max((r["max_input_logprob_diff"] for r in rows), default=0.0),
-        "rows": rows,
+        "known_answer": known, "rows": rows,
     }
     print(f"{capture.get('engine_version')} ({capture.get('speculative_algorithm')}) vs embedded float32: "
           f"{identical}/{len(rows)} identical greedy continuations; teacher-forced {forced}/{total} "
           f"({summary['teacher_forced_agreement']:.2%}), {summary['disagreements_at_near_ties']} of the "
           f"{total - forced} disagreements at near-ties (< {args.tie} nats); max |logprob diff| output "
           f"{summary['max_output_logprob_diff']:.4f}, prompt {summary['max_input_logprob_diff']:.4f}")
+    if known:
+        print(f"known answer: SGLang {known['sglang']:.4f}, embedded float32 {known['embedded']:.4f} "
+              f"(gap {known['relative_gap']:+.2%}, {known['tokens']} tokens in {known['passages']} passages)")
     for r in rows:
         print(f"  {r['tokens']:3d} tok  prefix {r['free_running_prefix']:3d}  forced {r['teacher_forced']:3d}  "
               f"max|dlp| {r['max_output_logprob_diff']:.4f}  {r['prompt'][:50]!r}")

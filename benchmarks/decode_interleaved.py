@@ -5,7 +5,7 @@
         [--num-prompts 8] [--repeats 2] [--json OUT]
 
 The servers are up at the same time and get the same prompts in rotating order, so a drift of the
-machine's load falls on all of them alike (protocols.md, "Timing on a shared machine"). Printed per
+machine's load falls on all of them alike (docs/protocols.md, "Timing on a shared machine"). Printed per
 server: mean and median TPOT, decode tok/s (1 / median TPOT), output throughput over the server's
 own request time, mean accept length (completion tokens / verify steps per request) and the
 step-time estimate (mean TPOT x accept length), then each figure's ratio to the first server.

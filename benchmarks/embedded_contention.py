@@ -82,8 +82,8 @@ def decode_tok_s(url: str, tokens: int) -> float:
 
 
 def main() -> int:
-    from sparkit.engines.embedded.builder import builtin_model_dir
-    from sparkit.engines.embedded.checkpoint import read_marker
+    from sparkit.models.builder import builtin_model_dir
+    from sparkit.models.checkpoint import read_marker
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

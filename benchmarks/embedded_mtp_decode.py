@@ -146,10 +146,10 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from sparkit.engines.embedded.api import SamplingParams
-    from sparkit.engines.embedded.builder import ensure_model
-    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
     from sparkit.engines.embedded.engine import EmbeddedEngine
     from sparkit.engines.embedded.settings import EngineConfig
+    from sparkit.models.builder import ensure_model
+    from sparkit.models.tiny_ling.corpus import prompt_ids, sample_prompts
 
     path = args.model_path or str(ensure_model(progress=lambda f, m: print(f"[build {f:.0%}] {m}", file=sys.stderr)))
     common = dict(model_path=path, expert_weights=args.expert_weights, lm_head_dtype=args.lm_head_dtype, device="cpu")

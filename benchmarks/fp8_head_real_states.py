@@ -42,8 +42,9 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from sparkit.engines.embedded import checkpoint, corpus
     from sparkit.kernels.fp8_linear import DEFAULT_EXACT_TOP_K, fp8_linear, prepare_fp8_weight, quantize_fp8_per_row
+    from sparkit.models import checkpoint
+    from sparkit.models.tiny_ling import corpus
 
     _, model = checkpoint.load_checkpoint(args.model)
     model.eval()

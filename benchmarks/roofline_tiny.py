@@ -44,7 +44,7 @@ def main() -> int:
 
     from sparkit.bench.metrics import mean
     from sparkit.bench.profile import KINDS, ProfileConfig, run_profile
-    from sparkit.cli.bench_cmd import render_profile
+    from sparkit.cli.commands.bench import render_profile
     from sparkit.recipes.load import load_recipe
     from sparkit.roofline.bandwidth import measure_cpu, save_measurement
     from sparkit.roofline.estimate import estimate

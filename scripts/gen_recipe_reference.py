@@ -59,6 +59,8 @@ def _section(model, prefix: str, lines: list[str]) -> None:
                     if isinstance(a, type) and issubclass(a, BaseModel)), None)
         key = f"{prefix}.{name}" if prefix else name
         description = " ".join((info.description or "").split()).replace("|", "\\|")
+        if (info.json_schema_extra or {}).get("changes_rounding"):
+            description += " **Changes rounding**: `sparkit verify` judges a change of it by token agreement."
         lines.append(f"| `{key}` | {_type_text(annotation)} | {_default_text(info)} | {description} |")
         if sub is not None:
             nested.append((sub, key))
@@ -67,12 +69,47 @@ def _section(model, prefix: str, lines: list[str]) -> None:
         _section(sub, key, lines)
 
 
+def _environment_section() -> list[str]:
+    """The allowlist of each engine, the rule inside a family, and the variables known to load code."""
+    from sparkit.contract.environment import KNOWN_CODE_ENV, KNOWN_CODE_ENV_PREFIXES, PATH_SUFFIXES
+    from sparkit.engines.base import registry
+    from sparkit.engines.sglang.adapter import REGISTRY_OTHER_NAMES, SGLANG_CODE_ENV, SGLangAdapter
+
+    lines = [
+        "## The engine's environment", "",
+        "The engine starts with the environment of the `sparkit up` that starts it, and a recipe's `server.env`",
+        "over it. A recipe may set the engine's own settings there: the families of variables its engine reads,",
+        "below. Any other variable (OPENSSL_CONF, PATH, HOME, TMPDIR, HF_HOME, XDG_CACHE_HOME, LD_*, PYTHON*, ...)",
+        "can make the engine load code the startup checks cannot tell from its own: it needs",
+        "`server.allow_code_env` to name it (rule `code-env-needs-opt-in`), and `sparkit plan` and `sparkit up`'s",
+        "preflight (`recipe environment`, also in `--json`) show every one a recipe lets in. So does a variable of a",
+        "family whose name ends in " + ", ".join(f"`{s}`" for s in PATH_SUFFIXES) + " (it names a file,",
+        "directory, library, module or program the engine reads), and each one in the table below.",
+        "",
+        "| engine | families (a prefix ends in `_`) |", "|---|---|",
+    ]
+    for name, adapter in registry().items():
+        environment = SGLangAdapter.static_environment() if name == "sglang" else adapter.environment()
+        families = "; ".join(f"{f.name}: " + ", ".join(f"`{p}*`" for p in f.prefixes)
+                             + (" and the other names of its registry" if f.prefixes and f.names else "")
+                             + (", ".join(f"`{n}`" for n in sorted(f.names)) if not f.prefixes else "")
+                             for f in environment.families)
+        lines.append(f"| `{name}` | {families} |")
+    lines += ["", f"On SGLang, the registry is the installed sglang's `sglang.srt.environ.envs` (0.5.23's "
+              f"{len(REGISTRY_OTHER_NAMES)} names outside `SGLANG_*` where sglang does not import).", "",
+              "| variable | what it loads |", "|---|---|",
+              *[f"| `{name}` | {why} |" for name, why in KNOWN_CODE_ENV.items()],
+              *[f"| `{prefix}*` | {why} |" for prefix, why in KNOWN_CODE_ENV_PREFIXES.items()],
+              *[f"| `{name}` (sglang) | {why} |" for name, why in SGLANG_CODE_ENV.items()], ""]
+    return lines
+
+
 def render() -> str:
     sys.path.insert(0, str(REPO))
     from sparkit.engines.base import registry
     from sparkit.planning.rules import general_rules
     from sparkit.recipes.load import MAX_EXTENDS_DEPTH
-    from sparkit.recipes.schema import CODE_LOADING_ENV, CODE_LOADING_ENV_PREFIXES, TARGETS, Recipe
+    from sparkit.recipes.schema import TARGETS, Recipe
 
     lines = [
         "# Recipe reference",
@@ -101,15 +138,8 @@ def render() -> str:
         "`-` and `/dev/stdin` read the recipe from standard input (a pipe or a redirected file; its relative",
         f"`extends` resolve from the current directory). A chain of `extends` is at most {MAX_EXTENDS_DEPTH} recipes long.",
         "",
-        "## Variables that load code", "",
-        "Set in `server.env`, each of these makes the engine load code from where it points; each needs",
-        "`server.allow_code_env` (rule `code-env-needs-opt-in`), and `sparkit plan` names every one it passes.",
-        "",
-        "| variable | what it loads |", "|---|---|",
-        *[f"| `{name}` | {why} |" for name, why in CODE_LOADING_ENV.items()],
-        *[f"| `{prefix}*` | {why} |" for prefix, why in CODE_LOADING_ENV_PREFIXES.items()],
-        "",
     ]
+    lines += _environment_section()
     lines += ["## Targets", "", "| target | GPUs | compute capability | memory | description |", "|---|---|---|---|---|"]
     for t in TARGETS.values():
         cc = f"sm_{t.cc_exact[0]}{t.cc_exact[1]}" if t.cc_exact else ", ".join(f"sm_{m}x" for m in t.cc_majors) or "any"

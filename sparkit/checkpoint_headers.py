@@ -28,6 +28,12 @@ SINGLE_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # safetensors itself refuses headers above 100 MB; a larger length field is a corrupt file.
 MAX_HEADER_BYTES = 100 * 1000 * 1000
+# A checkpoint's JSON (config.json, the index, a header) nests a few levels; a file nested
+# thousands deep is made to crash a parser (Python's raises RecursionError), not to be read.
+MAX_JSON_DEPTH = 64
+# torch's own limits on a tensor: its dimensions, and its elements (an int64 count).
+MAX_DIMS = 64
+MAX_ELEMENTS = 2**63 - 1
 
 # Bits per element of each safetensors dtype code (the F4/F6 codes pack several per byte).
 DTYPE_BITS: dict[str, int] = {
@@ -97,15 +103,48 @@ def header_length(first_bytes: bytes, size: int, where: str) -> int:
     return header_len
 
 
+def load_json(raw: bytes | str, where: str, what: str = "the file") -> Any:
+    """A checkpoint's JSON document (config.json, the index, a safetensors header; from disk or from
+    the hub) parsed, in time and memory bounded by its length: DataError naming `where` for text
+    that is not UTF-8, not JSON, nested more than MAX_JSON_DEPTH levels, or a number of more
+    digits than Python converts."""
+    try:
+        value = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start})", hint=_JSON_HINT) from None
+    except RecursionError:
+        raise DataError(f"{where}: {what} is nested more than {MAX_JSON_DEPTH} levels deep", hint=_JSON_HINT) from None
+    except ValueError as exc:  # not JSON, or an integer of more digits than int() takes
+        raise DataError(f"{where}: {what} is not JSON ({exc})", hint=_JSON_HINT) from None
+    if _nested_past(value, MAX_JSON_DEPTH):
+        raise DataError(f"{where}: {what} is nested more than {MAX_JSON_DEPTH} levels deep", hint=_JSON_HINT)
+    return value
+
+
+_JSON_HINT = ("a checkpoint's JSON is what its tools wrote, a few levels deep: this copy is damaged or was made to "
+              "crash a reader; use another copy, or another revision of a hub model (ORG/NAME@REVISION)")
+
+
+def _nested_past(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest more than `limit` levels in `value` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def parse_safetensors_header(raw: bytes, data_size: int, where: str, file: str) -> tuple[dict[str, TensorInfo], dict[str, Any]]:
     """(tensors by name, __metadata__) from a header's JSON bytes, each tensor checked against its
     dtype, shape and the `data_size` bytes of the data region (read from disk, or by range
     requests from the hub: sparkit.hub.remote). `where` names the file in messages, `file` is its
     name within the checkpoint."""
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{where}: the safetensors header is not JSON ({exc})") from None
+    header = load_json(raw, where, "the safetensors header")
     if not isinstance(header, dict):
         raise DataError(f"{where}: the safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -122,22 +161,43 @@ def _tensor_info(path: str, file: str, name: str, entry: Any, data_size: int) ->
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str):
         raise DataError(f"{where}: no dtype")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise DataError(f"{where}: shape {shape!r} is not a list of sizes")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+    bits = DTYPE_BITS.get(dtype)
+    if bits is None:
+        raise DataError(f"{where}: unknown dtype {_short(dtype)} (safetensors names {', '.join(DTYPE_BITS)})")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(type(d) is int and d >= 0 for d in shape)):  # type(): True is no size
+        raise DataError(f"{where}: shape {_short(shape)} is not a list of sizes (at most {MAX_DIMS} of them)")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
-        raise DataError(f"{where}: data_offsets {offsets!r} are not [begin, end]")
+        raise DataError(f"{where}: data_offsets {_short(offsets)} are not [begin, end]")
     if offsets[1] > data_size:
         raise DataError(f"{where}: its data ends at byte {offsets[1]} of a {data_size}-byte data region "
                         "(a truncated file?)")
     nbytes = offsets[1] - offsets[0]
-    bits = DTYPE_BITS.get(dtype)
-    if bits is None:
-        raise DataError(f"{where}: unknown dtype {dtype!r} (safetensors names {', '.join(DTYPE_BITS)})")
-    expected = math.ceil(math.prod(shape) * bits / 8)
-    if nbytes != expected:
-        raise DataError(f"{where}: {dtype} {shape} needs {expected} bytes, its offsets span {nbytes}")
+    expected = _stored_bytes(shape, bits)
+    if expected != nbytes:
+        needs = f"more than {MAX_ELEMENTS} elements;" if expected is None else f"{expected} bytes,"
+        raise DataError(f"{where}: {dtype} {_short(shape)} needs {needs} its offsets span {nbytes}")
     return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=file)
+
+
+def _stored_bytes(shape: list[int], bits: int) -> int | None:
+    """The bytes a tensor of `shape` stores at `bits` per element, in integers (a float overflows
+    at 10**400 elements); None as soon as the product passes MAX_ELEMENTS, so a product of huge
+    dimensions is never computed."""
+    if 0 in shape:
+        return 0
+    elements = 1
+    for d in shape:
+        elements *= d
+        if elements > MAX_ELEMENTS:
+            return None
+    return (elements * bits + 7) // 8
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def safetensors_files(directory: str | Path) -> list[Path]:
@@ -159,11 +219,13 @@ def safetensors_files(directory: str | Path) -> list[Path]:
 
 def _weight_map(index_path: Path) -> dict[str, str]:
     try:
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(f"{index_path}: not a safetensors index (no weight_map object)") from None
+        raw = index_path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{index_path}: cannot read it ({exc.strerror or exc})") from None
+    index = load_json(raw, str(index_path), "the safetensors index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise DataError(f"{index_path}: not a safetensors index (no weight_map object)")
     return weight_map
 
 
@@ -199,11 +261,12 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """The checkpoint's config.json (DataError when missing or not a JSON object)."""
     path = Path(directory) / CONFIG_FILE
     try:
-        config = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file (a checkpoint directory has a config.json)") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a JSON config ({exc})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    config = load_json(raw, str(path), "the config")
     if not isinstance(config, dict):
         raise DataError(f"{path}: not a JSON object")
     return config
@@ -257,4 +320,4 @@ def write_sparse_checkpoint(directory: str | Path, tensors: dict[str, tuple[str,
 
 
 __all__ = ["TensorInfo", "write_sparse_checkpoint", "SafetensorsIndex", "read_safetensors_header", "read_safetensors_index",
-           "read_config", "parse_safetensors_header", "header_length", "DTYPE_BITS"]
+           "read_config", "parse_safetensors_header", "header_length", "load_json", "DTYPE_BITS", "MAX_JSON_DEPTH"]

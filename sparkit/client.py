@@ -13,7 +13,9 @@ deltas. `/v1/chat/completions` streams OpenAI deltas.
 from __future__ import annotations
 
 import json
+import os
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +50,6 @@ class Generation:
     chunks: list[StreamChunk] = field(default_factory=list)
     spec_verify_ct: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-    stopped_early: bool = False  # the caller closed the stream before the end
     output_ids: list[int] | None = None  # token ids, when the server returns them (non-streamed /generate)
 
     @property
@@ -202,9 +203,11 @@ class EngineClient:
         return parse_prometheus(response.text)
 
     # -- the profiler (SGLang's /start_profile, /stop_profile) ---------------------------
-    async def start_profile(self, request: dict[str, Any]) -> None:
+    async def start_profile(self, request: dict[str, Any]) -> str | None:
         """POST /start_profile with SGLang's ProfileReq fields (output_dir, num_steps, activities,
-        with_stack, record_shapes, profile_id). EngineError when the server has no profiler."""
+        with_stack, record_shapes, profile_id). Returns the directory the server says it writes
+        the trace to (sparkit's embedded engine chooses its own: x-sparkit-profile-dir), or None
+        (SGLang writes to output_dir). EngineError when the server has no profiler."""
         try:
             response = await self._http.post("/start_profile", json=request)
         except httpx.HTTPError as exc:
@@ -213,6 +216,8 @@ class EngineClient:
             raise EngineError(f"{self.base_url} has no /start_profile: this server cannot profile its forward passes",
                               hint="SGLang and sparkit's embedded engine have it")
         _raise_for(response, "POST /start_profile")
+        where = response.headers.get("x-sparkit-profile-dir")
+        return os.fsdecode(urllib.parse.unquote_to_bytes(where)) if where else None  # the server percent-encodes it
 
     async def stop_profile(self) -> None:
         try:

@@ -15,13 +15,18 @@ them:
     ├── EngineError        7   no server to talk to (none running, nothing answered at the URL),
     │                          or the server answered with an error / went away
     ├── DataError          8   an input data file (GSM8K, bench JSON) is unusable; a model file that
-    │                          does not match the hub's hash twice
+    │                          does not match the hub's hash twice, or is sent longer than listed; a
+    │                          model's config.json, index or safetensors header no checkpoint has (not
+    │                          JSON, nested too deep, an absurd shape): the file is the problem
     ├── HubError           9   the model hub: not reachable (offline, no network), refused (401/403,
-    │                          gated), or has no such repository, revision or file (404)
+    │                          gated), or has no such repository, revision or file (404); or its
+    │                          answer holds an id, hash, size or file name no hub sends, or its HEAD
+    │                          disagrees with its listing: the hub is the problem
     └── StateError        10   sparkit's own directories (SPARKIT_HOME or the default state,
                                data and cache directories, a run directory) are unsafe to use
-                               (another user owns them or can write them, a link stands where
-                               a file should) or cannot be written (a full disk)
+                               (another user owns them or can write them, or a link to them; a
+                               link stands where a file should) or cannot be written (a full
+                               disk, `eval`'s results included)
 
 Exit code 130 means interrupted (Ctrl-C).
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.machinery
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,10 +60,12 @@ class Package:
 
 
 def locate(name: str, search_path: list[str] | None = None) -> Package | None:
-    """Where the top-level package `name` is installed (None when it is not). Nothing runs:
-    PathFinder only looks at the file system."""
+    """Where the top-level package `name` is installed (None when it is not). Nothing runs: the
+    finders only look at the file system (a top-level find_spec imports no parent)."""
     try:
         spec = importlib.machinery.PathFinder.find_spec(name, search_path)
+        if spec is None and search_path is None:
+            spec = _find_on_meta_path(name)
     except (ImportError, ValueError):
         return None
     if spec is None:
@@ -73,6 +76,24 @@ def locate(name: str, search_path: list[str] | None = None) -> Package | None:
     if spec.origin and spec.origin.endswith(".py"):
         return Package(name, Path(spec.origin))
     return None  # an extension module: no source to read
+
+
+# Finders on sys.meta_path that look at nothing of an install of their own (PathFinder is asked first).
+_NOT_INSTALL_FINDERS = (importlib.machinery.PathFinder, importlib.machinery.BuiltinImporter,
+                        importlib.machinery.FrozenImporter)
+
+
+def _find_on_meta_path(name: str):
+    """A package that no directory on sys.path holds, found by another finder on sys.meta_path, as
+    an import would find it: an editable install (pip install -e) puts setuptools'
+    `__editable___<dist>_finder` there, which maps the name to the source checkout."""
+    for finder in sys.meta_path:
+        if finder in _NOT_INSTALL_FINDERS or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, None)
+        if spec is not None:
+            return spec
+    return None
 
 
 @functools.lru_cache(maxsize=512)

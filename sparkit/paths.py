@@ -65,8 +65,12 @@ def _state_dir() -> Path:
 
 
 def repo_recipes_dir() -> Path:
-    """The shipped recipes (top-level `recipes/` of the source tree)."""
-    return Path(__file__).resolve().parent.parent / "recipes"
+    """The shipped recipes: the top-level `recipes/` of a source tree (an editable install, or
+    `python -m sparkit` in a checkout), else the copy a wheel carries in the package
+    (`sparkit/_shipped_recipes`, a link to `recipes/` in the source tree)."""
+    package = Path(__file__).resolve().parent
+    source_tree = package.parent / "recipes"
+    return source_tree if source_tree.is_dir() else package / "_shipped_recipes"
 
 
 # ---------------------------------------------------------------- privacy of sparkit's state
@@ -160,21 +164,26 @@ def trusted_root(root: Path) -> Path:
     """`root` (SPARKIT_HOME, or the default cache, data or state directory), checked: when it
     exists it must be the user's and writable by nobody else, and every directory above it must
     belong to the user or root and be writable by nobody else (or sticky, as /tmp is), since
-    whoever can rename an ancestor can swap the root. Returns `root`; raises StateError."""
-    absolute = Path(os.path.abspath(root))
+    whoever can rename an ancestor can swap the root. A link on the way (the root itself, or a
+    directory above it) must be the user's or root's, and both where it is and where it leads are
+    checked: another user's link could be pointed elsewhere after the check. Returns `root`;
+    raises StateError."""
+    written = Path(os.path.abspath(root))
+    _check_links(written)
     try:
-        st = os.stat(absolute)  # the root itself may be a link (~/.cache to another disk): its target counts
+        st = os.stat(written)  # the root itself may be a link (~/.cache to another disk): its target counts
     except FileNotFoundError:
         st = None
     except OSError as exc:
-        raise StateError(f"sparkit's state directory {absolute}: {exc.strerror}",
+        raise StateError(f"sparkit's state directory {written}: {exc.strerror}",
                          hint="point SPARKIT_HOME at a directory of your own") from None
+    absolute = written
     if st is not None:
-        problem = _unsafe(absolute, st, "sparkit's state directory")
+        problem = _unsafe(written, st, "sparkit's state directory")
         if problem:
             raise problem
-        absolute = Path(os.path.realpath(absolute))
-    for ancestor in absolute.parents:
+        absolute = Path(os.path.realpath(written))
+    for ancestor in dict.fromkeys([*written.parents, *absolute.parents]):  # where a link is, and where it leads
         try:
             up = os.stat(ancestor)
         except OSError:
@@ -189,6 +198,22 @@ def trusted_root(root: Path) -> Path:
                              "another user could rename the state directory and put their own in its place",
                              hint=f"chmod go-w {ancestor}, or chmod +t {ancestor} (as /tmp is)")
     return root
+
+
+def _check_links(path: Path) -> None:
+    """Every symbolic link on the way to `path` (itself included) belongs to the user or root."""
+    for step in [*reversed(path.parents), path]:
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return  # not there (yet): nothing below it is either
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+            raise StateError(
+                f"{step}, on the way to sparkit's state directory {path}, is a symbolic link that belongs to "
+                f"{_user(st.st_uid)} (to {os.readlink(step)}): that user can point it at another directory at any "
+                "time, their own with a forged record in it",
+                hint="point SPARKIT_HOME at the directory itself (its realpath, if the directory is yours), "
+                     "not through another user's link")
 
 
 def ensure_dir(path: str | Path) -> Path:
@@ -291,6 +316,11 @@ def _open_state_file(path: Path, flags: int, mode: str) -> int:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """The write failed because the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in _FULL
 
 MIN_FREE_BYTES = 1024 * 1024
 """What a start needs free beside its run: the plan, the record and the first log lines."""

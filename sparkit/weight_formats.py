@@ -3,8 +3,8 @@ published Ling checkpoint variant quantises, the tensors a quantised linear weig
 and the `quantization_config` SGLang 0.5.23 reads for each variant.
 
 Used by the roofline's declared profiles (sparkit.roofline.profiles), the recipe rules, the memory
-fit, the embedded engine's quantisers (sparkit.engines.embedded.quant) and the tiny-ling exporter
-(sparkit.engines.embedded.hf_quantized). Importable without torch.
+fit, the embedded engine's quantisers (sparkit.models.tiny_ling.quant) and the tiny-ling exporter
+(sparkit.models.tiny_ling.hf_quantized). Importable without torch.
 
 The formats (the published Ling-3.0-flash -fp8 and -fp4 checkpoints):
 - fp8: block FP8. e4m3 values; one float32 `weight_scale_inv` per 128 x 128 block of the weight

@@ -12,6 +12,11 @@ wrong_draft_model_dir (session) -> Path
     built once into a persistent test cache ($SPARKIT_TEST_MODEL_CACHE, default
     ~/.cache/sparkit-tests): a checkpoint whose NextN layer is a *wrong* draft for
     tiny_model_dir's target (accept length near 1).
+dspark_draft_dir (session) -> Path
+    the DSpark draft shipped for tiny-ling (sparkit:tiny-ling-dspark; no training in the tests).
+random_draft_dir (session) -> Path
+    an untrained DSpark draft for tiny-ling (sparkit:tiny-ling-dspark:steps=0: its seeded
+    initialisation), built once into the persistent test cache (no training: seconds).
 start_embedded_server (function) -> callable(**flags) -> RunningServer
     Factory: launches `python -m sparkit.engines.embedded` as a real subprocess in its
     own process group on a free 127.0.0.1 port, waits for /health == 200 (timeout
@@ -58,6 +63,11 @@ __all__ = [
     "RunningServer",
     "tiny_model_dir",
     "wrong_draft_model_dir",
+    "dspark_draft_dir",
+    "random_draft_dir",
+    "v3_model_dir",
+    "v3_short_draft_dir",
+    "v3_dspark_draft_dir",
     "start_embedded_server",
     "embedded_server",
     "model_cache_dir",
@@ -190,7 +200,8 @@ def launch_embedded_server(
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec, is_complete
+    from sparkit.models.builder import BuildSpec, is_complete
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     shipped = SHIPPED_DIR / BuildSpec().dir_name
     if not is_complete(shipped, BuildSpec()):  # tests/embedded/test_builder.py says why
@@ -201,16 +212,70 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def wrong_draft_model_dir() -> Path:
-    from sparkit.engines.embedded.builder import BuildSpec, ensure_model
+    from sparkit.models.builder import BuildSpec, ensure_model
 
     spec = BuildSpec("tiny-ling", 1, WRONG_DRAFT_STEPS)
     return ensure_model(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=spec.steps)
 
 
 @pytest.fixture(scope="session")
+def dspark_draft_dir() -> Path:
+    from sparkit.models.dspark.builder import SHIPPED_DIR, DraftSpec, is_complete
+
+    shipped = SHIPPED_DIR / DraftSpec().dir_name
+    if not is_complete(shipped, DraftSpec()):  # tests/models/test_dspark_builder.py says why
+        pytest.fail(f"the shipped DSpark draft at {shipped} is missing or outdated: rebuild it with "
+                    f"`sparkit model make-dspark {shipped}`", pytrace=False)
+    return shipped
+
+
+@pytest.fixture(scope="session")
+def random_draft_dir() -> Path:
+    from sparkit.models.dspark.builder import DraftSpec, ensure_draft
+
+    spec = DraftSpec("tiny-ling-dspark", 0, 0)
+    return ensure_draft(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=0)
+
+
+@pytest.fixture(scope="session")
+def v3_model_dir() -> Path:
+    from sparkit.models.builder import BuildSpec, is_complete
+
+    spec = BuildSpec("tiny-ling-v3")
+    shipped = spec.family.shipped_dir / spec.dir_name
+    if not is_complete(shipped, spec):
+        pytest.fail(f"the shipped tiny-ling-v3 at {shipped} is missing or outdated", pytrace=False)
+    return shipped
+
+
+@pytest.fixture(scope="session")
+def v3_dspark_draft_dir() -> Path:
+    from sparkit.models.dspark.builder import SHIPPED_DIR, DraftSpec, is_complete
+
+    spec = DraftSpec("tiny-ling-v3-dspark")
+    shipped = SHIPPED_DIR / spec.dir_name
+    if not is_complete(shipped, spec):  # tests/models/test_dspark_builder.py says why
+        pytest.fail(f"the shipped DSpark draft at {shipped} is missing or outdated: rebuild it with "
+                    f"`sparkit model make-dspark --draft tiny-ling-v3-dspark {shipped}`", pytrace=False)
+    return shipped
+
+
+V3_SHORT_DRAFT_STEPS = 4  # a few steps: it drafts, and most of its blocks are rejected
+
+
+@pytest.fixture(scope="session")
+def v3_short_draft_dir() -> Path:
+    """A DSpark draft for the shipped tiny-ling-v3 after a few training steps (built once, cached)."""
+    from sparkit.models.dspark.builder import DraftSpec, ensure_draft
+
+    spec = DraftSpec("tiny-ling-v3-dspark", 0, V3_SHORT_DRAFT_STEPS)
+    return ensure_draft(spec.name, spec.seed, directory=model_cache_dir() / spec.dir_name, steps=spec.steps)
+
+
+@pytest.fixture(scope="session")
 def quant_model_dir(tiny_model_dir) -> Path:
-    from sparkit.engines.embedded.checkpoint import load_checkpoint
-    from sparkit.engines.embedded.hf_quantized import layout_error
+    from sparkit.models.checkpoint import load_checkpoint
+    from sparkit.models.tiny_ling.hf_checkpoint import layout_error
 
     cfg, _ = load_checkpoint(tiny_model_dir)
     for weights in ("fp8", "mxfp4"):  # the shipped build's widths are what the layouts need
@@ -222,7 +287,7 @@ def quant_model_dir(tiny_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def quantized_exports(quant_model_dir, tmp_path_factory) -> dict:
-    from sparkit.engines.embedded.checkpoint import export_hf
+    from sparkit.models.checkpoint import export_hf
 
     root = tmp_path_factory.mktemp("quantized-exports")
     out = {}

@@ -22,9 +22,11 @@ import importlib.util
 import json
 import math
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +44,9 @@ def commit(name: str) -> str:
 
 
 def _export(tmp: Path, dtype: str) -> Path:
-    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec
-    from sparkit.engines.embedded.checkpoint import export_hf
+    from sparkit.models.builder import BuildSpec
+    from sparkit.models.checkpoint import export_hf
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     destination = tmp / f"export-{dtype}"
     export_hf(SHIPPED_DIR / BuildSpec().dir_name, destination, dtype)
@@ -100,7 +103,9 @@ class Hub:
     def control(self, **command) -> dict:
         import httpx
 
-        return httpx.post(f"{self.url}/_control", json=command, timeout=30).json()
+        # json.dumps, not httpx's encoder: a hostile hub's lies include numbers JSON has no word for (Infinity)
+        return httpx.post(f"{self.url}/_control", content=json.dumps(command), timeout=30,
+                          headers={"Content-Type": "application/json"}).json()
 
     def stats(self) -> dict:
         import httpx
@@ -109,6 +114,19 @@ class Hub:
 
     def served(self, repo: str, path: str) -> int:
         return self.stats()["served"].get(f"{repo}/{path}", 0)
+
+    def add_repo(self, repo: str, files: dict[str, bytes | str], generate: dict | None = None) -> str:
+        """A repository the hub serves from memory until the next reset (tests/hub_server.py's
+        "repo"); its commit."""
+        import base64
+
+        body = {p: {"base64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for p, v in files.items()}
+        return self.control(op="repo", repo=repo, files=body, **({"generate": generate} if generate else {}))["commit"]
+
+    def lie(self, repo: str, where: str, values: dict, path: str | None = None, first: int = 1) -> None:
+        """From now on the hub says `values` in `repo`'s model info ("info"), in `path`'s listing
+        entry ("listing") or in the headers of `path`'s HEAD answers from the `first`-th on ("head")."""
+        self.control(op="lie", repo=repo, where=where, path=path, set=values, **{"from": first})
 
 
 def build_repos(root: Path, work: Path) -> Path:
@@ -180,3 +198,50 @@ def snapshot(env: dict, repo: str, rev: str = "main") -> Path:
 def served_files(hub: Hub, repo: str) -> dict[str, int]:
     prefix = repo + "/"
     return {k[len(prefix):]: v for k, v in hub.stats()["served"].items() if k.startswith(prefix)}
+
+
+def one_error(done: subprocess.CompletedProcess, code: int) -> str:
+    assert done.returncode == code, (done.returncode, done.stderr[-3000:])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+    assert "hint: " in done.stderr
+    return " ".join(done.stderr.split())
+
+
+class Pulling:
+    """A `sparkit pull` process whose stderr is read line by line as it runs (tests/hub/conftest.py
+    kills one a failed test left running)."""
+
+    started: list[Pulling] = []
+
+    def __init__(self, env: dict, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "sparkit", "pull", *args], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        Pulling.started.append(self)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, predicate, what: str, limit: float = 300) -> None:
+        """Read stderr until a line satisfies `predicate` (`limit` only ends a test that hangs)."""
+        while True:
+            line = self.lines.get(timeout=limit)
+            if line is None:
+                raise AssertionError(f"sparkit pull ended before {what}: {self.seen[-20:]}")
+            self.seen.append(line)
+            if predicate(line):
+                return
+
+    def wait(self) -> str:
+        self.proc.wait(timeout=300)
+        while True:
+            line = self.lines.get(timeout=60)
+            if line is None:
+                return "\n".join(self.seen)
+            self.seen.append(line)

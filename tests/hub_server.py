@@ -34,11 +34,32 @@ bytes of each file's body sent (all requests summed), each request (method, path
 it carried a token, its status), and whether a block was reached. A repository "unhashed" (the
 sparse Ling checkpoint: 60 GB of holes) has stand-in sha256s and refuses whole-file GETs: only its
 headers are ever read.
+
+A hostile hub, for the tests that attack the client (issue 40), each scenario switched on by the
+test that needs it and gone at "reset":
+- {"op": "repo", "repo": R, "files": {path: text, or {"base64": ...}}, "generate": {"count": N,
+  "pattern": "f-{:05d}.json"}} serves R from memory (N generated JSON files beside `files`); the
+  answer names its commit.
+- {"op": "lie", "repo": R, "where": "info" | "listing" | "head", "path": P, "set": {...}, "from": K}:
+  the model info says `set` ("sha": ...), P's listing entry says it ("blobId", "size",
+  "lfs.sha256", "lfs.size", "rfilename"), or P's HEAD answers carry those headers ("ETag",
+  "X-Linked-Etag", "X-Repo-Commit", "X-Linked-Size") from the K-th HEAD of P on (default the
+  first). A commit the hub lies about resolves like the real one, so the client gets as far as
+  it would with a hub that said it.
+- {"op": "extra", "path": P, "bytes": N, "length": "sent" | "none"}: N bytes more than P has,
+  with a Content-Length that counts them ("sent") or none at all (the body ends when the server
+  closes: an endless file, for the client to stop).
+- {"op": "trickle", "path": P, "after": N, "every": S}: after N bytes of P, one byte every S
+  seconds until "release" (`blocked` says it began).
+- {"op": "norange", "path": P}: a Range request for P is answered with the whole file (200), as
+  some CDNs do.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import socket
 import sys
@@ -87,10 +108,38 @@ class Repos:
                     entries[name] = meta
                 self.files[(repo, commit)] = entries
 
-    def commit_of(self, repo: str, rev: str) -> str | None:
+        self.on_disk = set(self.spec)
+
+    def add_memory_repo(self, repo: str, files: dict[str, bytes]) -> str:
+        """`repo` served from memory at one commit (its main): {path: bytes}."""
+        commit = hashlib.sha1(f"memory:{repo}:{len(files)}".encode()).hexdigest()
+        entries = {}
+        for name, data in sorted(files.items()):
+            lfs = name.endswith(LFS_SUFFIXES) or len(data) >= LFS_MIN_SIZE
+            meta = {"path": name, "data": data, "size": len(data), "lfs": lfs}
+            if lfs:
+                sha = hashlib.sha256(data).hexdigest()
+                pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(data)}\n".encode()
+                meta.update(sha256=sha, oid=git_oid(pointer), pointer_size=len(pointer))
+                self.by_sha[sha] = meta
+            else:
+                meta.update(oid=git_oid(data))
+            entries[name] = meta
+        self.spec[repo] = {"refs": {"main": commit}, "commits": {commit: "(memory)"}}
+        self.files[(repo, commit)] = entries
+        return commit
+
+    def drop_memory_repos(self) -> None:
+        for repo in [r for r in self.spec if r not in self.on_disk]:
+            for commit in self.spec.pop(repo)["commits"]:
+                self.files.pop((repo, commit), None)
+
+    def commit_of(self, repo: str, rev: str, lies: list[dict] = ()) -> str | None:
         spec = self.spec[repo]
         if rev in spec["commits"]:
             return rev
+        if any(lie["repo"] == repo and rev in (lie["set"].get("sha"), lie["set"].get("X-Repo-Commit")) for lie in lies):
+            return spec["refs"].get("main")
         return spec["refs"].get(rev)
 
 
@@ -104,9 +153,9 @@ def _sha256(path: Path) -> str:
 
 class State:
     def __init__(self, repos: Repos):
-        self.repos = repos
         self.lock = threading.Lock()
         self.reset()
+        self.repos = repos
 
     def reset(self):
         with getattr(self, "lock", threading.Lock()):
@@ -114,11 +163,25 @@ class State:
             self.served: dict[str, int] = {}
             self.requests: list[dict] = []
             self.blocked: dict[str, bool] = {}
+            self.lies: list[dict] = []
+            self.heads: dict[tuple[str, str], int] = {}
             self.release = threading.Event()
+            if hasattr(self, "repos"):
+                self.repos.drop_memory_repos()
 
     def stats(self) -> dict:
         with self.lock:
             return {"served": dict(self.served), "requests": list(self.requests), "blocked": dict(self.blocked)}
+
+    def lies_for(self, repo: str, where: str, path: str | None = None, count: int = 1) -> dict:
+        """What the hub says instead, for `repo` (its `path`, at the `count`-th request of it)."""
+        out: dict = {}
+        with self.lock:
+            for lie in self.lies:
+                if (lie["repo"] == repo and lie["where"] == where and lie.get("path") in (None, path)
+                        and count >= lie.get("from", 1)):
+                    out.update(lie["set"])
+        return out
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -200,7 +263,7 @@ class Handler(BaseHTTPRequestHandler):
             repo, rev = "/".join(parts[2:4]), unquote("/".join(parts[5:]))
             if not self._access(repo):
                 return
-            commit = self.state.repos.commit_of(repo, rev)
+            commit = self.state.repos.commit_of(repo, rev, self.state.lies)
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
             form = parse_qs(raw.decode())
@@ -236,7 +299,7 @@ class Handler(BaseHTTPRequestHandler):
             rev, rest = unquote("/".join(rest[1:])), []
         elif rest[:1] == ["tree"]:
             rev = unquote(rest[1]) if len(rest) > 1 else "main"
-        commit = self.state.repos.commit_of(repo, rev)
+        commit = self.state.repos.commit_of(repo, rev, self.state.lies)
         if commit is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         files = self.state.repos.files[(repo, commit)]
@@ -252,26 +315,34 @@ class Handler(BaseHTTPRequestHandler):
                 entry.update(size=meta["size"] if not meta["lfs"] else meta["pointer_size"], blobId=meta["oid"])
                 if meta["lfs"]:
                     entry["lfs"] = {"size": meta["size"], "sha256": meta["sha256"], "pointerSize": meta["pointer_size"]}
+            _lie_into(entry, self.state.lies_for(repo, "listing", path))
             siblings.append(entry)
-        return self._json(200, {"_id": repo, "id": repo, "modelId": repo, "sha": commit, "private": bool(spec.get("private")),
-                                "gated": spec.get("gated") or False, "disabled": False, "siblings": siblings,
-                                "tags": [], "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z"})
+        info = {"_id": repo, "id": repo, "modelId": repo, "sha": commit, "private": bool(spec.get("private")),
+                "gated": spec.get("gated") or False, "disabled": False, "siblings": siblings,
+                "tags": [], "downloads": 0, "likes": 0, "lastModified": "2026-01-01T00:00:00.000Z"}
+        info.update(self.state.lies_for(repo, "info"))
+        return self._json(200, info)
 
     def _resolve(self, repo: str, rev: str, path: str):
         if not self._access(repo):
             return
-        commit = self.state.repos.commit_of(repo, rev)
+        commit = self.state.repos.commit_of(repo, rev, self.state.lies)
         if commit is None:
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         meta = self.state.repos.files[(repo, commit)].get(path)
         if meta is None:
             return self._error(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"", {"X-Repo-Commit": commit})
+        lies = {}
+        if self.command == "HEAD":
+            with self.state.lock:
+                count = self.state.heads[(repo, path)] = self.state.heads.get((repo, path), 0) + 1
+            lies = self.state.lies_for(repo, "head", path, count)
         common = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
         if meta["lfs"]:
             location = f"{self.cdn_base}/lfs/{meta['sha256']}?repo={quote(repo)}&file={quote(path)}&sig=signed"
             return self._send(302, b"", {**common, "Location": location, "ETag": f'"{meta["oid"]}"',
-                                         "X-Linked-Etag": f'"{meta["sha256"]}"', "X-Linked-Size": meta["size"]})
-        return self._body(f"{repo}/{path}", meta, {**common, "ETag": f'"{meta["oid"]}"'}, unhashed=False)
+                                         "X-Linked-Etag": f'"{meta["sha256"]}"', "X-Linked-Size": meta["size"], **lies})
+        return self._body(f"{repo}/{path}", meta, {**common, "ETag": f'"{meta["oid"]}"', **lies}, unhashed=False)
 
     def _cdn(self, url):
         parts = url.path.strip("/").split("/")
@@ -281,6 +352,8 @@ class Handler(BaseHTTPRequestHandler):
         repo, path = query["repo"][0], query["file"][0]
         same = [m for (r, _), files in self.state.repos.files.items() if r == repo
                 for m in files.values() if m.get("sha256") == parts[1]]
+        if not same:
+            return self._send(403, b"<Error>AccessDenied</Error>", content_type="application/xml")
         meta = next((m for m in same if m["path"] == path), same[0])  # identical copies share a sha256
         unhashed = bool(self.state.repos.spec[repo].get("unhashed"))
         return self._body(f"{repo}/{path}", meta, {"ETag": f'"{meta["sha256"]}"', "Accept-Ranges": "bytes"}, unhashed)
@@ -289,7 +362,9 @@ class Handler(BaseHTTPRequestHandler):
         size = meta["size"]
         start, end = 0, size - 1
         status = 200
-        wanted = self.headers.get("Range")
+        with self.state.lock:
+            ignore_range = any(f["op"] == "norange" and f["path"] in (meta["path"], key) for f in self.state.faults)
+        wanted = None if ignore_range else self.headers.get("Range")
         if wanted:
             spec = wanted.strip().removeprefix("bytes=")
             first, _, last = spec.partition("-")
@@ -302,45 +377,79 @@ class Handler(BaseHTTPRequestHandler):
         elif unhashed and self.command == "GET":
             return self._error(500, None, "this test file is only range-read (its sha256 is a stand-in)")
         length = end - start + 1
+        with self.state.lock:
+            faults = [f for f in self.state.faults if f["path"] == meta["path"] or f["path"] == key]
+        extra = next((f for f in faults if f["op"] == "extra"), None)
         self._log(status)
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, str(v))
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(length))
+        if extra is None or self.command == "HEAD" or extra.get("length") == "sent":  # HEAD: the listed size
+            self.send_header("Content-Length", str(length + (extra["bytes"] if extra and self.command != "HEAD" else 0)))
+        else:  # no length: the body ends when the server closes the connection
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         if self.command == "HEAD":
             return
-        with self.state.lock:
-            faults = [f for f in self.state.faults if f["path"] == meta["path"] or f["path"] == key]
-        sent = 0
         try:
-            with open(meta["file"], "rb") as handle:
-                handle.seek(start)
-                while sent < length:
-                    position = start + sent
-                    chunk = bytearray(handle.read(min(CHUNK, length - sent)))
-                    for fault in faults:
-                        if fault["op"] == "flip" and fault.get("times", 1) != 0 and position <= fault["offset"] < position + len(chunk):
-                            chunk[fault["offset"] - position] ^= 0xFF
-                            self._spend(fault)
-                    stop = next((f for f in faults if f["op"] in ("cut", "block") and f.get("times", 1) != 0
-                                 and position < f["after"] <= position + len(chunk)), None)
-                    if stop is None:
-                        self._write(key, bytes(chunk))
-                        sent += len(chunk)
-                        continue
-                    self._write(key, bytes(chunk[:stop["after"] - position]))
-                    self._spend(stop)
-                    if stop["op"] == "block":  # hold the connection until released, then drop it
-                        self.wfile.flush()
-                        with self.state.lock:
-                            self.state.blocked[meta["path"]] = True
-                        self.state.release.wait()
-                    self._drop()
-                    return
+            self._send_range(key, meta, start, length, faults)
+            if extra is not None:
+                self._send_extra(key, extra["bytes"])
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _send_range(self, key: str, meta: dict, start: int, length: int, faults: list[dict]) -> None:
+        """Bytes [start, start + length) of the file, with the faults asked for: flipped bytes,
+        a connection cut at a byte (and at once for a request that starts past it), held, or
+        trickled."""
+        if any(f["op"] == "cut" and f.get("times", 1) != 0 and start >= f["after"] for f in faults):
+            return self._drop()  # the network is still down where this request resumes
+        sent = 0
+        with (open(meta["file"], "rb") if "file" in meta else io.BytesIO(meta["data"])) as handle:
+            handle.seek(start)
+            while sent < length:
+                position = start + sent
+                chunk = bytearray(handle.read(min(CHUNK, length - sent)))
+                for fault in faults:
+                    if fault["op"] == "flip" and fault.get("times", 1) != 0 and position <= fault["offset"] < position + len(chunk):
+                        chunk[fault["offset"] - position] ^= 0xFF
+                        self._spend(fault)
+                stop = next((f for f in faults if f["op"] in ("cut", "block", "trickle") and f.get("times", 1) != 0
+                             and position < f["after"] <= position + len(chunk)), None)
+                if stop is None:
+                    self._write(key, bytes(chunk))
+                    sent += len(chunk)
+                    continue
+                self._write(key, bytes(chunk[:stop["after"] - position]))
+                self._spend(stop)
+                self.wfile.flush()
+                if stop["op"] == "trickle":
+                    return self._trickle(key, meta, handle, length - (stop["after"] - start), stop["every"])
+                if stop["op"] == "block":  # hold the connection until released, then drop it
+                    with self.state.lock:
+                        self.state.blocked[meta["path"]] = True
+                    self.state.release.wait()
+                return self._drop()
+
+    def _trickle(self, key: str, meta: dict, handle, left: int, every: float) -> None:
+        """One byte of the rest every `every` seconds, until released (then the connection drops)."""
+        with self.state.lock:
+            self.state.blocked[meta["path"]] = True
+        while left > 0 and not self.state.release.wait(every):
+            self._write(key, handle.read(1))
+            self.wfile.flush()
+            left -= 1
+        self._drop()
+
+    def _send_extra(self, key: str, count: int) -> None:
+        """Bytes the file does not have, after it (a hub that sends more than it listed)."""
+        while count > 0:
+            block = b"\0" * min(CHUNK, count)
+            self._write(key, block)
+            count -= len(block)
+        self.wfile.flush()
 
     def _spend(self, fault: dict) -> None:
         with self.state.lock:
@@ -368,12 +477,35 @@ class Handler(BaseHTTPRequestHandler):
             self.state.reset()
         elif op == "release":
             self.state.release.set()
-        elif op in ("cut", "flip", "block"):
+        elif op in ("cut", "flip", "block", "extra", "trickle", "norange"):
             with self.state.lock:
                 self.state.faults.append(dict(command))
+        elif op == "lie":
+            with self.state.lock:
+                self.state.lies.append(dict(command))
+        elif op == "repo":
+            files = {p: (base64.b64decode(v["base64"]) if isinstance(v, dict) else v.encode())
+                     for p, v in (command.get("files") or {}).items()}
+            many = command.get("generate")
+            if many:
+                for i in range(many["count"]):
+                    files[many["pattern"].format(i)] = json.dumps({"n": i}).encode()
+            with self.state.lock:
+                commit = self.state.repos.add_memory_repo(command["repo"], files)
+            return self._json(200, {"ok": True, "commit": commit})
         else:
             return self._json(400, {"error": f"unknown op {op!r}"})
         return self._json(200, {"ok": True})
+
+
+def _lie_into(entry: dict, lies: dict) -> None:
+    """A listing entry saying what the hub lies: "lfs.sha256" sets entry["lfs"]["sha256"]."""
+    for key, value in lies.items():
+        outer, _, inner = key.partition(".")
+        if inner:
+            entry.setdefault(outer, {})[inner] = value
+        else:
+            entry[key] = value
 
 
 def _tree_entry(meta: dict) -> dict:

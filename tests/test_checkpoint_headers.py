@@ -8,7 +8,13 @@ import struct
 
 import pytest
 
-from sparkit.checkpoint_headers import read_safetensors_header, read_safetensors_index
+from sparkit.checkpoint_headers import (
+    MAX_JSON_DEPTH,
+    load_json,
+    read_config,
+    read_safetensors_header,
+    read_safetensors_index,
+)
 from sparkit.errors import DataError
 
 from _checkpoints import write_safetensors, write_sharded
@@ -35,7 +41,7 @@ def test_a_sharded_checkpoint_lists_every_tensor_with_its_dtype_shape_and_size(t
 
 
 def test_the_shipped_tiny_ling_header_accounts_for_the_whole_data_region():
-    from sparkit.engines.embedded.builder import builtin_model_dir
+    from sparkit.models.builder import builtin_model_dir
 
     directory = builtin_model_dir("tiny-ling", 0)
     raw = (directory / "model.safetensors").read_bytes()
@@ -97,3 +103,60 @@ def test_a_directory_without_weights_is_an_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(DataError, match="no .safetensors files"):
         read_safetensors_index(tmp_path)
+
+
+# -- issue 40, item 10: a checkpoint's JSON and its shapes, from whoever made the files (a hub),
+# are clear errors in time bounded by the file's length: never a RecursionError, an OverflowError,
+# a ValueError, or a product of 200,000 dimensions computed for a minute
+
+def _raw_header(path, text: str, data_bytes: int = 8) -> None:
+    raw = text.encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data_bytes)
+
+
+def _entry(shape: str) -> str:
+    return '{"w": {"dtype": "BF16", "shape": ' + shape + ', "data_offsets": [0, 8]}}'
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+JUST_TOO_DEEP = '{"a": ' * (MAX_JSON_DEPTH) + "1" + "}" * MAX_JSON_DEPTH  # json.loads takes it: the walk refuses it
+
+
+@pytest.mark.parametrize("text, message", [
+    (DEEP, f"nested more than {MAX_JSON_DEPTH} levels deep"),
+    ('{"__metadata__": ' + JUST_TOO_DEEP + "}", f"nested more than {MAX_JSON_DEPTH} levels deep"),
+    (_entry("[" + str(10**400) + "]"), "needs more than"),
+    (_entry(json.dumps([10**9] * 200_000)), "not a list of sizes (at most 64 of them)"),
+    (_entry("[" + "9" * 5000 + "]"), "not JSON"),
+    (_entry("[true, 4]"), "not a list of sizes"),
+], ids=["100000 deep", "65 deep", "10**400", "200000 dims", "5000 digits", "a bool"])
+def test_an_absurd_header_is_one_data_error_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "model.safetensors"
+    _raw_header(path, text)
+    with pytest.raises(DataError) as err:
+        read_safetensors_header(path)
+    assert str(path) in err.value.message and message in err.value.message, err.value.message
+
+
+def test_a_config_or_index_nested_thousands_deep_is_one_data_error_naming_it(tmp_path):
+    (tmp_path / "config.json").write_text(DEEP)
+    with pytest.raises(DataError, match="config.json: the config is nested more than"):
+        read_config(tmp_path)
+    write_safetensors(tmp_path / "model.safetensors", {"w": ("BF16", (2, 2))})
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ' + DEEP + "}")
+    with pytest.raises(DataError, match="model.safetensors.index.json: the safetensors index is nested more than"):
+        read_safetensors_index(tmp_path)
+
+
+def test_sglang_s_expert_width_reads_past_a_config_it_cannot_use(tmp_path):
+    from sparkit.engines.sglang.rules import expert_width
+
+    (tmp_path / "config.json").write_text(DEEP)
+    assert expert_width(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text('{"moe_intermediate_size": 768}')
+    assert expert_width(str(tmp_path)) == 768
+
+
+def test_json_at_the_depth_a_real_config_has_is_read():
+    nested = {"quantization_config": {"config_groups": {"group_0": {"weights": {"num_bits": 4}}}}}
+    assert load_json(json.dumps(nested), "config.json") == nested

@@ -62,7 +62,7 @@ def third_party_engine(tmp_path, monkeypatch):
 
             def launch(self, loaded, *, port):
                 return EngineLaunch(argv=[sys.executable, "-m", "echo_engine", "--port", str(port)], env={},
-                                    served_model_name="echo", expectations={"speculative_algorithm_reported": None},
+                                    served_model_name="echo", expectations={"server_args": {}},
                                     validated_by="echo's parser")
 
             def preflight(self, plan):

@@ -21,11 +21,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the plain types every layer speaks, and facts that need nothing of sparkit's
     ("ground", ("sparkit.contract", "sparkit.errors", "sparkit.paths", "sparkit._version", "sparkit.weight_formats",
                 "sparkit.api_key", "sparkit.installed_source", "sparkit.checkpoint_headers", "sparkit.kernels",
-                "sparkit.env_switch")),
+                "sparkit.env_switch", "sparkit.gpu_specs", "sparkit.notices", "sparkit.interrupts")),
     # what is read from the machine (memory, processes) and the hub, and the HTTP client: no
     # recipe, no engine
     ("sources", ("sparkit.hub", "sparkit.client", "sparkit.memory", "sparkit.roofline.layout",
                  "sparkit.roofline.profiles", "sparkit.roofline.published", "sparkit.runs.processes")),
+    # the models sparkit builds and ships (their code, builders, checkpoints, exports): what an
+    # engine serves, knowing nothing of recipes or engines
+    ("models", ("sparkit.models",)),
     ("recipes", ("sparkit.recipes",)),
     ("engines", ("sparkit.engines",)),
     # above the engines, orchestrating them: rule assembly and compile, and what judges a recipe

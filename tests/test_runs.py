@@ -665,3 +665,43 @@ def test_an_engine_started_before_up_recorded_its_pid_is_found_and_stopped(spark
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_run_serving_a_recipe_is_found_by_its_settings_whatever_its_port(sparkit_home, stand_in):
+    """Issue 39.6: `up` twice of the same recipe started a second server; the first is now found by
+    what it serves (engine and resolved recipe, the port aside unless one is asked for)."""
+    from sparkit.runs import holder_of_port, run_serving
+
+    plan = make_plan(stand_in)
+    plan.recipe = {"model": {"path": "m"}, "server": {"port": plan.port, "host": "127.0.0.1"}}
+    same_on_another_port = {"model": {"path": "m"}, "server": {"port": 1, "host": "127.0.0.1"}}
+    assert run_serving("embedded", same_on_another_port) is None
+    run = launch(plan, timeout=60)
+    try:
+        assert run_serving("embedded", same_on_another_port).id == run.id
+        assert run_serving("embedded", same_on_another_port, port=plan.port).id == run.id
+        assert run_serving("embedded", same_on_another_port, port=plan.port + 1) is None
+        assert run_serving("embedded", {"model": {"path": "another"}, "server": {"port": 1, "host": "127.0.0.1"}}) is None
+        assert run_serving("sglang", same_on_another_port) is None
+        assert holder_of_port(plan.port) == (f"sparkit run {run.id} (stand-in, pid {run.pid})", run.reload())
+    finally:
+        stop(run, grace=5)
+    assert run_serving("embedded", same_on_another_port) is None  # stopped: nothing serves it
+
+
+def test_a_port_clash_names_the_process_that_listens_and_suggests_port_auto(sparkit_home, stand_in):
+    import socket
+
+    from sparkit.checks.preflight import check_port
+    from sparkit.host import detect_host
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        plan = make_plan(stand_in)
+        plan.port = listener.getsockname()[1]
+        result = check_port(plan, detect_host())
+    me = psutil.Process(os.getpid())
+    assert result.status.value == "fail"
+    assert result.detail == f"127.0.0.1:{plan.port} is in use, held by pid {me.pid} ({me.name()})"
+    assert result.fix.startswith("`--port auto` picks a free port")

@@ -181,6 +181,31 @@ def test_a_directory_above_the_home_that_others_can_write_is_refused(shared_dir)
     assert f"{above}, above sparkit's state directory {home}, belongs to nobody" in said
 
 
+@root_only
+def test_a_home_that_is_another_user_s_link_to_the_user_s_own_state_is_refused(shared_dir, tmp_path):
+    """Issue 40, item 12: nobody's link, SPARKIT_HOME=/tmp/.../home -> root's own state, was
+    accepted (its target is root's, 0700); nobody can point it at a home of their own, with a forged
+    record, whenever they like. The link itself must be the user's (or root's)."""
+    mine = tmp_path / "state"
+    (mine / "runs").mkdir(parents=True, mode=0o700)
+    mine.chmod(0o700)
+    link = shared_dir / "home"
+    as_nobody("import os, sys; os.symlink(sys.argv[1], sys.argv[2])", str(mine), str(link))
+    assert os.lstat(link).st_uid == NOBODY
+    status = sparkit({**os.environ, "SPARKIT_HOME": str(link)}, "status")
+    assert status.returncode == 10, status.stderr
+    said = " ".join(status.stderr.split())
+    assert f"{link}, on the way to sparkit's state directory {link}, is a symbolic link that belongs to nobody" in said
+    assert "hint:" in said and "Traceback" not in said
+    for command in (["down", "--all"], ["up", "tiny", "--detach"]):
+        refused = sparkit({**os.environ, "SPARKIT_HOME": str(link)}, *command)
+        assert refused.returncode == 10 and "belongs to nobody" in refused.stderr, (command, refused.stderr)
+    assert os.listdir(mine / "runs") == []
+    own = shared_dir / "own-link"  # the user's own link there (sticky: nobody can replace it) is used
+    own.symlink_to(mine)
+    assert sparkit({**os.environ, "SPARKIT_HOME": str(own)}, "status").returncode == 0
+
+
 @pytest.mark.slow
 @root_only
 def test_up_refuses_a_home_where_the_log_could_be_swapped_for_a_link(shared_dir, tmp_path):

@@ -14,27 +14,109 @@
 # 4. With NCCL=1 (for the TP2/TP4 sessions, STEPS=setup,tp): the real NCCL 2.30.7 that torch
 #    2.14.1 pins (nvidia-nccl-cu13 2.30.7's libnccl.so.2, 252 MB; xz -6 makes it smaller), split
 #    into pieces n00, n01, ... carried like the kit's; session.sh preloads it instead of the stub.
-# Everything lands in .sglang-h200/ (git-ignored). It prints the `run` calls to make, in order.
+# Everything lands in .sglang-h200/ (git-ignored). It prints the `run` calls to make, in order,
+# each with its size as the `run` tool counts it (this tree + the paths it carries), and exits 2
+# when one would not fit: what it prints is exactly what to paste.
+#
+#     PRINT_ONLY=1 bash benchmarks/sglang_h200/prepare.sh    the calls for what .sglang-h200/ holds, nothing built
+#     SESSION_ENV="STEPS=setup,hostgap HOSTGAP_BUDGET_S=420" bash benchmarks/sglang_h200/prepare.sh
+#                                                             (the last call runs session.sh with these set)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${KIT:-../shared/gpu/sglang-h200}
 SHARED=${SPARKIT_SHARED_DIR:-../shared}
-# A `run` call refuses a working tree over 64 MiB (tracked + untracked-not-ignored files + what it
-# carries): the pieces are sized from this tree, with 2 MiB to spare (the tree grew from 9 to 18 MiB
-# in session 8, and 48 MB pieces were refused). PIECE=N overrides; one that cannot fit is an error.
-TREE_BYTES=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+SESSION_ENV=${SESSION_ENV:-}
+# A `run` call refuses a working tree over 64 MiB: tracked + untracked-not-ignored files + the
+# ignored paths it carries. Every call carries this tree (18 MiB in session 8, 19 in session 11),
+# so a piece is the limit less the tree, less what the piece's call carries beside it (the last
+# piece's: the device scripts and the GSM8K subset, ~80 KB), less MARGIN (1 MiB: a file a call
+# writes into the tree meanwhile). The deps (17 MB) have their own call: riding with the last piece
+# they made it 68 MiB (the lead's session 11 printout). PIECE=N overrides; one that cannot fit is
+# an error.
 LIMIT_BYTES=$(( 64 * 1048576 ))
-export PIECE=${PIECE:-$(( LIMIT_BYTES - TREE_BYTES - 2 * 1048576 ))}
+MARGIN_BYTES=$(( 1048576 ))
+tree_bytes() { git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}'; }
+TREE_BYTES=$(tree_bytes)
+LAST_EXTRA_BYTES=$(( $( (cat "$KIT"/*.py "$KIT"/*.sh 2>/dev/null || true) | wc -c) + 64 * 1024 ))
+
+# The calls for what .sglang-h200/ holds now, in order, each checked against the limit.
+print_calls() {
+  local tree pieces last p dest size total=0 over=0 n=0
+  tree=$(tree_bytes)
+  pieces=$(ls -d .sglang-h200/p?? .sglang-h200/n?? .sglang-h200/b00 2>/dev/null | sort || true)  # (n?? and b00 only with NCCL=1 / BENCH_SERVING=1)
+  if [ -z "$pieces" ]; then
+    echo "prepare.sh: no pieces under .sglang-h200/ (run without PRINT_ONLY=1 first)" >&2
+    return 2
+  fi
+  last=$(echo "$pieces" | tail -n 1)
+  bytes_of() { du -sb "$@" | awk '{s+=$1} END {print s+0}'; }
+  check() {  # NAME BYTES: one line of the size table; counts calls over the limit
+    local mib
+    mib=$(awk -v b="$(( $2 + tree ))" 'BEGIN {printf "%.1f", b / 1048576}')
+    if [ $(( $2 + tree + MARGIN_BYTES )) -gt "$LIMIT_BYTES" ]; then
+      echo "  $1: $mib MiB with the tree: OVER the 64 MiB a run call takes (less the 1 MiB margin)" >&2
+      over=$(( over + 1 ))
+    else
+      echo "  $1: $mib MiB with the tree"
+    fi
+    total=$(( total + $2 + tree )); n=$(( n + 1 ))
+  }
+  local extra_carry="" extra_copy=""
+  [ -d .sglang-h200/b01 ] && { extra_carry=', ".sglang-h200/b01"'; extra_copy=' && mkdir -p /tmp/acc/bdeps && cp .sglang-h200/b01/* /tmp/acc/bdeps/'; }
+  echo
+  echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp ~30 s after a call):"
+  for p in $(echo "$pieces" | head -n -1); do
+    dest=/tmp/acc; [ "${p##*/}" = b00 ] && dest=/tmp/acc/bdeps
+    echo "  run(command=\"mkdir -p $dest && cp $p/* $dest/\", carry=[\"$p\"])"
+  done
+  echo "  run(command=\"mkdir -p /tmp/acc && cp -r .sglang-h200/deps /tmp/acc/$extra_copy\", carry=[\".sglang-h200/deps\"$extra_carry])"
+  echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && { ls /tmp/acc/nccl-part.* >/dev/null 2>&1 && cat /tmp/acc/nccl-part.* > /tmp/acc/libnccl.so.2.xz; true; } && ${SESSION_ENV:+$SESSION_ENV }OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
+  echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/gsm8k\"], timeout_s=600)"
+  echo "sizes, as the run tool counts them (this tree of $(awk -v b="$tree" 'BEGIN {printf "%.1f", b / 1048576}') MiB + what each call carries):"
+  for p in $(echo "$pieces" | head -n -1); do check "$p" "$(bytes_of "$p")"; done
+  check "deps call" "$(bytes_of .sglang-h200/deps $([ -d .sglang-h200/b01 ] && echo .sglang-h200/b01))"
+  check "$last + scripts + gsm8k" "$(bytes_of "$last" .sglang-h200/scripts .sglang-h200/gsm8k)"
+  echo "  $n calls, $(awk -v b="$total" 'BEGIN {printf "%.0f", b / 1048576}') MiB carried in all"
+  echo "(sizes of this tree now: after changing it, PRINT_ONLY=1 bash $0 checks the calls again)"
+  echo "Later calls in the same warm session (STEPS=ling, STEPS=hostgap, ...) carry what session.sh reads again:"
+  echo "  carry=[\".sglang-h200/scripts\", \".sglang-h200/gsm8k\"] (an ignored path a call does not name is gone there)"
+  if [ "$over" -gt 0 ]; then
+    echo "prepare.sh: $over call(s) would be refused: set PIECE smaller (now $(du -b "$(echo "$pieces" | head -n 1)"/* | awk 'NR == 1 {print $1}') bytes a piece) or make the tree smaller" >&2
+    return 2
+  fi
+}
+if [ "${PRINT_ONLY:-0}" = 1 ]; then
+  print_calls
+  exit $?
+fi
+
+export PIECE=${PIECE:-$(( LIMIT_BYTES - TREE_BYTES - LAST_EXTRA_BYTES - MARGIN_BYTES ))}
 if ! [[ "$PIECE" =~ ^[0-9]+$ ]]; then
   echo "prepare.sh: PIECE=$PIECE is not a number of bytes" >&2
   exit 2
 fi
-if [ $(( PIECE + TREE_BYTES )) -ge "$LIMIT_BYTES" ] || [ "$PIECE" -le 0 ]; then
-  echo "prepare.sh: PIECE=$PIECE bytes + this tree's $TREE_BYTES bytes do not fit a run call's 64 MiB;" \
-       "set PIECE smaller, or make the tree smaller" >&2
+if [ $(( PIECE + TREE_BYTES + LAST_EXTRA_BYTES + MARGIN_BYTES )) -gt "$LIMIT_BYTES" ] || [ "$PIECE" -le 0 ]; then
+  echo "prepare.sh: PIECE=$PIECE bytes + this tree's $TREE_BYTES bytes + the last call's $LAST_EXTRA_BYTES bytes of" \
+       "scripts and GSM8K + 1 MiB of margin do not fit a run call's 64 MiB; set PIECE smaller, or make the tree smaller" >&2
   exit 2
 fi
-REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh"
+if [ -f .git ]; then
+  # A git worktree: .git is a file, and the kit appends to .git/info/exclude. It runs in a scratch
+  # directory with a .git/info of its own, packing this tree (its argument), and its pieces move here;
+  # the worktree shares the main checkout's exclude, which must ignore /.sglang-h200/.
+  if ! git check-ignore -q .sglang-h200/p00; then
+    echo "prepare.sh: .sglang-h200/ is not ignored in this worktree: add /.sglang-h200/ to $(git rev-parse --git-common-dir)/info/exclude" >&2
+    exit 2
+  fi
+  KIT=$(cd "$KIT" && pwd)
+  STAGE=$(mktemp -d)
+  mkdir -p "$STAGE/.git/info"
+  (cd "$STAGE" && REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh" "$OLDPWD")
+  rm -rf .sglang-h200/p?? .sglang-h200/scripts && mkdir -p .sglang-h200
+  mv "$STAGE"/.sglang-h200/* .sglang-h200/ && rm -rf "$STAGE"
+else
+  REBUILD_SPARKIT=1 bash "$KIT/prepare_cpu.sh"
+fi
 
 DEPS=.sglang-h200/deps
 rm -rf "$DEPS" && mkdir -p "$DEPS"
@@ -73,25 +155,4 @@ if [ "${BENCH_SERVING:-0}" = 1 ]; then
   mv .sglang-h200/b01/pyarrow-*.whl .sglang-h200/b00/
 fi
 
-pieces=$(ls -d .sglang-h200/p?? .sglang-h200/n?? .sglang-h200/b00 2>/dev/null | sort || true)  # (n?? and b00 only with NCCL=1 / BENCH_SERVING=1)
-last=$(echo "$pieces" | tail -n 1)
-echo
-echo "run() calls, back to back in ONE tool-call block (the machine forgets /tmp ~30 s after a call):"
-for p in $(echo "$pieces" | head -n -1); do
-  dest=/tmp/acc; [ "${p##*/}" = b00 ] && dest=/tmp/acc/bdeps
-  echo "  run(command=\"mkdir -p $dest && cp $p/* $dest/\", carry=[\"$p\"])"
-done
-b01=""; bcopy=""
-[ -d .sglang-h200/b01 ] && { b01=", \".sglang-h200/b01\""; bcopy="mkdir -p /tmp/acc/bdeps && cp .sglang-h200/b01/* /tmp/acc/bdeps/ && "; }
-echo "  run(command=\"mkdir -p /tmp/acc && cp $last/* /tmp/acc/ && cp -r .sglang-h200/deps /tmp/acc/ && $bcopy{ ls /tmp/acc/nccl-part.* >/dev/null 2>&1 && cat /tmp/acc/nccl-part.* > /tmp/acc/libnccl.so.2.xz; true; } && OUT=\$OUT bash benchmarks/sglang_h200/session.sh\","
-echo "      carry=[\"$last\", \".sglang-h200/scripts\", \".sglang-h200/deps\", \".sglang-h200/gsm8k\"$b01], timeout_s=600)"
-tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
-for p in $pieces; do
-  size=$(du -sb "$p" | cut -f1)
-  [ "$p" = "$last" ] && size=$(( size + $(du -sb .sglang-h200/deps .sglang-h200/scripts .sglang-h200/gsm8k $([ -d .sglang-h200/b01 ] && echo .sglang-h200/b01) | awk '{s+=$1} END {print s}') ))
-  printf '  %s: %.1f MiB with the tree\n' "$p" "$(echo "($size + $tree) / 1048576" | bc -l)"
-  [ $(( size + tree )) -ge $(( 64 * 1048576 )) ] && echo "  ^ over the 64 MiB a run call takes: set PIECE smaller" >&2
-done
-echo "Later calls in the same warm session (STEPS=ling, ...) carry what session.sh reads again:"
-echo "  carry=[\".sglang-h200/scripts\", \".sglang-h200/gsm8k\"] (an ignored path a call does not name is gone there)"
-
+print_calls

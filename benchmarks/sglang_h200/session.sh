@@ -46,12 +46,44 @@
 #           first Humming step also JIT-compiles its kernels): ~6-7 minutes, so alone with setup
 #           (STEPS=setup,ladder) it fits one call; beside other servers it may not finish, and keeps
 #           the steps it did.
+#   v3trained (not in the default: run as STEPS=setup,v3trained, alone in its call; ~6-8 minutes, the
+#           first V3 start JIT-compiles the KDA kernels) the shipped, trained tiny-ling-v3 through its
+#           BailingMoeV3 export, ONE SERVER AT A TIME: tiny/tiny-v3-sglang-baseline (bf16 head, no
+#           MTP: SGLang's own numbers) then tiny/tiny-v3-sglang (FP8 head via the plugin, NEXTN
+#           3/1/4); for each: its startup checks (known answer, accept length), `sparkit check`, the
+#           cross-engine capture (benchmarks/cross_engine_capture.py: greedy outputs, logprobs and
+#           the known answer as the check computes it) into $W/v3-capture-{baseline,nextn}.json, a
+#           short bench, down. Copy the two captures to tests/fixtures/sglang-0.5.23-h200/ and run
+#           benchmarks/cross_engine_agreement.py on each against sparkit/models/tiny_ling_v3/checkpoints/tiny-ling-v3-s0.
+#           V3_VARIANTS="nextn:tiny/tiny-v3-sglang" runs one of them (a call of its own when the two
+#           together would pass a call's 600 s).
 #   ling    (not in the default: run as STEPS=setup,ling, alone in its call) Ling-3.0-flash at its own
 #           widths, dummy weights (issue 25): benchmarks/ling_width.py, ~7 min in LING_BUDGET_S=450 s:
 #           the memory fit against SGLang's log, decode vs the roofline at 6 and 12 layers (bf16 vs FP8
 #           head, plain vs NEXTN), /start_profile step breakdowns, the preflight refusing a server that
 #           two starting ones leave no room for. LING_PHASES=extra in a second call (~3 min + setup):
 #           bf16 head + NEXTN, FP8 block experts at 6 and 12 layers. Results under ling/ in the tarball.
+#   hostgap (not in the default: run as STEPS=setup,hostgap or STEPS=hostgap in a later call of the
+#           same warm machine) the host gap at batch 1 (issue 38): benchmarks/host_gap.py, SGLang
+#           0.5.23's host-side switches (docs/host-gap.md) at Ling widths, ONE SERVER AT A TIME in
+#           A/B/A order, each through `sparkit up --detach` and `sparkit down`: decode tok/s, TTFT,
+#           accept length, the GPU-busy fraction from /start_profile. Knobs: HOSTGAP_BUDGET_S (420;
+#           a bracket that cannot fit is not started, and said), HOSTGAP_PHASES (plain6,l12,nextn6),
+#           HOSTGAP_SWITCHES (default: every switch that applies), HOSTGAP_RESUME=DIR (a carried
+#           copy of an earlier call's hostgap/results.json: continues it; on the same warm machine
+#           $W/hostgap is kept and continued anyway). Results under hostgap/ in the tarball and
+#           $OUT/hostgap-results.json; the table in summary.txt. Exact calls and their seconds:
+#           benchmarks/sglang_h200/README-hostgap.md.
+#
+# Batch-1 figures are sound only one server at a time (issue 38: with several servers up the FP8
+# head's +15% read as "within noise"). `hostgap` and `ladder` start one server at a time. The older
+# steps still measure side by side, and their figures say so: `ab` decodes five variants
+# interleaved while all five are up (with main's server, traps, verify and quant starting beside
+# them), `quant` decodes the bf16/fp8/mxfp4 exports interleaved while up together, and `ling`'s
+# phases start two or three servers together on purpose (the memory fit of servers that start
+# together is what issue 25 tested). Their speeds compare the variants under the same shared load
+# (request by request, so drift hits all alike), not each one alone; use `hostgap` (or `sparkit
+# ladder`) for figures that compare stacks.
 # The recipes cap the KV pool (--max-total-tokens), so the servers can start together: SGLang sizes
 # its pool from the memory free when it starts, and a tiny model needs a small pool anyway.
 # REHEARSE=1 runs the same control flow on a machine without a GPU: the embedded engine's tiny
@@ -96,6 +128,7 @@ quant_sets() {  # RECIPE: the --set arguments that make `tiny` serve that recipe
 }
 [ "$REHEARSE" = 1 ] && STEPS=$(echo ",$STEPS," | sed -e 's/,setup,/,/; s/,v3,/,/; s/,humming,/,/')
 LING_BUDGET_S=${LING_BUDGET_S:-450}
+HOSTGAP_BUDGET_S=${HOSTGAP_BUDGET_S:-420}
 json_field() { python3 -c "import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2" 2>/dev/null; }
 
 if has setup; then
@@ -243,7 +276,7 @@ if has main; then
     timeout 30 python3 -m sparkit.cli.main logs "$RUN" --lines 40 > "$W/main-logs.txt" 2>&1; stamp "logs rc=$?"
     curl -s "$URL/server_info" > "$W/main-server_info.json"; curl -s "$URL/model_info" > "$W/main-model_info.json"
     # the tokenizer of the checkpoint the server loaded (the export; the shipped build when rehearsing)
-    tok_dir=$(json_field "$W/export.json" path); [ -d "$tok_dir" ] || tok_dir=$REPO/sparkit/engines/embedded/checkpoints/tiny-ling-s0
+    tok_dir=$(json_field "$W/export.json" path); [ -d "$tok_dir" ] || tok_dir=$REPO/sparkit/models/tiny_ling/checkpoints/tiny-ling-s0
     timeout 90 python3 benchmarks/cross_engine_capture.py "$URL" "$tok_dir" "$W/capture-fp8-nextn.json" 2>&1 | tail -n 2 | tee -a "$OUT/summary.txt"
     timeout 120 python3 -m sparkit.cli.main check "$RUN" --json > "$W/main-check.json" 2> "$W/main-check.err"; stamp "check rc=$?"
     timeout 150 python3 -m sparkit.cli.main bench "$RUN" --input-len 256 --output-len 256 --num-prompts 6 --json \
@@ -353,6 +386,32 @@ if has ling; then
   save
 fi
 
+if has hostgap; then
+  # SGLang's host-side switches at Ling widths, one server at a time (issue 38). The tokenizer comes
+  # from the kit's tiny models, as for `ling`.
+  stamp "hostgap: the host gap at batch 1, one server at a time (budget ${HOSTGAP_BUDGET_S} s)"
+  HG_ARGS="--tokenizer-from /tmp/models/tiny-bailing-v3-mtp"
+  if [ "$REHEARSE" = 1 ]; then
+    HG_ARGS="--rehearse"
+  elif [ ! -d /tmp/models/tiny-bailing-v3-mtp ]; then
+    (cd /tmp && python3 "$REPO/.sglang-h200/scripts/make_tiny.py" /tmp/models > "$W/hostgap-make.log" 2>&1 \
+       && python3 "$REPO/.sglang-h200/scripts/make_tiny_v3.py" /tmp/models >> "$W/hostgap-make.log" 2>&1)
+  fi
+  [ -n "${HOSTGAP_RESUME:-}" ] && HG_ARGS="$HG_ARGS --resume $HOSTGAP_RESUME"
+  ( while sleep 40; do save; cp "$W/hostgap/results.json" "$OUT/hostgap-results.json" 2>/dev/null; done ) &
+  SAVER=$!
+  # shellcheck disable=SC2086
+  timeout -s INT -k 60 $((HOSTGAP_BUDGET_S + 90)) python3 benchmarks/host_gap.py --out "$W/hostgap" --budget-s "$HOSTGAP_BUDGET_S" \
+    --phases "${HOSTGAP_PHASES:-plain6,l12,nextn6}" ${HOSTGAP_SWITCHES:+--switches "$HOSTGAP_SWITCHES"} $HG_ARGS \
+    > "$W/hostgap.txt" 2>&1
+  stamp "hostgap rc=$?"
+  kill "$SAVER" 2>/dev/null; wait "$SAVER" 2>/dev/null
+  cp "$W/hostgap/results.json" "$OUT/hostgap-results.json" 2>/dev/null
+  grep -E "^\[\+ *[0-9]+s\] (plain6|nextn6|l12|  |goal|declared|re-fit|the table|resuming)" "$W/hostgap/summary.txt" 2>/dev/null \
+    | grep -v -E "^\[\+ *[0-9]+s\]     " | cut -c1-220 | tail -n 80 >> "$OUT/summary.txt"
+  save
+fi
+
 if has tp; then
   NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
   stamp "tp: $NGPU GPU(s); LD_PRELOAD=${LD_PRELOAD:-}"
@@ -407,6 +466,30 @@ PY
       --set stack.weights=fp8 > "$W/fp8-block-tp4-plan.txt" 2>&1; stamp "sparkit plan of the same: rc=$?"
     save
   fi
+fi
+
+if has v3trained; then
+  # one server at a time: a second server beside it would share the GPU and distort its figures
+  for v in ${V3_VARIANTS:-baseline:tiny/tiny-v3-sglang-baseline nextn:tiny/tiny-v3-sglang}; do
+    label=${v%%:*}; name=v3-$label
+    stamp "v3trained: sparkit up ${v#*:}"
+    timeout 560 python3 -m sparkit.cli.main up "${v#*:}" --port auto --detach --keep-on-fail --timeout 500 --json \
+      > "$W/$name-up.json" 2> "$W/$name-up.err"
+    stamp "$name up rc=$? $(tail -n 1 "$W/$name-up.err" | cut -c1-160)"
+    URL=$(json_field "$W/$name-up.json" url); V3RUN=$(json_field "$W/$name-up.json" run)
+    if [ -n "$URL" ]; then
+      export_dir=$(python3 -m sparkit.cli.main plan "${v#*:}" --json 2>/dev/null | python3 -c \
+        'import json,sys; print(json.load(sys.stdin)["model_builds"][0]["export_hf"]["dir"])')
+      timeout 120 python3 benchmarks/cross_engine_capture.py "$URL" "$export_dir" "$W/v3-capture-$label.json" 2>&1 \
+        | tail -n 2 | tee -a "$OUT/summary.txt"
+      timeout 120 python3 -m sparkit.cli.main check "$V3RUN" --json > "$W/$name-check.json" 2> "$W/$name-check.err"
+      stamp "$name check rc=$?"
+      timeout 150 python3 -m sparkit.cli.main bench "$V3RUN" --input-len 256 --output-len 256 --num-prompts 4 --json \
+        > "$W/$name-bench.json" 2> "$W/$name-bench.err"; stamp "$name bench rc=$?"
+      timeout 60 python3 -m sparkit.cli.main down "$V3RUN" --json > "$W/$name-down.json" 2>&1; stamp "$name down rc=$?"
+    fi
+    save
+  done
 fi
 
 if has main && [ -n "${RUN:-}" ]; then

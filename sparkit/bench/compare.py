@@ -56,6 +56,9 @@ def compare_results(a: dict[str, Any], b: dict[str, Any], *, a_label: str = "A",
     sa, sb = a.get("summary", {}), b.get("summary", {})
     na, nb = int(sa.get("repeats", 0)), int(sb.get("repeats", 0))
     notes: list[str] = []
+    for doc, label in ((a, a_label), (b, b_label)):
+        if doc.get("side_by_side"):  # first: it decides whether the rest means anything
+            notes.append(f"{label}: {doc['side_by_side']['warning']}")
     ca, cb = a.get("config", {}), b.get("config", {})
     differing = [k for k in WORKLOAD_KEYS if ca.get(k) != cb.get(k)]
     if differing:

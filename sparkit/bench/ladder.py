@@ -24,6 +24,7 @@ import asyncio
 import datetime as _dt
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkit import interrupts
 from sparkit.bench.runner import BenchConfig
 from sparkit.errors import RecipeError, SparkitError, UsageError
 
@@ -314,6 +316,21 @@ def read_document(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != LADDER_KIND or not isinstance(doc.get("steps"), list):
         raise DataError(f"{path}: not a ladder document (no kind={LADDER_KIND!r})",
                         hint="a file `sparkit ladder --out` wrote")
+    return _reconciled(doc)
+
+
+def _reconciled(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document whose ladder is gone without finishing it (SIGKILL, a crash): a step it was
+    running is interrupted, not running."""
+    from sparkit.runs.processes import ProcessIdentity
+
+    owner = ProcessIdentity.from_dict(doc.get("owner"))
+    if doc.get("complete") or owner is None or owner.alive():
+        return doc
+    for step in doc["steps"]:
+        if isinstance(step, dict) and step.get("status") == RUNNING:
+            step["status"] = INTERRUPTED
+            step["error"] = f"`sparkit ladder` (pid {owner.pid}) ended while this step ran"
     return doc
 
 
@@ -343,6 +360,7 @@ def run_ladder(ladder: Ladder, settings: LadderSettings, *, out_path: Path, resu
     steps = [StepRecord(**s) for s in doc["steps"]]
     for step in steps:  # every step's recipe loads before any server starts
         _load(step)
+    doc["owner"] = _this_process()  # a document left by a ladder that was killed reads as interrupted
 
     def save() -> None:
         doc["steps"] = [asdict(s) for s in steps]
@@ -356,10 +374,16 @@ def run_ladder(ladder: Ladder, settings: LadderSettings, *, out_path: Path, resu
         if on_step:
             on_step(step, len(steps), True)
         try:
+            interrupts.raise_if_pending()  # one the interpreter swallowed between steps
             _run_step(step, settings, out_path, save, on_progress, launch_timeout)
+            interrupts.raise_if_pending()
         except KeyboardInterrupt:
-            step.status, step.error, step.finished_at = INTERRUPTED, "interrupted (Ctrl-C)", _now()
-            save()
+            # Recorded whole, whatever signal comes meanwhile: the document is what --resume reads.
+            with interrupts.deferred():
+                step.status, step.finished_at = INTERRUPTED, _now()
+                step.error = f"interrupted ({interrupts.describe(interrupts.received())})"
+                save()
+            interrupts.clear()
             raise
         save()
         if on_step:
@@ -368,6 +392,13 @@ def run_ladder(ladder: Ladder, settings: LadderSettings, *, out_path: Path, resu
     doc["finished_at"] = _now()
     save()
     return doc
+
+
+def _this_process() -> dict[str, Any] | None:
+    from sparkit.runs.processes import ProcessIdentity
+
+    identity = ProcessIdentity.of(os.getpid())
+    return identity.to_dict() if identity else None
 
 
 def _load(step: StepRecord):

@@ -1,6 +1,6 @@
 """Decode-benchmark metrics as pure functions over request timelines.
 
-Definitions follow sglang.bench_serving (see shared/docs/protocols.md):
+Definitions follow sglang.bench_serving (see docs/protocols.md):
 
 - TTFT: request start to the first non-empty streamed chunk.
 - TPOT per request: (latency - TTFT) / (output_tokens - 1); it excludes TTFT.

@@ -48,6 +48,23 @@ class BenchConfig:
 
 
 # Figures a user quotes, in display order: (key, unit, lower_is_better).
+# Batch-1 figures of servers that are up together share the host: at batch 1 a decode step is
+# mostly host time (issue 38: on an H200 the GPU is busy 0.76-0.84 ms of a 2.8-3.0 ms Ling-width
+# step), and servers up side by side take it from each other. There the FP8 head read "within
+# noise" side by side and +15% one server at a time.
+SIDE_BY_SIDE_WARNING = ("measured while {n} other server(s) were up on this machine: batch-1 figures of servers up "
+                        "side by side share the host's time between steps (on an H200 an FP8 head's +15% read as "
+                        "within noise that way), so a comparison with them may not be sound; measure one server at a "
+                        "time (`sparkit down` the others)")
+
+
+def side_by_side(beside: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of the other servers up while a server was measured (None: it was alone)."""
+    if not beside:
+        return None
+    return {"servers": list(beside), "warning": SIDE_BY_SIDE_WARNING.format(n=len(beside))}
+
+
 HEADLINE: list[tuple[str, str, bool]] = [
     ("tpot_mean_ms", "ms", True),
     ("tpot_median_ms", "ms", True),
@@ -270,8 +287,10 @@ async def run_bench(
     recipe: dict[str, Any] | None = None,
     run_id: str | None = None,
     on_progress: ProgressFn | None = None,
+    beside: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Benchmark the server at `url`; return (and keep writing to `out_path`) the result document."""
+    """Benchmark the server at `url`; return (and keep writing to `out_path`) the result document.
+    `beside`: the other servers up meanwhile (recorded, with the warning that goes with them)."""
     from sparkit.client import EngineClient
 
     progress = on_progress or (lambda phase, done, total: None)
@@ -296,6 +315,7 @@ async def run_bench(
             "repeats": list(kept),
             "summary": summarise(kept),
             "limit": None,  # the recipe's bandwidth limit at this workload (sparkit.bench.limit), once measured
+            "side_by_side": side_by_side(beside or []),
             "complete": False,
         }
         for index in range(len(kept), config.repeats):
@@ -419,7 +439,7 @@ async def run_interleaved(
 
     On a shared machine the load drifts over minutes; sending prompt i to every
     server before prompt i+1 (rotating who goes first) puts that drift on all of
-    them alike, so their differences are comparable (protocols.md, "Timing on a
+    them alike, so their differences are comparable (docs/protocols.md, "Timing on a
     shared machine"). Only one request is in flight at a time. Each server's
     throughput is its output tokens over the time its own requests took, and the
     peak 1-second window is not defined here (the windows mix servers)."""
@@ -452,6 +472,7 @@ async def run_interleaved(
                 "server": _server_record(t.url, t.run_id, model, info),
                 "recipe": t.recipe, "host": host_record(), "versions": versions_record(info),
                 "repeats": [], "summary": summarise([]), "complete": False,
+                "side_by_side": side_by_side([{"url": o.url, "run": o.run_id} for o in targets if o is not t]),
             })
         writers = [_DocWriter(t.out_path) for t in targets]
         n = len(targets)

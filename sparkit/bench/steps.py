@@ -3,7 +3,8 @@
 SGLang (and the embedded engine) profile their forward passes on request: POST /start_profile
 with `num_steps` makes the engine trace that many forward passes with torch.profiler and write
 `{output_dir}/{profile_id}-TP-0.trace.json.gz` (sglang/srt/utils/profile_utils.py). sparkit asks
-for it in a private directory of its own, sends one greedy request long enough to cover the steps,
+for it in a private directory of its own (the embedded engine writes in its own profile directory
+instead, and says which), sends one greedy request long enough to cover the steps,
 waits for the file and summarises it (sparkit.bench.trace): time per step by category, the
 device's busy time and the gaps. The trace is written by the server, on its machine: a server
 elsewhere leaves it there (the error says so).
@@ -52,12 +53,13 @@ async def profile_steps(url: str, config: StepsConfig, *, api_key: str | None = 
     try:
         async with EngineClient(url, api_key=api_key) as client:
             say(f"start_profile ({config.num_steps} forward passes)")
-            await client.start_profile(request)
+            chosen = await client.start_profile(request)  # the embedded engine writes where it chooses
+            traces = Path(chosen) if chosen else work
             say(f"one greedy request: {config.input_len} tokens in, {out_len} out")
             ids = [(7 * i + 3) % 200 + 10 for i in range(config.input_len)]
             await client.generate(input_ids=ids, sampling_params={"temperature": 0.0, "max_new_tokens": out_len,
                                                                   "ignore_eos": True})
-            path = await _wait_for_trace(work, profile_id, config.wait_s, client, say)
+            path = await _wait_for_trace(traces, profile_id, config.wait_s, client, say)
         if config.keep_trace is not None:
             config.keep_trace.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, config.keep_trace / path.name)

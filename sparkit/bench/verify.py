@@ -1,4 +1,4 @@
-"""`sparkit verify`: the correctness gate for an optimisation (protocols.md).
+"""`sparkit verify`: the correctness gate for an optimisation (docs/protocols.md).
 
 Against a baseline recipe, on a fixed prompt set, greedy, 256 new tokens, ignore_eos:
 
@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sparkit.contract.checks import CheckResult, Status
+from sparkit.recipes.schema import rounding_keys
 
 ACCEPT_TOLERANCE = 0.05  # absolute, for rounding-preserving changes
 ROUNDING_ACCEPT_TOLERANCE = 0.05  # relative, for declared rounding-changing changes
@@ -42,10 +43,10 @@ TOP_LOGPROBS = 10  # candidates asked for at a divergence
 # rounding of a logit moves it by a few hundredths; sparkit.kernels.rescoring).
 NEAR_TIE_MARGIN = 0.1
 
-# Recipe keys whose change alters floating-point rounding of the logits (tp and ep: each rank sums
-# its shard and the all-reduce adds the partial sums in another order than one GPU would).
-ROUNDING_KEYS = ("stack.lm_head", "stack.weights", "stack.quantization", "model.dtype", "stack.moe_backend",
-                 "stack.tp", "stack.ep")
+# Recipe keys whose change alters floating-point rounding of the logits: the schema's fields marked
+# CHANGES_ROUNDING (tp and ep among them: each rank sums its shard and the all-reduce adds the partial
+# sums in another order than one GPU would).
+ROUNDING_KEYS = rounding_keys()
 
 VERIFY_PROMPTS = [
     "The quick brown fox jumps over the lazy dog. Then the dog",

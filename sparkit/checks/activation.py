@@ -18,9 +18,10 @@ from typing import Any
 from sparkit.checks.evidence import ServerEvidence
 from sparkit.checks.known_answer import DEFAULT_TOLERANCE, PASSAGE_MAX_BYTES, REFERENCE_TEXT
 from sparkit.contract.checks import CheckResult, Status
-from sparkit.contract.flag_table import ALIASES, EXPECTATION_KEYS
+from sparkit.contract.flag_table import ALIASES, chain_draft_tokens
 from sparkit.contract.plan import LaunchPlan
-from sparkit.engines.activation_report import MoeLayerReport
+from sparkit.engines.activation_report import SECRET_VALUE, MoeLayerReport
+from sparkit.engines.sglang.flags import FP8_LM_HEAD_ENV
 
 # -- helpers -----------------------------------------------------------------------------------
 _DTYPE_NAMES = {
@@ -50,16 +51,8 @@ def _result(name: str, title: str, status: Status, detail: str, **kw: Any) -> Ch
 
 
 def expected_server_args(plan: LaunchPlan) -> dict[str, Any]:
-    exp = plan.expectations
-    wanted: dict[str, Any] = {}
-    for attr, key in EXPECTATION_KEYS.items():
-        value = getattr(exp, attr)
-        if value is not None:
-            wanted[key] = value
-    if exp.speculative_algorithm_reported or exp.speculative:
-        wanted["speculative_algorithm"] = exp.speculative_algorithm_reported or exp.speculative.upper()  # type: ignore[union-attr]
-    wanted.update(exp.server_args or {})
-    return wanted
+    """The resolved args the server must report, as the plan states them."""
+    return dict(plan.expectations.server_args or {})
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -95,14 +88,13 @@ def compare_args(plan: LaunchPlan, args: dict[str, Any]) -> list[ArgDifference]:
                                        f"SGLang reports {str(got).upper()}"))
         elif key == "moe_runner_backend" and str(want).lower() == "auto":
             diffs.append(ArgDifference(key, want, got, "resolved", f"the auto MoE backend resolved to {got}"))
-        elif (key == "speculative_algorithm" and str(got).upper() in ALIASES.values()
-              and plan.expectations.speculative_algorithm_reported == str(got).upper()):
-            diffs.append(ArgDifference(key, want, got, "alias", f"reported as {str(got).upper()}, as expected"))
+        elif key == "tool_call_parser" and str(want).lower() == "auto" and got:
+            diffs.append(ArgDifference(key, want, got, "resolved", f"the auto tool-call parser resolved to {got}"))
         elif (
             key == "speculative_num_draft_tokens"
             and args.get("speculative_eagle_topk") == 1
             and isinstance(args.get("speculative_num_steps"), int)
-            and got == args["speculative_num_steps"] + 1
+            and got == chain_draft_tokens(args["speculative_num_steps"])
         ):
             diffs.append(
                 ArgDifference(
@@ -427,7 +419,7 @@ def check_lm_head_dtype(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         )
     if actual != want:
         cause = "the FP8 lm_head is not active, so every token still reads the full-precision head"
-        fix = "on SGLang 0.5.23 upstream ignores SGLANG_ENABLE_FP8_LM_HEAD: install the sparkit plugin (pip install sparkit) or the Ling patch"
+        fix = f"on SGLang 0.5.23 upstream ignores {FP8_LM_HEAD_ENV}: install the sparkit plugin (pip install sparkit) or the Ling patch"
         if want != "fp8":
             cause, fix = "the lm_head runs in another precision than requested", "check lm_head in the recipe and the engine flags it compiled to"
         return _result(
@@ -534,6 +526,78 @@ def check_shared_lm_head(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     )
 
 
+def check_shared_embedding(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """DSpark: the draft embeds its block (anchor and mask tokens) with the target's own module."""
+    name, title = "shared_embedding", "draft shares embedding"
+    exp = plan.expectations
+    if not exp.speculative or exp.draft_shares_embedding is None:
+        return _result(name, title, Status.SKIP, "the recipe does not assert that the draft shares the embedding")
+    rep = ev.report
+    if rep is None or rep.target is None or rep.draft is None:
+        what = "no activation report" if rep is None or rep.target is None else "the activation report has no draft model"
+        return _result(name, title, Status.WARN if rep is None else Status.FAIL, f"{what}: sharing cannot be proven",
+                       evidence=[f"report models: {sorted(rep.models) if rep else []}"],
+                       fix="install the sparkit SGLang plugin (it reports the draft's modules), and check that the "
+                           "engine loaded the draft")
+    embedding = rep.draft.embed_tokens
+    if embedding is None:
+        return _result(name, title, Status.WARN, "the activation report does not say which embedding the draft uses",
+                       evidence=[f"draft {rep.draft.model_class}: no embed_tokens entry"],
+                       fix="upgrade the engine's reporter (sparkit's plugin writes embed_tokens for a DSpark draft)")
+    unshared = [r.tp_rank for r in ev.reports if r.draft is None or r.draft.embed_tokens is None
+                or not r.draft.embed_tokens.shared_with_target]
+    evidence = [f"rank {r.tp_rank}: draft embed_tokens module_id={r.draft.embed_tokens.module_id} "
+                f"shared_with_target={r.draft.embed_tokens.shared_with_target}"
+                for r in ev.reports if r.draft is not None and r.draft.embed_tokens is not None]
+    data = {"shared": not unshared, "unshared_ranks": unshared, "ranks": len(ev.reports)}
+    if unshared:
+        return _result(name, title, Status.FAIL, f"the draft does not embed with the target's module (TP rank(s) {unshared})",
+                       evidence=evidence, data=data,
+                       cause="the draft reads an embedding of its own: its block starts from vectors it was not trained on",
+                       fix="load the draft through an engine that attaches the target's embedding (SGLang's "
+                           "attach_shared_modules; the embedded engine does)")
+    return _result(name, title, Status.PASS, "the draft embeds with the target's embedding module"
+                   + (f" (on all {len(ev.reports)} TP ranks)" if len(ev.reports) > 1 else ""), evidence=evidence, data=data)
+
+
+def block_size_in_use(ev: ServerEvidence) -> tuple[int | None, str]:
+    """The DSpark block size the server drafts with, and where that was read."""
+    rep = ev.report
+    if rep is not None and rep.speculative.block_size:
+        return int(rep.speculative.block_size), "activation report"
+    args = ev.args or {}
+    if isinstance(args.get("speculative_num_draft_tokens"), int) and str(args.get("speculative_algorithm")).upper() == "DSPARK":
+        return int(args["speculative_num_draft_tokens"]) - 1, "resolved speculative_num_draft_tokens - 1"
+    return None, "neither the activation report nor the resolved args"
+
+
+def check_block_size(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """DSpark: the block in use is the recipe's (when it states one) and the draft config's."""
+    name, title = "block_size", "DSpark block size"
+    exp = plan.expectations
+    if exp.speculative != "dspark":
+        return _result(name, title, Status.SKIP, "no DSpark draft in this recipe")
+    in_use, source = block_size_in_use(ev)
+    wanted = {"the recipe's speculative.block_size": exp.block_size, "the draft config's block_size": exp.draft_block_size}
+    evidence = [f"in use: {in_use} ({source})"] + [f"{k}: {v}" for k, v in wanted.items() if v is not None]
+    data = {"in_use": in_use, "recipe": exp.block_size, "draft_config": exp.draft_block_size, "source": source}
+    if in_use is None:
+        return _result(name, title, Status.WARN, "the block size in use could not be read", evidence=evidence, data=data,
+                       fix="check that speculative decoding is DSpark (/server_info speculative_algorithm)")
+    off = [f"{k} is {v}" for k, v in wanted.items() if v is not None and v != in_use]
+    if off:
+        return _result(name, title, Status.FAIL, f"the server drafts blocks of {in_use}, but " + " and ".join(off),
+                       evidence=evidence, data=data,
+                       cause="a draft trained for one block size drafts worse at another (its mask rows and confidence "
+                             "head were trained for that many positions), and the verify window is not the one planned",
+                       fix="leave speculative.block_size unset (the draft's), or use a draft trained for that block")
+    if not any(v is not None for v in wanted.values()):
+        return _result(name, title, Status.WARN, f"blocks of {in_use}; neither the recipe nor the draft config could be "
+                       "read to compare", evidence=evidence, data=data)
+    return _result(name, title, Status.PASS, f"blocks of {in_use} tokens (verify window {in_use + 1}), as "
+                   + " and ".join(k for k, v in wanted.items() if v is not None), evidence=evidence, data=data)
+
+
 # The accept length of a draft that is never accepted: every verify step commits its bonus token
 # only. A plan that states no minimum (compile always states one for a speculative recipe:
 # sparkit.contract.flag_table.DEFAULT_MIN_ACCEPT_LENGTH) must clear this much.
@@ -585,10 +649,18 @@ def check_acceptance(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
         if draft:
             differs = exp.draft_model and loaded_draft and os.path.normpath(exp.draft_model) != os.path.normpath(loaded_draft)
             asked = f" (the recipe asks for {exp.draft_model})" if differs else ""
-            causes.append(f"the draft model {draft}{asked} may not belong to this target (wrong draft)")
+            if exp.speculative == "dspark":
+                causes.append(f"the DSpark draft {draft}{asked} is untrained (random weights) or was trained for "
+                              "another target")
+            else:
+                causes.append(f"the draft model {draft}{asked} may not belong to this target (wrong draft)")
         if not causes:
             causes = ["an unshared FP8 lm_head (the draft reads FP8 bytes through a BF16 method)", "a wrong draft model"]
         detail = f"accept length {accept:.2f} is ~1: the draft is useless, every verify step commits only the bonus token"
+    elif exp.speculative == "dspark":
+        causes.append(f"the DSpark draft {exp.draft_model or ''} is untrained or was trained for another target: a "
+                      "random block draft still commits a few tokens on repetitive text, far fewer than a trained one")
+        detail = f"accept length {accept:.2f} <= {floor:.2f} (the recipe's minimum)"
     else:
         causes.append("drafts are accepted less often than the recipe expects: a weaker draft, a sampling mismatch or a quantisation change")
         detail = f"accept length {accept:.2f} <= {floor:.2f} (the recipe's minimum)"
@@ -720,11 +792,218 @@ def check_ignored_settings(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
     return _result(name, title, Status.PASS, detail, evidence=notes, data=data)
 
 
+# The engines' switch variables the recipe's `server.env` may set and the engine reports back.
+SWITCH_PREFIXES = {"sglang": "SGLANG_"}
+# Set by sparkit itself (the plugin's selection), not a switch of the recipe's.
+_NOT_SWITCHES = {"SGLANG_PLUGINS"}
+
+
+def _planned_switches(plan: LaunchPlan) -> dict[str, str]:
+    """The recipe's own engine switches, with the value the launch passed for each."""
+    prefix = SWITCH_PREFIXES.get(plan.engine)
+    recipe_env = ((plan.recipe or {}).get("server") or {}).get("env") or {}
+    if prefix is None:
+        return {}
+    return {name: str(plan.env.get(name, value)) for name, value in sorted(recipe_env.items())
+            if name.startswith(prefix) and name not in _NOT_SWITCHES}
+
+
+def _seen_switches(ev: ServerEvidence) -> tuple[dict[str, Any] | None, str]:
+    """(what the engine process saw of each switch, where that comes from): the activation report
+    (value, effective value, default; rank 0), else /server_info's `env_vars` (the scheduler's
+    strings, with SGLANG_EXPOSE_OWN_ENV_VARS=1), else None."""
+    rep = next((r for r in ev.reports if r.engine_env), None)
+    if rep is not None:
+        return {n: vars(s) for n, s in rep.engine_env.items()}, f"the activation report (TP rank {rep.tp_rank})"
+    if ev.server_info is not None:
+        for state in ev.server_info.raw.get("internal_states") or []:
+            if isinstance(state, dict) and isinstance(state.get("env_vars"), dict):
+                return ({n: {"value": str(v), "effective": None, "known": True, "invalid": None}
+                         for n, v in state["env_vars"].items()}, "/server_info env_vars")
+    return None, ""
+
+
+def _switch_problem(name: str, want: str, seen: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(what is wrong, its status) for one switch, or None when the engine runs what was asked."""
+    if seen is None:
+        return f"{name}={want}: the engine's environment has no {name}", "fail"
+    if seen.get("value") not in (want, SECRET_VALUE):
+        return f"{name}: the recipe passes {want!r}, the engine process has {seen.get('value')!r}", "fail"
+    if not seen.get("known", True):
+        return f"{name}={want}: the installed engine has no such variable (not in its registry): no effect", "warn"
+    if seen.get("invalid"):
+        return (f"{name}={want}: the engine cannot read it ({seen['invalid']}) and runs its default "
+                f"{seen.get('default')!r}"), "fail"
+    return None
+
+
+def _switch_line(name: str, seen: dict[str, Any]) -> str:
+    effective = seen.get("effective")
+    default = seen.get("default")
+    tail = "" if effective is None else f" -> {effective!r} (default {default!r})"
+    return f"{name}={seen.get('value')}{tail}"
+
+
 def _mentions_a_planned_flag(plan: LaunchPlan, line: str) -> bool:
     """Does a log line name a setting the launch passed ("Max running requests" ~ --max-running-requests)?"""
     words = "_".join(re.findall(r"[a-z0-9]+", line.lower()))
     flags = {a[2:].replace("-", "_") for a in plan.argv if a.startswith("--")}
     return any(flag in words for flag in flags if len(flag) > 3)
+
+
+def passed_flags(args: list[str]) -> list[tuple[str, str | None]]:
+    """(flag, its value or None for a bare switch) of each flag in a pass-through argv."""
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(args):
+        item = args[i]
+        if item.startswith("--") and "=" in item:
+            flag, _, value = item.partition("=")
+            out.append((flag, value))
+        elif item.startswith("--"):
+            takes = i + 1 < len(args) and not args[i + 1].startswith("--")
+            out.append((item, args[i + 1] if takes else None))
+            i += takes
+        i += 1
+    return out
+
+
+def _switch_value_is(want: str | None, got: Any) -> bool | None:
+    """Does the server's resolved value say what was passed? None: it cannot tell (a list, a table)."""
+    if isinstance(got, (list, dict)):
+        return None
+    if want is None:
+        return got is True
+    if isinstance(got, bool):
+        return want.lower() in ({"true", "1", "yes", "on"} if got else {"false", "0", "no", "off"})
+    try:
+        return float(want) == float(got)
+    except (TypeError, ValueError):
+        return str(got) == want
+
+
+def _env_reached(plan: LaunchPlan, environ: dict[str, str] | None) -> tuple[list[str], list[str]]:
+    """(evidence, what did not arrive) for the variables the plan sets, against the engine's environment."""
+    if not plan.env:
+        return [], []
+    if environ is None:
+        return ["environment: not read (no run directory, or its engine is not the process sparkit started)"], []
+    evidence, wrong = [], []
+    for key, value in plan.env.items():
+        got = environ.get(key)
+        if got == value:
+            evidence.append(f"env {key}={value}: in the engine's environment")
+        else:
+            wrong.append(f"env {key}: the plan sets {value!r}, the engine runs with "
+                         + ("it unset" if got is None else repr(got)))
+    return evidence, wrong
+
+
+def _switch_semantics(plan: LaunchPlan, ev: ServerEvidence) -> tuple[list[str], list[tuple[str, str]], list[str], str]:
+    """What the engine made of the recipe's own switches (server.env SGLANG_*), from its own account
+    (the plugin's report or /server_info's env_vars): (evidence, problems with their status, switches
+    set outside the recipe, the source; '' when nothing reports it)."""
+    wanted = _planned_switches(plan)
+    if not wanted:
+        return [], [], [], ""
+    seen, source = _seen_switches(ev)
+    if seen is None:
+        return [], [], [], ""
+    problems = [p for p in (_switch_problem(n, v, seen.get(n)) for n, v in wanted.items()) if p]
+    evidence = [f"{source}: {_switch_line(n, seen[n])}" for n in wanted if n in seen]
+    prefix = SWITCH_PREFIXES[plan.engine]
+    others = [n for n, st in sorted(seen.items()) if n not in wanted and n not in plan.env and n.startswith(prefix)
+              and st.get("effective") != st.get("default")]
+    evidence += [f"also in the engine's environment, not from the recipe: {_switch_line(n, seen[n])}" for n in others]
+    return evidence, problems, others, source
+
+
+def check_engine_switches(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """The engine switches reached the engine and mean there what the recipe says: every variable the
+    plan sets is in the engine process's environment as the OS reports it; each of the recipe's
+    SGLANG_* switches is known to the installed engine and read as the value given (the plugin's
+    report: a value SGLang cannot read, `on` for a boolean, runs its default silently); every
+    pass-through flag whose resolved value the server reports is at the value passed."""
+    name, title = "engine_switches", "engine switches"
+    flags = passed_flags(list(((plan.recipe or {}).get("server") or {}).get("extra_args") or []))
+    if not plan.env and not flags:
+        return _result(name, title, Status.SKIP, "the plan sets no environment variable and passes no engine flag")
+    evidence, wrong = _env_reached(plan, ev.engine_environ)
+    verified = len(plan.env) - len(wrong) if ev.engine_environ is not None else 0
+    meant, problems, others, source = _switch_semantics(plan, ev)
+    evidence += meant
+    verified += bool(source) and len(_planned_switches(plan)) - len(problems)
+    differ = []
+    args = ev.args or {}
+    for flag, value in flags:
+        dest, shown = flag[2:].replace("-", "_"), flag + ("" if value is None else f" {value}")
+        same = _switch_value_is(value, args[dest]) if dest in args else None
+        verified += bool(same)
+        if same is False:
+            differ.append(f"flag {shown}: the server reports {dest}={args[dest]!r}")
+        else:
+            evidence.append(f"flag {shown}: " + (f"the server reports {dest}={args[dest]!r}" if same else
+                                                 "passed (the server reports no value for it)"))
+    data = {"env": dict(plan.env), "flags": [list(f) for f in flags], "environment_read": ev.engine_environ is not None,
+            "requested": _planned_switches(plan), "source": source, "problems": [p[0] for p in problems],
+            "not_from_recipe": others}
+    wanted = _planned_switches(plan)
+    misread = [p for p, status in problems if status == "fail"]
+    failed = wrong + ([f"{len(misread)} of {len(wanted)} switch(es) are not what the recipe asks: " + "; ".join(misread)]
+                      if misread else [])
+    if failed:
+        return _result(name, title, Status.FAIL, "; ".join(failed), evidence=evidence, data=data,
+                       cause="the engine does not run the configuration the recipe describes (a variable that did not "
+                             "arrive, or a value it cannot read, runs its default silently)",
+                       fix="start it through `sparkit up`, and write each switch as the engine reads it "
+                           "(booleans: 1/0, true/false)")
+    warned = ([f"the engine resolved flags otherwise: {'; '.join(differ)}"] if differ else []) + \
+        [p for p, _status in problems] + ([f"set outside the recipe: {', '.join(others)}"] if others else [])
+    if warned:
+        return _result(name, title, Status.WARN, "; ".join(warned), evidence=evidence, data=data,
+                       fix="the engine may override a flag for this model or GPU (see its log); remove a switch the "
+                           "engine does not know; unset switches inherited from the shell (they change what is measured)")
+    if wanted and not source and ev.engine_environ is None:
+        return _result(
+            name, title, Status.WARN, f"cannot prove the engine runs {', '.join(wanted)}: nothing reports its environment",
+            evidence=evidence + ["no engine environment read, no activation report with it, no /server_info env_vars"],
+            data=data,
+            fix="sparkit's SGLang plugin reports them (the plan enables it when server.env sets an SGLANG_* switch): "
+                "check that `sparkit plan` shows engine_switches=reported and that the run directory has "
+                "activation-tp0.json; or start the engine with SGLANG_EXPOSE_OWN_ENV_VARS=1")
+    if not verified:
+        return _result(name, title, Status.SKIP, "nothing here shows the engine's switches: its environment was not "
+                       "read and neither it nor the server reports them", evidence=evidence, data=data)
+    return _result(name, title, Status.PASS, f"{verified} switch(es) shown in effect by the engine itself",
+                   evidence=evidence, data=data)
+
+
+def check_tool_calls(plan: LaunchPlan, ev: ServerEvidence) -> CheckResult:
+    """Whether the server reads the model's tool calls into `tool_calls`: SGLang does only with a
+    --tool-call-parser (without one an agent's `tools` request gets the call as text, and
+    tool_choice "required" a JSON array as content), on either engine."""
+    name, title = "tool_calls", "tool calls"
+    want = expected_server_args(plan).get("tool_call_parser")
+    if ev.args is None:
+        return _result(name, title, Status.WARN if want else Status.SKIP,
+                       "whether the server parses tool calls could not be read (no resolved arguments)",
+                       evidence=[ev.server_info_error or "no /server_info"], data={"asked": want, "parser": None})
+    got = ev.args.get("tool_call_parser")
+    data = {"asked": want, "parser": got}
+    evidence = [f"tool_call_parser: {got!r} (/server_info)", f"recipe: server.tool_call_parser = {want!r}"]
+    if want and (not got or (str(want).lower() != "auto" and not _same(want, got))):
+        return _result(name, title, Status.FAIL, f"the recipe asks for the {want} tool-call parser, the server runs "
+                       f"{got or 'none'}", evidence=evidence, data=data,
+                       cause="the engine ignored or rewrote --tool-call-parser (an older engine, or auto found no parser "
+                             "for this model)",
+                       fix="name the parser the model's format needs (ling3 for Ling 3.0) in server.tool_call_parser")
+    if not got:
+        return _result(name, title, Status.SKIP, "off: no --tool-call-parser, so a `tools` request gets the model's "
+                       "calls as text in content (set server.tool_call_parser to turn parsing on)",
+                       evidence=evidence, data=data)
+    return _result(name, title, Status.PASS, f"on: the {got} parser reads the model's calls into tool_calls; "
+                   "tool_choice required or a named function is written under a JSON-array grammar",
+                   evidence=evidence, data=data)
 
 
 ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [
@@ -733,10 +1012,14 @@ ACTIVATION_CHECKS: list[Callable[[LaunchPlan, ServerEvidence], CheckResult]] = [
     check_moe_runner,
     check_lm_head_dtype,
     check_shared_lm_head,
+    check_shared_embedding,
+    check_block_size,
     check_acceptance,
     check_decode_speed,
     check_known_answer,
     check_ignored_settings,
+    check_engine_switches,
+    check_tool_calls,
 ]
 
 

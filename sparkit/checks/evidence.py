@@ -120,6 +120,8 @@ class ServerEvidence:
     probe: ProbeResult | None = None
     server_info_error: str | None = None
     known_answer: KnownAnswerScore | None = None  # the reference text scored (when the plan states a value)
+    # The engine process's environment as the OS reports it (None: not read: no run, not running, no /proc)
+    engine_environ: dict[str, str] | None = None
 
     @property
     def args(self) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from sparkit.memory.meminfo import read_meminfo
 from sparkit.memory.picture import memory_picture
 from sparkit.memory.units import gib
 from sparkit.paths import MIN_FREE_BYTES, free_bytes, runs_dir
+from sparkit.runs.store import holder_of_port
 
 
 def _target(plan: LaunchPlan) -> str:
@@ -131,9 +132,14 @@ def check_port(plan: LaunchPlan, host: Host) -> CheckResult:
         try:
             sock.bind((bind_host, plan.port))
         except OSError as exc:
-            reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            return CheckResult("port", "port free", Status.FAIL, f"{bind_host}:{plan.port} is {reason}",
-                               fix="stop what listens there (`sparkit status`, `sparkit down`) or pass --port")
+            if exc.errno != errno.EADDRINUSE:
+                return CheckResult("port", "port free", Status.FAIL, f"{bind_host}:{plan.port}: {exc.strerror or exc}",
+                                   fix="`--port auto` picks a free port; or pass another --port")
+            holder, run = holder_of_port(plan.port) or (None, None)
+            held = f", held by {holder}" if holder else ""
+            stop_it = f"stop it (`sparkit down {run.id}`)" if run is not None else "stop what listens there"
+            return CheckResult("port", "port free", Status.FAIL, f"{bind_host}:{plan.port} is in use{held}",
+                               fix=f"`--port auto` picks a free port; or {stop_it}, or pass another --port")
     return CheckResult("port", "port free", Status.PASS, f"{bind_host}:{plan.port} is free")
 
 
@@ -214,7 +220,28 @@ def check_state_space(plan: LaunchPlan, host: Host) -> CheckResult:
     return CheckResult("state_space", title, Status.PASS, f"{gib(free)} free for {where}")
 
 
-PREFLIGHT_CHECKS = [check_gpus, check_memory_now, check_memory, check_port, check_model, check_state_space]
+def check_code_env(plan: LaunchPlan, host: Host) -> CheckResult:
+    """The variables the recipe lets into the engine beyond its settings (server.allow_code_env):
+    said before the launch, since they can make it run code the startup checks cannot tell from
+    its own."""
+    title = "recipe environment"
+    if not plan.code_env:
+        return CheckResult("code_env", title, Status.PASS,
+                           f"server.env sets {len(plan.recipe.get('server', {}).get('env') or {})} variable(s), "
+                           "all of them the engine's settings")
+    names = ", ".join(plan.code_env)
+    return CheckResult("code_env", title, Status.WARN,
+                       f"the recipe lets {len(plan.code_env)} variable(s) outside the engine's settings into it "
+                       f"(server.allow_code_env): {names}",
+                       [f"{name}={plan.env.get(name, '')}: {why}" for name, why in plan.code_env.items()],
+                       cause="each can make the engine load code the startup checks cannot tell from its own",
+                       fix="keep them only if you trust where they point; remove them from the recipe's server.env "
+                           "and server.allow_code_env otherwise",
+                       data={"code_env": dict(plan.code_env)})
+
+
+PREFLIGHT_CHECKS = [check_gpus, check_memory_now, check_memory, check_port, check_model, check_state_space,
+                    check_code_env]
 
 
 def run_preflight(plan: LaunchPlan, host: Host) -> list[CheckResult]:

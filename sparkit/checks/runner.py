@@ -23,7 +23,8 @@ from sparkit.engines.activation_report import load_reports
 from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, StateError
 from sparkit.paths import open_state
-from sparkit.runs.store import RunFiles, write_json_atomic
+from sparkit.runs.processes import process_environ
+from sparkit.runs.store import Run, RunFiles, write_json_atomic
 
 # Short, varied, natural prompts: a draft that shares the target's head accepts
 # well on them; a useless draft sits at ~1.0 whatever the prompt.
@@ -103,7 +104,17 @@ async def gather_evidence(
             ev.reports = load_reports(run_dir)
         except (ValueError, KeyError, TypeError, OSError):
             ev.reports = []
+        ev.engine_environ = _engine_environ(run_dir)
     return ev
+
+
+def _engine_environ(run_dir: Path) -> dict[str, str] | None:
+    """The environment of the run's engine process, while it is the process sparkit started."""
+    try:
+        run = Run.open(run_dir)
+    except (OSError, ValueError, TypeError, StateError):
+        return None
+    return process_environ(run.pid) if run.live else None
 
 
 async def arun_activation_checks(

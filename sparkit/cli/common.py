@@ -82,22 +82,30 @@ class ProgressLines:
         self.stream.flush()
 
 
-def signals_as_interrupt() -> None:
+def signals_as_interrupt(*, sigint: bool = False) -> None:
     """SIGTERM and SIGHUP (the terminal closed) end a command like Ctrl-C: what it finished is kept,
     it says how to go on, it exits 130. A SIGHUP that was already ignored (`nohup sparkit ...`)
-    stays ignored: that user asked for the command to outlive the terminal."""
+    stays ignored: that user asked for the command to outlive the terminal. Each is noted before
+    it raises (sparkit.interrupts), so that one the interpreter swallows is raised again at the
+    next phase of the work; `sigint` gives Ctrl-C the same handler (for a command that runs no
+    event loop of its own while it waits: asyncio.run takes Ctrl-C only from the default one)."""
     import signal
+
+    from sparkit import interrupts
 
     def handler(signum: int, frame: Any) -> None:
         # Whatever Ctrl-C would do now: asyncio.run's own SIGINT handler cancels its main task
         # cleanly (a KeyboardInterrupt raised inside the event loop can leave it waiting on its
         # threads); elsewhere, KeyboardInterrupt.
         on_sigint = signal.getsignal(signal.SIGINT)
-        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
-            on_sigint(signal.SIGINT, frame)
+        if callable(on_sigint) and on_sigint not in (signal.default_int_handler, interrupts.interrupt):
+            interrupts.note(signum)  # should the cancelled task swallow its cancellation, the next phase raises it
+            on_sigint(signum, frame)
             return
-        raise KeyboardInterrupt
+        interrupts.interrupt(signum, frame)
 
+    if sigint:
+        signal.signal(signal.SIGINT, interrupts.interrupt)
     signal.signal(signal.SIGTERM, handler)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, handler)

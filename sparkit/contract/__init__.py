@@ -2,6 +2,7 @@
 
     plan      LaunchPlan, Expectations, Provision   what a recipe compiles to (plan.json)
     engine    EngineAdapter, EngineLaunch, EngineInfo, STARTUP_PHASES, engine_names
+    environment  EngineEnvironment, EnvFamily            what a recipe's server.env may set
     rules     Rule, Violation, Severity             recipe rules, general and each engine's
     reading   ReadRules, DTYPE_BYTES                how an engine reads a checkpoint per step
     log       LogEvidence, Diagnosis, ...           what an engine's startup log proves

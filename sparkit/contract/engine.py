@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sparkit.contract.checks import CheckResult
+from sparkit.contract.flag_table import Setting
 from sparkit.contract.log import Diagnosis, LogEvidence
 from sparkit.contract.plan import LaunchPlan, Provision
 from sparkit.contract.reading import ReadRules
@@ -62,8 +63,8 @@ class EngineLaunch:
     served_model_name: str
     provisions: list[Provision] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # Expectations fields only the engine can state (e.g. speculative_algorithm_reported: SGLang
-    # reports NEXTN as EAGLE; server_args: the resolved-args names and values to verify).
+    # Expectations fields only the engine can state (e.g. server_args: the resolved-args names and
+    # values to verify, laid over the shared settings' expectations: SGLang reports NEXTN as EAGLE).
     expectations: dict[str, Any] = field(default_factory=dict)
     model_builds: list[dict[str, Any]] = field(default_factory=list)  # see sparkit.engines.builtin_models
     model_pulls: list[dict[str, Any]] = field(default_factory=list)  # see sparkit.hub.cache.plan_hub_model
@@ -83,6 +84,9 @@ class EngineAdapter(Protocol):
     exact_speculative: bool
     secret_files: tuple[str, ...]  # run-directory files deliver_secret writes, removed once the engine is up
     key_env: tuple[str, ...]  # environment variables the engine reads an API key from (never set in a recipe)
+    # Its settings table (sparkit.contract.flag_table: recipe key -> flag -> resolved arg -> expectation,
+    # label, provision); a third-party adapter without one has no labelled settings to show.
+    settings: tuple[Setting, ...]
 
     def probe(self) -> EngineInfo:
         """Is the engine installed, which version, which optional kernels. Never raises."""
@@ -91,6 +95,10 @@ class EngineAdapter(Protocol):
     def rules(self) -> list[Rule]:
         """The engine's own recipe rules (what it cannot run), checked with the general ones."""
         ...
+
+    # Optional: `environment() -> EngineEnvironment` (sparkit.contract.environment), the families of
+    # variables the engine reads as settings: a recipe's server.env may set those; any other needs
+    # server.allow_code_env. An adapter without it: COMMON_ENVIRONMENT (PyTorch, CUDA, NCCL, ...).
 
     # Optional: `compatibility(recipes, probe) -> dict | None`, what `sparkit doctor` shows of the
     # installed packages the engine needs, judged for each of `recipes` ([(name, resolved recipe

@@ -29,30 +29,47 @@ class Expectations:
     """What the startup checks will verify on the live server. None = not asserted."""
 
     weights: str | None = None  # bf16 | fp8 | mxfp4
-    moe_backend: str | None = None  # as requested (may be "auto")
+    moe_backend: str | None = None  # as requested (may be "auto"): what every MoE layer must run
     lm_head: str | None = None  # bf16 | fp32 | fp8
     # fp8 heads: exact re-scoring candidates per row the activation report must show (None: not asserted)
     lm_head_exact_top_k: int | None = None
     speculative: str | None = None  # None | "nextn" | "dspark"
-    # What /server_info must report: NEXTN is reported as EAGLE by SGLang.
-    speculative_algorithm_reported: str | None = None
-    num_steps: int | None = None
-    eagle_topk: int | None = None
-    num_draft_tokens: int | None = None
     draft_model: str | None = None
     draft_shares_lm_head: bool | None = None
-    tp: int | None = None
-    ep: int | None = None
-    attention_backend: str | None = None
-    mem_fraction_static: float | None = None
+    draft_shares_embedding: bool | None = None  # DSpark: the draft embeds with the target's module
+    block_size: int | None = None  # DSpark: the recipe's stack.speculative.block_size (None: the draft's)
+    draft_block_size: int | None = None  # DSpark: the draft config's block_size, read at plan time
     min_accept_length: float | None = None
     min_decode_tok_s: float | None = None
     # the known-answer check (sparkit.checks.known_answer): stated perplexity and relative tolerance
     reference_perplexity: float | None = None
     reference_perplexity_tolerance: float | None = None
     reference_model_note: str | None = None  # model.path set after the reference was stated: where each came from
-    # Resolved-args keys (SGLang ServerArgs names) and the values the recipe asked for.
+    # The resolved args (SGLang ServerArgs names) the server must report, and their values: the one
+    # statement of each setting's expected value (sparkit.contract.flag_table's rows), in the order
+    # the resolved-args check lists them.
     server_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Expectations:
+        """From plan.json, including one written before the resolved args were stated once: its
+        separate fields for them are folded into server_args where that check reads them."""
+        data = dict(data)
+        legacy = {dest: data.pop(name) for name, dest in _LEGACY_RESOLVED.items() if name in data}
+        reported = data.pop("speculative_algorithm_reported", None)
+        if legacy or reported is not None:
+            legacy.setdefault("moe_runner_backend", data.get("moe_backend"))
+            if reported or data.get("speculative"):
+                legacy["speculative_algorithm"] = reported or str(data["speculative"]).upper()
+            data["server_args"] = {**{k: v for k, v in legacy.items() if v is not None}, **(data.get("server_args") or {})}
+        return cls(**data)
+
+
+# plan.json's Expectations fields for resolved args before server_args held them all, and the
+# resolved-args names they were checked under (a record of that format: it does not change).
+_LEGACY_RESOLVED = {"num_steps": "speculative_num_steps", "eagle_topk": "speculative_eagle_topk",
+                    "num_draft_tokens": "speculative_num_draft_tokens", "tp": "tp_size", "ep": "ep_size",
+                    "attention_backend": "attention_backend", "mem_fraction_static": "mem_fraction_static"}
 
 
 @dataclass
@@ -83,6 +100,9 @@ class LaunchPlan:
     # and validation_note says why and how to get it).
     validated_by: str | None = None
     validation_note: str | None = None
+    # The variables of the recipe's server.env outside the engine's settings that its
+    # server.allow_code_env lets in (sparkit.contract.environment), each with what it can load.
+    code_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -118,7 +138,7 @@ class LaunchPlan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
         data = dict(data)
-        data["expectations"] = Expectations(**data.get("expectations", {}))
+        data["expectations"] = Expectations.from_dict(data.get("expectations", {}))
         data["provisions"] = [Provision(**p) for p in data.get("provisions", [])]
         return cls(**data)
 

@@ -16,12 +16,23 @@ Schema "sparkit.activation/2" (reports of schema /1, without `moe.layers`, are s
       "written_at": "2026-11-29T17:00:00+00:00",
       "speculative": {"algorithm": "NEXTN" | "EAGLE" | "DSPARK" | null,
                       "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
-                      "draft_model_path": null | "/path"},
+                      "draft_model_path": null | "/path",
+                      "block_size": 8},           # DSpark: tokens drafted per block (gamma); else null
       "models": {
         "target": ModelReport,
         "draft":  ModelReport | absent when no draft
       },
-      "notes": ["free-form lines, e.g. 'Online FP8 quantization enabled for lm_head.'"]
+      "notes": ["free-form lines, e.g. 'Online FP8 quantization enabled for lm_head.'"],
+      "engine_env": {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": EngineSwitch, ...}   # optional (absent
+                                      # from older reports, empty from the embedded engine)
+    }
+
+    EngineSwitch = {                  # one SGLANG_* variable in the engine process's environment
+      "value": "1",                   # the string the process has ("<secret>" for a secret field)
+      "effective": true,              # what the engine reads (sglang.srt.environ.envs.NAME.get())
+      "default": false,               # what it reads when the variable is unset
+      "known": true,                  # in the installed engine's registry (else it has no effect)
+      "invalid": null                 # why the engine cannot read `value` (it then runs the default)
     }
 
     ModelReport = {
@@ -35,6 +46,9 @@ Schema "sparkit.activation/2" (reports of schema /1, without `moe.layers`, are s
         "exact_top_k": 4              # FP8 heads: candidates re-scored exactly from the bf16
                                       # weight per row (0: none); null where not applicable
       },
+      "embed_tokens": {"module_id": 140240, "shared_with_target": true} | null,
+                                      # the draft's embedding, where it has one of its own or shares
+                                      # the target's (DSpark); null where the report does not say
       "moe": {"expert_weight_format": "bf16" | "fp8" | "mxfp4",     # the most common over the layers
               "quant_method": "Mxfp4HummingMoEMethod" | "EmbeddedFp8Experts" | ...,
               "runner": "humming" | "flashinfer_mxfp4" | "embedded-torch" | ...,
@@ -64,6 +78,8 @@ from sparkit.paths import ensure_dir, write_atomic
 SCHEMA = "sparkit.activation/2"
 READABLE_SCHEMAS = ("sparkit.activation/1", SCHEMA)  # /1: no per-layer MoE list
 REPORT_DIR_ENV = "SPARKIT_REPORT_DIR"
+# An engine switch the engine's registry marks secret is reported without its value.
+SECRET_VALUE = "<secret>"
 
 
 @dataclass
@@ -74,6 +90,12 @@ class LmHeadReport:
     storage_ptr: int
     shared_with_target: bool | None = None  # only meaningful for the draft
     exact_top_k: int | None = None  # FP8 heads: exact re-scoring candidates per row (0 = none)
+
+
+@dataclass
+class EmbeddingReport:
+    module_id: int  # id() of the embedding module object
+    shared_with_target: bool | None = None  # draft only: the target's own module
 
 
 @dataclass
@@ -119,10 +141,22 @@ class MoeReport:
 
 
 @dataclass
+class EngineSwitch:
+    """One engine variable as the engine process sees it: its string, what the engine makes of it."""
+
+    value: str
+    effective: Any = None
+    default: Any = None
+    known: bool = True
+    invalid: str | None = None
+
+
+@dataclass
 class ModelReport:
     model_class: str
     lm_head: LmHeadReport
     moe: MoeReport | None = None
+    embed_tokens: EmbeddingReport | None = None
 
 
 @dataclass
@@ -132,6 +166,7 @@ class SpeculativeReport:
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
     draft_model_path: str | None = None
+    block_size: int | None = None  # DSpark: tokens drafted per block
 
 
 @dataclass
@@ -146,6 +181,7 @@ class ActivationReport:
     pid: int = field(default_factory=os.getpid)
     written_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     notes: list[str] = field(default_factory=list)
+    engine_env: dict[str, EngineSwitch] = field(default_factory=dict)
     schema: str = SCHEMA
 
     @property
@@ -181,6 +217,7 @@ class ActivationReport:
                 model_class=m["model_class"],
                 lm_head=LmHeadReport(**m["lm_head"]),
                 moe=MoeReport(**moe, layers=layers) if moe else None,
+                embed_tokens=EmbeddingReport(**m["embed_tokens"]) if m.get("embed_tokens") else None,
             )
         return cls(
             engine=data["engine"],
@@ -193,6 +230,7 @@ class ActivationReport:
             pid=data.get("pid", 0),
             written_at=data.get("written_at", ""),
             notes=list(data.get("notes", [])),
+            engine_env={name: EngineSwitch(**switch) for name, switch in (data.get("engine_env") or {}).items()},
         )
 
 

@@ -24,9 +24,11 @@ from typing import Any
 
 from sparkit.contract.checks import CheckResult, Status
 from sparkit.contract.engine import EngineAdapter, engine_specs
+from sparkit.contract.environment import COMMON_ENVIRONMENT, EngineEnvironment
 from sparkit.contract.plan import Provision
 from sparkit.hub.cache import plan_hub_model
 from sparkit.hub.refs import model_hub_ref
+from sparkit.recipes.schema import recipe_keys
 
 
 @functools.cache
@@ -46,6 +48,13 @@ def get_adapter(engine: str) -> EngineAdapter:
     if engine not in adapters:
         raise ValueError(f"unknown engine {engine!r} (known: {', '.join(adapters)})")
     return adapters[engine]
+
+
+def engine_environment(engine: str) -> EngineEnvironment:
+    """The variables the engine reads as settings (its adapter's optional `environment()`; an
+    adapter without one: the libraries every engine reads, COMMON_ENVIRONMENT)."""
+    declared = getattr(get_adapter(engine), "environment", None)
+    return declared() if callable(declared) else COMMON_ENVIRONMENT
 
 
 def package_version(name: str) -> str | None:
@@ -106,3 +115,16 @@ def packages_check(adapter: EngineAdapter) -> CheckResult:
         return CheckResult("engine_packages", "engine packages", Status.FAIL, "missing " + ", ".join(missing),
                            fix=adapter.install_hint)
     return CheckResult("engine_packages", "engine packages", Status.PASS, "importable: " + ", ".join(adapter.packages))
+
+
+def shown_args() -> dict[str, str]:
+    """Resolved-args name -> how the chat's server panel and a GSM8K summary name it: the labelled
+    rows of every engine's settings table (sparkit.contract.flag_table), in the order a recipe states
+    the keys that set them."""
+    order = {key: i for i, key in enumerate(recipe_keys())}
+    rows = [row for adapter in registry().values() for row in getattr(adapter, "settings", ()) if row.label]
+    rows.sort(key=lambda row: order.get(row.key, len(order)))  # stable: a table's own order within a key
+    out: dict[str, str] = {}
+    for row in rows:
+        out.setdefault(row.dest, row.label)
+    return out

@@ -2,9 +2,11 @@
 compile time (`plan_builtin_model` records the build in the plan's `model_builds`, and its
 Hugging Face export where the engine loads one or the path names a weights layout), built before
 the launch (`prepare_builds`). The default build ships with sparkit, so only other seeds or step
-counts train. The builder itself is sparkit.engines.embedded.builder.
+counts train. The builder itself is sparkit.models.builder.
 
-    sparkit:tiny-ling[:seed=N][:steps=S][@WEIGHTS[+damaged-scale]]
+    sparkit:NAME[:seed=N][:steps=S][@WEIGHTS[+damaged-scale]]      NAME: tiny-ling or tiny-ling-v3
+    sparkit:DRAFT[:seed=N][:steps=S]      DRAFT: tiny-ling-dspark or tiny-ling-v3-dspark (a DSpark
+                                          draft for tiny-ling / tiny-ling-v3; steps=0: untrained)
 
 `@fp8` / `@mxfp4` name the export in that layout of sparkit.weight_formats.LAYOUTS (the published
 -fp8 and -fp4 checkpoints' layouts: `sparkit model export-hf --weights`), `@bf16` the plain
@@ -19,20 +21,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkit.engines.embedded.builder import BUILTIN_MODELS, builtin_model_dir, ensure_model, remove_dead_builds
-from sparkit.engines.embedded.checkpoint import ensure_hf_export, hf_export_dir
-from sparkit.engines.embedded.hf_quantized import LAYOUT_HINT, layout_error
+from sparkit.models.builder import builtin_model_dir, ensure_model, remove_dead_builds
+from sparkit.models.catalog import BUILTIN_DRAFTS, BUILTIN_MODELS, family
+from sparkit.models.checkpoint import ensure_hf_export, hf_export_dir
+from sparkit.models.dspark.builder import builtin_draft_dir, ensure_draft
+from sparkit.models.dspark.config import read_block_size
+from sparkit.models.tiny_ling.hf_quantized import LAYOUT_HINT
 from sparkit.paths import cache_dir
 from sparkit.weight_formats import WEIGHT_FORMATS
 
-# Imported inside functions: sparkit.engines.embedded.model (TinyLingConfig), which imports torch;
-# planning a built-in model must not need it.
+# Imported inside functions: a family's model module (its default config) and the quality gate's
+# measure (sparkit.engines.embedded.quality: the engine), which import torch; planning a built-in
+# model must not need them.
 
 BUILTIN_PREFIX = "sparkit:"
 DAMAGED_SCALE = "damaged-scale"
-_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?(?::steps=(?P<steps>[1-9]\d{0,6}))?"
+_BUILTIN = re.compile(r"^sparkit:(?P<name>[a-z0-9][a-z0-9-]*)(?::seed=(?P<seed>\d+))?(?::steps=(?P<steps>0|[1-9]\d{0,6}))?"
                       r"(?:@(?P<weights>[a-z0-9]+)(?P<damaged>\+" + DAMAGED_SCALE + r")?)?$")
-SYNTAX = "sparkit:tiny-ling[:seed=N][:steps=S][@bf16|@fp8|@mxfp4[+damaged-scale]]"
+SYNTAX = (f"sparkit:{'|'.join(BUILTIN_MODELS)}[:seed=N][:steps=S][@bf16|@fp8|@mxfp4[+damaged-scale]], "
+          f"sparkit:{'|'.join(BUILTIN_DRAFTS)}[:seed=N][:steps=S] (a DSpark draft; steps=0: untrained)")
 
 # (fraction or None, message) while a build runs
 BuildProgress = Callable[[float | None, str], None]
@@ -74,10 +81,15 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
         return None
 
     ref = parse_builtin_ref(path)
-    if ref is None or ref.name not in BUILTIN_MODELS:
+    if ref is None or ref.name not in (*BUILTIN_MODELS, *BUILTIN_DRAFTS):
         raise loaded.error(key, f"unknown built-in model {path!r}",
                            hint=f"built-in models: {SYNTAX} (:seed and :steps build another; @WEIGHTS names "
                                 f"its export in that layout)")
+    if ref.name in BUILTIN_DRAFTS:
+        return _plan_builtin_draft(loaded, key, path, ref, builds)
+    if ref.steps == 0:
+        raise loaded.error(key, f"{path!r}: a {ref.name} build takes at least one training step",
+                           hint="steps=0 (an untrained model) exists for the DSpark drafts (sparkit:tiny-ling-dspark:steps=0)")
     if ref.damaged_scale and ref.weights in (None, "bf16"):
         raise loaded.error(key, f"{path!r}: +{DAMAGED_SCALE} damages a quantisation scale, and the bf16 export has none",
                            hint="use @fp8+damaged-scale or @mxfp4+damaged-scale")
@@ -89,7 +101,7 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
         build["dir"] = str(builtin_model_dir(ref.name, ref.seed))
     weights = ref.weights or ("bf16" if export_dtype is not None else None)
     if weights is not None:
-        problem = _layout_problem(build["dir"], weights)
+        problem = _layout_problem(ref.name, build["dir"], weights)
         if problem:
             raise loaded.error(key, f"{path!r}: {problem}", hint=LAYOUT_HINT)
         dtype = export_dtype or "bfloat16"
@@ -100,23 +112,49 @@ def plan_builtin_model(loaded, key: str, path: str, builds: list[dict[str, Any]]
     return build["export_hf"]["dir"] if "export_hf" in build else build["dir"]
 
 
-def _layout_problem(build_dir: str, weights: str) -> str | None:
-    """Why the build at `build_dir` cannot be exported in `weights` (its config.json's widths;
-    a build not made yet has the builder's default config)."""
+def builtin_build_dir(name: str, seed: int = 0, steps: int | None = None) -> str:
+    """Where the build of a built-in model or DSpark draft lives (shipped, else the user cache)."""
+    if name in BUILTIN_DRAFTS:
+        return str(builtin_draft_dir(name, seed) if steps is None else builtin_draft_dir(name, seed, steps))
+    return str(builtin_model_dir(name, seed) if steps is None else builtin_model_dir(name, seed, steps))
+
+
+def _plan_builtin_draft(loaded, key: str, path: str, ref: BuiltinRef, builds: list[dict[str, Any]]) -> str:
+    """A built-in DSpark draft: its build is the checkpoint both engines load (SGLang's layout)."""
+    if ref.weights is not None:
+        raise loaded.error(key, f"{path!r}: a DSpark draft has no weights layouts (@{ref.weights})",
+                           hint="name the draft without @: it is stored as SGLang loads it (bf16)")
+    if key != "stack.speculative.draft_model":
+        raise loaded.error(key, f"{path!r} is a DSpark draft, not a model to serve",
+                           hint="use it as stack.speculative.draft_model with speculative.method: dspark")
+    build: dict[str, Any] = {"name": ref.name, "seed": ref.seed, "kind": "dspark"}
+    if ref.steps is not None:
+        build["steps"] = ref.steps
+        build["dir"] = str(builtin_draft_dir(ref.name, ref.seed, ref.steps))
+    else:
+        build["dir"] = str(builtin_draft_dir(ref.name, ref.seed))
+    if build not in builds:
+        builds.append(build)
+    return build["dir"]
+
+
+def _layout_problem(name: str, build_dir: str, weights: str) -> str | None:
+    """Why the build of `name` at `build_dir` cannot be exported in `weights` (its config.json's
+    widths; a build not made yet has its family's default config)."""
     if weights == "bf16":
         return None
     import json
     import types
     from pathlib import Path
 
-    try:  # a build's config.json holds every TinyLingConfig field (no torch needed to read it)
+    fam = family(name)
+    hf_format = fam.hf_format()
+    try:  # a build's config.json holds every config field (no torch needed to read it)
         cfg = types.SimpleNamespace(**json.loads((Path(build_dir) / "config.json").read_text()))
-        layout_error(cfg, weights)
+        hf_format.layout_error(cfg, weights)
     except (OSError, ValueError, TypeError, AttributeError):
-        from sparkit.engines.embedded.model import TinyLingConfig  # imports torch: only for builds not made yet
-
-        cfg = TinyLingConfig()
-    return layout_error(cfg, weights)
+        cfg = fam.config_from_dict({})  # imports torch: only for builds not made yet
+    return hf_format.layout_error(cfg, weights)
 
 
 def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> None:
@@ -127,13 +165,21 @@ def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> Non
     if not builds:
         return
 
+    from sparkit.engines.embedded.quality import measure_draft_quality, measure_quality
+
     for build in builds:
         name = build.get("name", "tiny-ling")
 
         def report(fraction: float, message: str, _name: str = name) -> None:
             progress(fraction, f"{_name}: {message}")
 
-        directory = ensure_model(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"))
+        if build.get("kind") == "dspark":
+            ensure_draft(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"),
+                         measure=measure_draft_quality)
+            continue
+
+        directory = ensure_model(name, int(build.get("seed", 0)), build.get("dir"), progress=report, steps=build.get("steps"),
+                                 measure=measure_quality)
         export = build.get("export_hf")
         if export:
             weights = export.get("weights", "bf16")
@@ -141,3 +187,12 @@ def prepare_builds(builds: list[dict[str, Any]], progress: BuildProgress) -> Non
             progress(1.0, f"{name}: writing its Hugging Face export{what} to {export['dir']}")
             ensure_hf_export(directory, export["dir"], export.get("dtype", "bfloat16"), weights,
                              bool(export.get("damaged_scale")))
+
+
+def draft_block_size(draft_model: str | None, draft_dir: str | None) -> int | None:
+    """The block size a DSpark draft declares (its config.json); a built-in draft not built yet
+    has the shipped build's configuration (the builder's, whatever the seed or steps)."""
+    block = read_block_size(draft_dir) if draft_dir else None
+    if block is None and draft_model and parse_builtin(draft_model) is not None:
+        block = read_block_size(builtin_draft_dir())
+    return block

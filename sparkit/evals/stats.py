@@ -1,6 +1,6 @@
 """Statistics for accuracy checks, with the standard library only (no scipy at runtime).
 
-- Wilson score interval for a binomial proportion (what protocols.md asks for: it behaves well
+- Wilson score interval for a binomial proportion (what docs/protocols.md asks for: it behaves well
   near 0 and 1, where accuracies of optimised stacks live, unlike the normal approximation).
 - McNemar's exact test for paired outcomes: the discordant pairs b and c are a binomial with
   n = b + c and p = 0.5 under "no difference"; two-sided p as scipy.stats.binomtest gives it.

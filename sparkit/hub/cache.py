@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.errors import HubError
+from sparkit.hub import untrusted
 from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
-from sparkit.hub.refs import COMMIT, HubRef, model_hub_ref
+from sparkit.hub.refs import COMMIT, HubRef, model_hub_ref, parse_hub_ref
 from sparkit.paths import cache_dir, ensure_dir, write_atomic
 
 RECORD_VERSION = 1
@@ -52,16 +54,32 @@ def repo_dir(repo: str) -> Path:
     return hub_cache() / repo_folder(repo)
 
 
+# The names below are made only of checked ids (sparkit.hub.untrusted): a hash or a commit that is
+# a path never leaves the cache, whatever path led it here.
+
+def _blob_name(repo: str, etag: str) -> str:
+    if not untrusted.is_etag(etag):
+        raise untrusted.refused(f"the Hugging Face cache of {repo}", "etag", etag,
+                                "a blob name (a git object id or an LFS sha256)")
+    return etag
+
+
 def blob_path(repo: str, etag: str) -> Path:
-    return repo_dir(repo) / "blobs" / etag
+    return repo_dir(repo) / "blobs" / _blob_name(repo, etag)
 
 
 def partial_path(repo: str, etag: str) -> Path:
-    return repo_dir(repo) / "blobs" / (etag + PARTIAL_SUFFIX)
+    return repo_dir(repo) / "blobs" / (_blob_name(repo, etag) + PARTIAL_SUFFIX)
+
+
+def lock_path(repo: str, etag: str) -> Path:
+    """Where huggingface_hub locks a blob while it is written (the same lock file, so the two never
+    write one blob at once)."""
+    return hub_cache() / ".locks" / repo_folder(repo) / f"{_blob_name(repo, etag)}.lock"
 
 
 def snapshot_dir(repo: str, commit: str) -> Path:
-    return repo_dir(repo) / "snapshots" / commit
+    return repo_dir(repo) / "snapshots" / untrusted.commit(commit, f"the Hugging Face cache of {repo}", "commit")
 
 
 def local_commit(ref: HubRef) -> str | None:
@@ -73,7 +91,7 @@ def local_commit(ref: HubRef) -> str | None:
         commit = (repo_dir(ref.repo) / "refs" / ref.rev).read_text().strip()
     except OSError:
         return None
-    return commit if COMMIT.match(commit) else None
+    return commit if COMMIT.fullmatch(commit) else None
 
 
 def remember_commit(repo: str, revision: str, commit: str) -> None:
@@ -96,17 +114,30 @@ def remember_commit(repo: str, revision: str, commit: str) -> None:
 # ------------------------------------------------------------------------------ sparkit's record
 
 def record_path(repo: str, commit: str) -> Path:
-    return cache_dir() / "pulls" / repo_folder(repo) / f"{commit}.json"
+    return cache_dir() / "pulls" / repo_folder(repo) / f"{untrusted.commit(commit, f'sparkit record of {repo}', 'commit')}.json"
 
 
 def load_record(repo: str, commit: str) -> dict[str, Any] | None:
+    """sparkit's record of `repo` at `commit`; None when there is none, or it is not one sparkit
+    writes (another version, a file it names by a path rather than a hash: an older sparkit
+    recorded what a hostile hub listed)."""
     try:
         data = json.loads(record_path(repo, commit).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("version") != RECORD_VERSION or not isinstance(data.get("files"), dict):
         return None
-    return data
+    return data if all(_sound_entry(p, e) for p, e in data["files"].items()) else None
+
+
+def _sound_entry(path: Any, entry: Any) -> bool:
+    try:
+        untrusted.file_name(path, "record")
+        untrusted.size(entry["size"], "record")
+        sha256 = entry.get("sha256")
+        return entry["etag"] == (sha256 or entry.get("blob_id")) and untrusted.is_etag(entry["etag"])
+    except (HubError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def save_record(record: dict[str, Any]) -> Path:
@@ -159,7 +190,7 @@ def _structurally_complete(snapshot: Path) -> list[str]:
     if index.is_file():
         try:
             names = sorted({str(v) for v in json.loads(index.read_text())["weight_map"].values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return missing + [f"{INDEX_FILE} (unreadable)"]
         missing += [n for n in names if not (snapshot / n).is_file()]
     elif not (snapshot / SINGLE_FILE).is_file() and not any(p.is_file() for p in snapshot.glob("*.safetensors")):
@@ -211,9 +242,10 @@ def pulled_models() -> list[dict[str, Any]]:
     for path in sorted((cache_dir() / "pulls").glob("models--*/*.json")):
         try:
             record = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
-        if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        if (not isinstance(record, dict) or not isinstance(record.get("files"), dict)
+                or parse_hub_ref(str(record.get("repo"))) is None or not COMMIT.fullmatch(str(record.get("commit")))):
             continue
         snapshot = snapshot_dir(record["repo"], record["commit"])
         out.append({"repo": record["repo"], "revision": record.get("revision"), "commit": record["commit"],

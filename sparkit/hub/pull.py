@@ -1,23 +1,25 @@
 """`sparkit pull`: exactly the files the engine reads, into the Hugging Face cache, each verified
 against the hub's own hash before it counts, resumable after Ctrl-C, kill -9 or a dropped network.
 
-    plan_pull(targets)   the repositories' listings (sizes, LFS sha256, git oids), the files the
-                         engine reads (sparkit.hub.files), what is here already (verified, to be
-                         verified, a partial download to resume)
+    plan_pull(targets)   the repositories' listings (sizes, LFS sha256, git oids: each checked by
+                         sparkit.hub.untrusted before it names a path), the files the engine reads
+                         (sparkit.hub.files), what is here already (verified, to be verified, a
+                         partial download to resume)
     check_room(plan)     before a byte moves: what is left to fetch against the free disk
     run_pull(plan)       verify what is here but unverified, fetch the rest, record each file as it
-                         is verified, link the snapshot (huggingface_hub's own hf_hub_download, so
-                         its cache layout is its own); `check_only` re-hashes instead of fetching
+                         is verified, link the snapshot; `check_only` re-hashes instead of fetching
 
-Each file is fetched by huggingface_hub's `http_get` (its retries, and its Range resume when a
-connection drops mid-body) into `blobs/<etag>.incomplete`, a name that stays the same across
-processes, so the next pull resumes from the bytes already there (huggingface_hub 2.x itself
-restarts an interrupted file). The hash is computed as the bytes arrive; the file is fsynced,
-renamed to its blob only when the hash is the hub's, and its pages dropped from the page cache
-(posix_fadvise DONTNEED), so a 70 GB pull does not leave a unified-memory machine short of
-memory before its first launch. A mismatch refetches the file once from its first byte; a second
-is an error naming the file. A repository stored with Xet is fetched by hf_xet when it is
-installed (through hf_hub_download; it has its own chunk cache instead of a partial file).
+Each file gets one HEAD (its commit, etag and size must be the listing's) and is fetched by
+sparkit.hub.transfer into `blobs/<etag>.incomplete`, a name that stays the same across processes,
+so the next pull resumes from the bytes already there: written as they arrive, never past the
+listed size, resumed by Range requests when the connection drops. The hash is computed as the
+bytes arrive; the file is fsynced, renamed to its blob only when the hash is the hub's, and its
+pages dropped from the page cache (posix_fadvise DONTNEED), so a 70 GB pull does not leave a
+unified-memory machine short of memory before its first launch. A mismatch refetches the file
+once from its first byte; a second is an error naming the file. A repository stored with Xet is
+fetched by huggingface_hub's Xet client when hf_xet is installed, into the same partial file.
+The snapshot is linked as huggingface_hub links it (relative symlinks to the blobs), from what was
+verified, without asking the hub again.
 
 Returns data and never prints; progress arrives through a callback (from worker threads, one
 call at a time).
@@ -25,31 +27,33 @@ call at a time).
 
 from __future__ import annotations
 
-import errno
+import collections
 import hashlib
-import json
-import logging
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from sparkit import interrupts
+from sparkit.checkpoint_headers import load_json
 from sparkit.errors import DataError, HubError, PreflightError, SparkitError
-from sparkit.hub import cache, remote
+from sparkit.hub import cache, remote, transfer, untrusted
 from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, RemoteFile, select_files
 from sparkit.hub.refs import HubRef, parse_hub_ref
-from sparkit.hub.remote import endpoint, offline, transport_errors
+from sparkit.hub.remote import endpoint, offline
+from sparkit.hub.untrusted import shown
 from sparkit.memory.pagecache import evict, residency
 from sparkit.memory.units import gib
+from sparkit.paths import disk_full
 
 READ_BLOCK = 8 * 1024 * 1024
 MISMATCH_ATTEMPTS = 2  # a mismatch refetches the file once; the second is an error
+BYTES_EVENT_STEP = 256 * 1024  # a "bytes" progress event per this much of a file (and at its end)
 
 # (event, repository or None, file or None): "verifying", "verified", "fetching", "bytes",
 # "dropped", "mismatch", "done", "failed", "linked", "stopping" (Ctrl-C or a failed file: the
@@ -179,6 +183,8 @@ def _local_listing(repo: str, commit: str) -> dict[str, RemoteFile]:
                 size = full.stat().st_size
             except OSError:
                 continue
+            if not untrusted.is_etag(etag):
+                continue  # not a link to a blob: nothing to check it against
             sha256 = etag if len(etag) == 64 else None
             out[rel] = RemoteFile(rel, size, etag if len(etag) == 40 else "", sha256)
     return out
@@ -219,10 +225,7 @@ def _plan_repo(role: str, ref: HubRef, check_only: bool) -> RepoPull:
             if raw is None:
                 raw = remote.read_small(ref, listed.commit, listed.files[name])
                 prefetched[name] = raw
-            try:
-                parsed = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise DataError(f"{where}/{name} is not JSON ({exc})") from None
+            parsed = load_json(raw, f"{where}/{name}")
             config, index = (parsed, index) if name == CONFIG_FILE else (config, parsed)
     selection = select_files(listed.files, config, index, where)
     files = [PullFile(p, listed.files[p].size, listed.files[p].etag, listed.files[p].sha256, listed.files[p].blob_id)
@@ -265,8 +268,8 @@ def _plan_offline(role: str, ref: HubRef, check_only: bool, why: HubError) -> Re
 
 def _json_or_none(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return load_json(path.read_bytes(), str(path))
+    except (OSError, DataError):
         return None
 
 
@@ -328,7 +331,7 @@ def _hash_file(path: Path, f: PullFile, on_bytes: Callable[[int], None], cancel:
     with open(path, "rb") as handle:
         while left is None or left > 0:
             if cancel.is_set():
-                raise _Cancelled
+                raise transfer.Stopped
             block = handle.read(READ_BLOCK if left is None else min(READ_BLOCK, left))
             if not block:
                 break
@@ -339,47 +342,6 @@ def _hash_file(path: Path, f: PullFile, on_bytes: Callable[[int], None], cancel:
     return h
 
 
-class _Cancelled(Exception):
-    """Another file failed, or Ctrl-C: stop this one, keeping its partial download."""
-
-
-class _Sink:
-    """The file object huggingface_hub's http_get writes to: appends to the partial download,
-    hashes what arrives, reports progress, stops when cancelled. A server that answers a Range
-    request with the whole file makes http_get rewind and truncate: the hash starts over."""
-
-    def __init__(self, handle, f: PullFile, hasher, on_bytes: Callable[[int], None], cancel: threading.Event):
-        self.handle, self.f, self.hasher, self.on_bytes, self.cancel = handle, f, hasher, on_bytes, cancel
-        self.valid = True
-
-    def write(self, chunk: bytes) -> int:
-        if self.cancel.is_set():
-            raise _Cancelled
-        self.handle.write(chunk)
-        if self.valid:
-            self.hasher.update(chunk)
-        self.on_bytes(len(chunk))
-        return len(chunk)
-
-    def tell(self) -> int:
-        return self.handle.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.handle.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        out = self.handle.truncate(size)
-        if self.handle.tell() == 0 and (size in (None, 0)):
-            self.hasher, self.valid = _hasher(self.f), True
-            self.f.done = 0
-        else:
-            self.valid = False  # hashed again from the file at the end
-        return out
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-
 # ------------------------------------------------------------------------------ running
 
 class _Runner:
@@ -388,8 +350,9 @@ class _Runner:
         self._progress = progress
         self._lock = threading.Lock()  # progress calls and record writes, one at a time
         self.cancel = threading.Event()
-        self.current = threading.local()
+        self.hangups = transfer.Hangups()  # the sockets in flight, for a Ctrl-C to close at once
         self.records: dict[int, dict[str, Any]] = {}
+        self._reported: dict[int, int] = {}  # bytes of each file progress was told of
         self.verified = 0
 
     def emit(self, event: str, repo: RepoPull, f: PullFile | None) -> None:
@@ -458,14 +421,10 @@ class _Runner:
         self.emit("mismatch", repo, f)
 
     def fetch(self, repo: RepoPull, f: PullFile) -> None:
-        self.current.file = (repo, f)
-        try:
-            if f.content is not None:
-                self._store(repo, f, f.content)
-            else:
-                self._download(repo, f)
-        finally:
-            self.current.file = None
+        if f.content is not None:
+            self._store(repo, f, f.content)
+        else:
+            self._download(repo, f)
 
     def _store(self, repo: RepoPull, f: PullFile, content: bytes) -> None:
         """A file already read while planning (config.json, the index): written as a blob, verified."""
@@ -489,26 +448,15 @@ class _Runner:
         self._finish(repo, f, partial)
 
     def _download(self, repo: RepoPull, f: PullFile) -> None:
-        from huggingface_hub.file_download import get_hf_file_metadata
         from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
-        ref, commit = repo.ref, repo.commit
-        url = remote.file_url(ref, commit, f.path)
-        try:
-            meta = get_hf_file_metadata(url, endpoint=_endpoint())
-        except Exception as exc:
-            raise remote.hub_error(exc, ref, "asking the hub for a file", f.path) from None
-        etag = (meta.etag or "").strip('"')
-        if meta.commit_hash != commit or etag != f.etag or (meta.size is not None and meta.size != f.size):
-            raise HubError(f"{ref}: {f.path}: the hub's answer (commit {str(meta.commit_hash)[:12]}, etag {etag[:12]}, "
-                           f"{meta.size} bytes) disagrees with its listing (commit {commit[:12]}, etag {f.etag[:12]}, "
-                           f"{f.size} bytes)", hint="the repository changed while pulling: run the pull again")
-        if meta.xet_file_data is not None and _xet_available():
-            return self._download_with_xet(repo, f)
+        ref = repo.ref
+        meta = self._head(repo, f)
         headers = build_hf_headers()
+        url = remote.file_url(ref, repo.commit, f.path)
         if _origin(meta.location) != _origin(url):
             headers.pop("authorization", None)  # a signed CDN address: the token stays with the hub
-        lock = cache.hub_cache() / ".locks" / cache.repo_folder(ref.repo) / f"{f.etag}.lock"
+        lock = cache.lock_path(ref.repo, f.etag)
         lock.parent.mkdir(parents=True, exist_ok=True)
         blob, partial = cache.blob_path(ref.repo, f.etag), cache.partial_path(ref.repo, f.etag)
         with WeakFileLock(lock):
@@ -518,7 +466,10 @@ class _Runner:
                     f.state = "done"
                     return
             for attempt in range(1, MISMATCH_ATTEMPTS + 1):
-                digest = self._fetch_once(repo, f, meta.location, headers, partial, attempt)
+                if meta.xet_file_data is not None and _xet_available():
+                    digest = self._fetch_with_xet(repo, f, meta, headers, partial)
+                else:
+                    digest = self._fetch_once(repo, f, meta.location, headers, partial, attempt)
                 if digest == _expected(f):
                     self._finish(repo, f, partial)
                     return
@@ -535,12 +486,30 @@ class _Runner:
                                 hint="the hub's copy (or something between it and this machine: a proxy, a mirror "
                                      "behind HF_ENDPOINT) is damaged; try again later, or report it to the repository")
 
+    def _head(self, repo: RepoPull, f: PullFile) -> Any:
+        """The hub's HEAD answer for the file, which must say what its listing said (commit, etag,
+        size) before anything is named after it or fetched; the one HEAD a file gets."""
+        from huggingface_hub.file_download import get_hf_file_metadata
+
+        if self.cancel.is_set():
+            raise transfer.Stopped
+        try:
+            meta = get_hf_file_metadata(remote.file_url(repo.ref, repo.commit, f.path), endpoint=_endpoint())
+        except Exception as exc:
+            raise remote.hub_error(exc, repo.ref, "asking the hub for a file", f.path) from None
+        etag = meta.etag
+        if meta.commit_hash != repo.commit or etag != f.etag or (meta.size is not None and meta.size != f.size):
+            raise HubError(f"{repo.ref}: {f.path}: the hub's answer (commit {shown(meta.commit_hash, 12)}, etag "
+                           f"{shown(etag, 12)}, {shown(meta.size, 20)} bytes) disagrees with its listing (commit "
+                           f"{repo.commit[:12]}, etag {f.etag[:12]}, {f.size} bytes)",
+                           hint="the repository changed while pulling: run the pull again")
+        return meta
+
     def _fetch_once(self, repo: RepoPull, f: PullFile, location: str, headers: dict[str, str], partial: Path,
                     attempt: int) -> str:
         """One download of `f` into `partial` (resumed from the bytes it holds), hashed on the way;
-        the digest of what it holds. Errors say what to do: a full disk, a dropped connection, the hub's answer."""
-        from huggingface_hub.file_download import http_get
-
+        the digest of what it holds. Errors say what to do: a full disk, a dropped connection, the
+        hub's answer, more bytes than the file has."""
         partial.parent.mkdir(parents=True, exist_ok=True)
         held = partial.stat().st_size if partial.is_file() else 0
         if held > f.size:
@@ -548,67 +517,61 @@ class _Runner:
         f.state, f.done = "fetching", held
         if attempt == 1:
             f.resumed_from = held
+        self._reported[id(f)] = held
         self.emit("fetching", repo, f)
         try:
-            with open(partial, "r+b" if held else "wb") as handle:
+            with open(partial, "r+b" if held else "wb", buffering=0) as handle:
                 handle.truncate(held)
                 handle.seek(held)
                 hasher = _hash_file(partial, f, lambda n: None, self.cancel, upto=held) if held else _hasher(f)
-                sink = _Sink(handle, f, hasher, lambda n: self._got(repo, f, n, attempt), self.cancel)
-                http_get(location, sink, resume_size=held, headers=headers, expected_size=f.size,
-                         displayed_filename=f.path)
-                handle.flush()
+                body = transfer.Body(handle, f.size, held, hasher, lambda: _hasher(f),
+                                     lambda n: self._got(repo, f, n, attempt), self.cancel,
+                                     on_restart=lambda: self._restarted(f))
+                transfer.fetch(location, headers, body, hangups=self.hangups, cancel=self.cancel,
+                               on_drop=lambda exc: self._drop(repo, f),
+                               timeout=remote._client().constants.HF_HUB_DOWNLOAD_TIMEOUT)
                 os.fsync(handle.fileno())
-        except (_Cancelled, KeyboardInterrupt):
+        except (transfer.Stopped, KeyboardInterrupt, SparkitError):
             raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise self._disk_error(exc, repo, f, partial) from None
-            if str(exc).startswith("Consistency check failed"):  # http_get: fewer bytes than the file has
-                raise self._dropped(ConnectionError(f"the hub sent {f.done} of the file's {f.size} bytes"),
-                                    repo, f, partial) from None
-            if _is_transport(exc):
-                raise self._dropped(exc, repo, f, partial) from None
+        except transfer.TooLong as exc:
+            raise self._too_long(exc, repo, f, partial) from None
+        except transfer.Dropped as exc:
+            raise self._dropped(exc, repo, f, partial) from None
+        except Exception as exc:
             if isinstance(exc, _hf_http_error()):
                 raise remote.hub_error(exc, repo.ref, "downloading a file", f.path) from None
-            raise self._disk_error(exc, repo, f, partial) from None
-        except Exception as exc:
-            if _is_transport(exc):
-                raise self._dropped(exc, repo, f, partial) from None
+            if isinstance(exc, OSError):
+                raise self._disk_error(exc, repo, f, partial) from None
             raise remote.hub_error(exc, repo.ref, "downloading a file", f.path) from None
-        return sink.hasher.hexdigest() if sink.valid else _hash_file(partial, f, lambda n: None, self.cancel).hexdigest()
+        return body.hasher.hexdigest()
 
-    def _download_with_xet(self, repo: RepoPull, f: PullFile) -> None:
-        """A file stored with Xet, hf_xet installed: huggingface_hub's own download, then sparkit's
-        check of the sha256 of what it wrote."""
-        import warnings
-
-        from huggingface_hub import hf_hub_download
+    def _fetch_with_xet(self, repo: RepoPull, f: PullFile, meta: Any, headers: dict[str, str], partial: Path) -> str:
+        """A file stored with Xet, hf_xet installed: huggingface_hub's Xet download into the same
+        partial file (never hf_hub_download, which would ask the hub again and name the blob after
+        its second answer), then sparkit's sha256 of what it wrote."""
+        from huggingface_hub.file_download import xet_get
 
         f.state, f.done = "fetching", 0
         self.emit("fetching", repo, f)
-        runner, file = self, f
-
-        tqdm_class = _progress_tqdm(lambda n: runner._got(repo, file, n, 1))
+        partial.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                hf_hub_download(repo.ref.repo, f.path, revision=repo.commit, endpoint=_endpoint(), tqdm_class=tqdm_class)
+            xet_get(incomplete_path=partial, xet_file_data=meta.xet_file_data, headers=headers, expected_size=f.size,
+                    displayed_filename=f.path, tqdm_class=_progress_tqdm(lambda n: self._got(repo, f, n, 1)))
         except Exception as exc:
             raise remote.hub_error(exc, repo.ref, "downloading a file (Xet)", f.path) from None
-        self.verify_present(repo, f)
-        if f.state == "present":
-            f.state = "done"
-            return
-        raise DataError(f"{repo.ref}: {f.path} (downloaded by hf_xet) does not match the hub's sha256 ({f.note})",
-                        hint="run the pull again; HF_HUB_DISABLE_XET=1 downloads it over plain HTTP instead")
+        if partial.stat().st_size > f.size:
+            raise self._too_long(transfer.TooLong(f"{partial.stat().st_size} bytes"), repo, f, partial)
+        return _hash_file(partial, f, lambda n: None, self.cancel).hexdigest()
 
     def _got(self, repo: RepoPull, f: PullFile, n: int, attempt: int) -> None:
         f.done += n
         f.fetched += n
         if attempt > 1:
             f.refetched += n
-        self.emit("bytes", repo, f)
+        # Bytes arrive a network read at a time (kilobytes): progress hears of them a step at a time.
+        if f.done - self._reported.get(id(f), 0) >= BYTES_EVENT_STEP or f.done >= f.size:
+            self._reported[id(f)] = f.done
+            self.emit("bytes", repo, f)
 
     def _finish(self, repo: RepoPull, f: PullFile, partial: Path) -> None:
         """The hash is the hub's: the partial becomes the blob (huggingface_hub's permissions),
@@ -626,7 +589,7 @@ class _Runner:
     def _disk_error(self, exc: OSError, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
         held = partial.stat().st_size if partial.is_file() else 0
         where, free = self.plan.disk()
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if disk_full(exc):
             return PreflightError(
                 f"the disk filled while writing {repo.ref}: {f.path} ({partial}): {held} of its {f.size} bytes are "
                 f"kept, {gib(free)} free on {where}",
@@ -634,6 +597,23 @@ class _Runner:
                      f"file at byte {held} and keeps the {self.verified} file(s) already verified")
         return SparkitError(f"cannot write {partial} ({exc.strerror or exc}) while pulling {repo.ref}: {f.path}",
                             hint=f"check the Hugging Face cache {cache.hub_cache()} (HF_HUB_CACHE) is writable")
+
+    def _restarted(self, f: PullFile) -> None:
+        """The server answered a Range request with the whole file: it counts from its first byte again."""
+        f.done = self._reported[id(f)] = 0
+
+    def _too_long(self, exc: transfer.TooLong, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
+        partial.unlink(missing_ok=True)
+        f.state, f.note = "failed", f"the hub sent more than the {f.size} bytes it listed ({exc.how})"
+        self.emit("failed", repo, f)
+        return DataError(f"{repo.ref}: {f.path}: {f.note}; the download stopped there and nothing of it was kept",
+                         hint="the hub's listing and its file disagree (a broken or hostile hub or mirror behind "
+                              "HF_ENDPOINT): try again later, or report it to the repository")
+
+    def _drop(self, repo: RepoPull, f: PullFile) -> None:
+        """The connection dropped mid-file: resumed from the byte it holds."""
+        f.dropped += 1
+        self.emit("dropped", repo, f)
 
     def _dropped(self, exc: BaseException, repo: RepoPull, f: PullFile, partial: Path) -> SparkitError:
         held = partial.stat().st_size if partial.is_file() else 0
@@ -663,40 +643,75 @@ class _Runner:
             self.close_record(repo, all(f.state in ("present", "done") for f in repo.files))
 
     def _fetch_all(self, queue: list[tuple[RepoPull, PullFile]]) -> None:
-        with _captured_hf_warnings(self), ThreadPoolExecutor(max_workers=min(self.workers, len(queue))) as pool:
-            futures = {pool.submit(self.fetch, r, f): (r, f) for r, f in queue}
+        """Fetch `queue` on `workers` threads. The main thread only waits (in short sleeps that a
+        signal ends), so Ctrl-C lands there and nowhere in the workers' locks: it stops the queue
+        (no queued file gets a HEAD or a GET), hangs up the transfers in flight (their partial
+        downloads keep what arrived) and returns once the workers have stopped. A failed file
+        stops the others the same way."""
+        todo, failures = collections.deque(queue), []
+        taking, finished = threading.Lock(), threading.Event()
+        running = [min(self.workers, len(queue))]
+
+        def work() -> None:
             try:
-                while True:
-                    done, pending = wait(futures, timeout=0.2, return_when=FIRST_EXCEPTION)
-                    failed = [fu for fu in done if fu.exception() is not None and not isinstance(fu.exception(), _Cancelled)]
-                    if failed:
-                        self.cancel.set()
-                        wait(futures)
-                        raise failed[0].exception()
-                    if not pending:
-                        return
-            except BaseException:  # Ctrl-C included: every other file stops at its next chunk, partials kept
-                self.cancel.set()
-                self.emit("stopping", None, None)
-                wait(futures)
-                raise
+                while not self.cancel.is_set():
+                    with taking:
+                        if not todo:
+                            return
+                        repo, f = todo.popleft()
+                    self.fetch(repo, f)
+            except transfer.Stopped:
+                pass
+            except BaseException as exc:  # the first failure stops every other file
+                failures.append(exc)
+                self._stop()
+            finally:
+                with taking:
+                    running[0] -= 1
+                    if not running[0]:
+                        finished.set()
+
+        try:
+            for n in range(running[0]):
+                interrupts.held(threading.Thread(target=work, name=f"sparkit-pull-{n}", daemon=True).start)
+            interrupts.wait_until(finished)
+        except BaseException:  # Ctrl-C (SIGTERM, SIGHUP): stop, let the workers leave, then go
+            self._stop()
+            self.emit("stopping", None, None)
+            interrupts.wait_until(finished)  # they leave at once; a second Ctrl-C here leaves without them
+            raise
+        if failures:
+            self.emit("stopping", None, None)
+            raise failures[0]
+
+    def _stop(self) -> None:
+        self.cancel.set()
+        self.hangups.hang_up_all()
 
     def _link(self, repo: RepoPull) -> None:
-        """The snapshot's symlinks, made by huggingface_hub itself (hf_hub_download finds the
-        blob and only links it), so the layout is exactly its own."""
-        from huggingface_hub import hf_hub_download
-
+        """The snapshot's symlinks, as huggingface_hub makes them (`snapshots/<commit>/<path>`, a
+        relative link to `blobs/<etag>`), each to the blob this pull or an earlier one verified,
+        made under a temporary name and renamed into place (never half made). No request: the
+        hub was asked once per file, and its answer is not asked again."""
         for f in repo.files:
+            if f.state not in ("present", "done"):
+                raise SparkitError(f"{repo.ref}: {f.path} is not verified; the snapshot is not linked to it")
             pointer = repo.snapshot / f.path
             blob = cache.blob_path(repo.ref.repo, f.etag)
-            if pointer.is_file() and os.path.samefile(pointer, blob):
+            target = os.path.relpath(blob, pointer.parent)
+            if pointer.is_symlink() and os.readlink(pointer) == target:
                 continue
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            temporary = pointer.with_name(f".{pointer.name}.{os.getpid()}.link")
+            temporary.unlink(missing_ok=True)
             try:
-                linked = hf_hub_download(repo.ref.repo, f.path, revision=repo.commit, endpoint=_endpoint())
-            except Exception as exc:
-                raise remote.hub_error(exc, repo.ref, "linking the snapshot", f.path) from None
-            if not os.path.samefile(linked, blob):
-                raise SparkitError(f"{repo.ref}: huggingface_hub linked {f.path} to {linked}, not to the verified blob {blob}")
+                os.symlink(target, temporary)
+                os.replace(temporary, pointer)
+            except OSError as exc:
+                temporary.unlink(missing_ok=True)
+                raise SparkitError(f"cannot link {pointer} ({exc.strerror or exc}) while pulling {repo.ref}",
+                                   hint=f"check the Hugging Face cache {cache.hub_cache()} (HF_HUB_CACHE) is "
+                                        "writable") from None
         self.emit("linked", repo, None)
 
 
@@ -735,10 +750,6 @@ def _endpoint() -> str:
 def _origin(url: str) -> tuple[str, str, int | None]:
     parsed = urlparse(url)
     return parsed.scheme, (parsed.hostname or "").lower(), parsed.port
-
-
-def _is_transport(exc: BaseException) -> bool:
-    return isinstance(exc, transport_errors())
 
 
 def _hf_http_error():
@@ -788,38 +799,6 @@ def _progress_tqdm(on_bytes: Callable[[int], None]):
             return super().update(n)
 
     return _Reported
-
-
-class _captured_hf_warnings:
-    """huggingface_hub says "Trying to resume download..." on its logger when a connection drops
-    mid-file and it resumes with a Range request: that becomes a `dropped` event for the file the
-    warning's thread is fetching (nothing is printed by huggingface_hub)."""
-
-    def __init__(self, runner: _Runner):
-        self.runner = runner
-
-    def __enter__(self):
-        runner = self.runner
-
-        class _Handler(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                current = getattr(runner.current, "file", None)
-                if current and "resume download" in record.getMessage():
-                    repo, f = current
-                    f.dropped += 1
-                    runner.emit("dropped", repo, f)
-
-        self.logger = logging.getLogger("huggingface_hub")
-        self.saved = (self.logger.handlers[:], self.logger.level, self.logger.propagate)
-        self.logger.handlers = [_Handler()]
-        self.logger.setLevel(logging.WARNING)
-        self.logger.propagate = False
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.handlers, level, self.logger.propagate = self.saved[0], self.saved[1], self.saved[2]
-        self.logger.setLevel(level)
-        return False
 
 
 __all__ = ["PullFile", "RepoPull", "PullPlan", "PullResult", "plan_targets", "plan_pull", "check_room", "run_pull"]

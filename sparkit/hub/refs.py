@@ -15,7 +15,8 @@ DEFAULT_REVISION = "main"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # A git ref or a commit: branch and tag names (slashes allowed, as in refs/pr/1), no spaces.
 _REVISION = re.compile(r"^[A-Za-z0-9._-][A-Za-z0-9._/-]*$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# A git sha1 (a commit, and the object id of a file stored in git), matched whole (fullmatch).
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class HubRef:
     @property
     def pinned(self) -> bool:
         """The revision is a full commit hash (immutable: no hub request needed to resolve it)."""
-        return bool(self.revision and COMMIT.match(self.revision))
+        return bool(self.revision and COMMIT.fullmatch(self.revision))
 
     def __str__(self) -> str:
         return self.repo if self.revision is None else f"{self.repo}@{self.revision}"

@@ -11,7 +11,10 @@ The memory fit of a hub id that is not here reads the checkpoint's safetensors h
 a 100 kB range of each weight file (its 8-byte header length and, usually, its whole header),
 a second range when the header is longer, checked by sparkit.checkpoint_headers as a local file would
 be. A commit never changes, so the headers read for one are kept in sparkit's cache
-(`hub-headers/`): the next `sparkit plan` reads them without a request, offline included.
+(`hub-headers/<commit>.json`): the next `sparkit plan` reads them without a request, offline included.
+
+The listing's commit and every file's name, size, git oid and LFS sha256 are checked
+(sparkit.hub.untrusted) before anything is named after them: a hub is untrusted input.
 """
 
 from __future__ import annotations
@@ -19,20 +22,25 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkit.checkpoint_headers import TensorInfo, header_length, parse_safetensors_header
+from sparkit import interrupts
+from sparkit.checkpoint_headers import TensorInfo, header_length, load_json, parse_safetensors_header
 from sparkit.errors import DataError, HubError, SparkitError
+from sparkit.hub import untrusted
 from sparkit.hub.cache import local_commit, remember_commit, repo_folder
 from sparkit.hub.files import CONFIG_FILE, INDEX_FILE, RemoteFile, weight_files
-from sparkit.hub.refs import HubRef
+from sparkit.hub.refs import COMMIT, HubRef
 from sparkit.paths import cache_dir, ensure_dir, write_atomic
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 HEADER_PROBE_BYTES = 100_000  # huggingface_hub's own first read of a safetensors header
+HEADER_READERS = 8  # safetensors headers read at once
 SMALL_FILE_LIMIT = 64 * 1024 * 1024  # config.json and the index, read into memory
 TOKEN_HINT = "export HF_TOKEN=hf_... (a read token: https://huggingface.co/settings/tokens), or `hf auth login`"
 
@@ -163,22 +171,34 @@ def listing(ref: HubRef, *, remember: bool = False) -> Listing:
         info = api().model_info(ref.repo, revision=ref.rev, files_metadata=True)
     except Exception as exc:  # huggingface_hub's errors, or the network's
         raise hub_error(exc, ref, "listing the repository's files") from None
+    where = f"{endpoint()} listed {ref}"
     if not info.sha:
         raise HubError(f"{endpoint()} did not say which commit {ref} is (no sha in its model info)",
                        hint="HF_ENDPOINT must point at a Hugging Face hub (or a mirror that speaks its API)")
+    untrusted.commit(info.sha, where)
     files = {}
     for sibling in info.siblings or []:
-        lfs = sibling.lfs
-        files[sibling.rfilename] = RemoteFile(
-            path=sibling.rfilename, size=int(lfs.size if lfs else (sibling.size or 0)), blob_id=sibling.blob_id or "",
-            sha256=lfs.sha256 if lfs else None)
-    missing_ids = [p for p, f in files.items() if not f.etag]
-    if missing_ids:
-        raise HubError(f"{endpoint()} listed {ref} without the files' hashes (e.g. {missing_ids[0]})",
-                       hint="HF_ENDPOINT must point at a Hugging Face hub (or a mirror that speaks its API)")
+        remote_file = _listed_file(sibling, where)
+        files[remote_file.path] = remote_file
     if remember:
         remember_commit(ref.repo, ref.rev, info.sha)
     return Listing(ref, info.sha, files, gated=getattr(info, "gated", None), private=getattr(info, "private", None))
+
+
+def _listed_file(sibling: Any, where: str) -> RemoteFile:
+    """One entry of the listing, every value checked before it names a path or a byte count."""
+    path = untrusted.file_name(sibling.rfilename, where)
+    where = f"{where}: {path}"
+    lfs = sibling.lfs
+    if sibling.blob_id is None:
+        raise HubError(f"{where}: no blobId (the file's hash) in the listing",
+                       hint="HF_ENDPOINT must point at a Hugging Face hub (or a mirror that speaks its API)")
+    blob_id = untrusted.git_oid(sibling.blob_id, where)
+    if lfs is None:
+        return RemoteFile(path=path, size=untrusted.size(0 if sibling.size is None else sibling.size, where),
+                          blob_id=blob_id)
+    return RemoteFile(path=path, size=untrusted.size(lfs.size, where, "lfs.size"), blob_id=blob_id,
+                      sha256=untrusted.sha256(lfs.sha256, where))
 
 
 def file_url(ref: HubRef, commit: str, path: str) -> str:
@@ -225,11 +245,9 @@ def read_small(ref: HubRef, commit: str, file: RemoteFile) -> bytes:
 
 
 def read_json(ref: HubRef, commit: str, file: RemoteFile) -> Any:
-    raw = read_small(ref, commit, file)
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{ref}: {file.path} is not JSON ({exc})") from None
+    """A small JSON file of the repository (config.json, the index), parsed within bounds
+    (DataError naming it: not JSON, nested too deep)."""
+    return load_json(read_small(ref, commit, file), f"{ref.repo}@{commit[:12]}/{file.path}")
 
 
 # ------------------------------------------------------------------------------ the headers
@@ -258,13 +276,18 @@ def _headers_dir(repo: str):
     return cache_dir() / "hub-headers" / repo_folder(repo)
 
 
+def _headers_file(repo: str, commit: str):
+    """`<commit>.json` of the header cache: a commit is checked before it names the file."""
+    return _headers_dir(repo) / f"{untrusted.commit(commit, f'the header cache of {repo}', 'commit')}.json"
+
+
 def _load_cached(ref: HubRef, commit: str) -> RemoteCheckpoint | None:
     try:
-        data = json.loads((_headers_dir(ref.repo) / f"{commit}.json").read_text())
+        data = json.loads(_headers_file(ref.repo, commit).read_text())
         tensors = [TensorInfo(name=n, dtype=d, shape=tuple(s), nbytes=b, file=f) for n, d, s, b, f in data["tensors"]]
         return RemoteCheckpoint(ref, commit, data["config"], tensors, data["files"], data["weights_rule"],
                                 source="", read_at=data.get("read_at", ""))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, HubError):
         return None
 
 
@@ -274,7 +297,7 @@ def _store_cached(found: RemoteCheckpoint) -> None:
             "weights_rule": found.weights_rule, "read_at": found.read_at,
             "tensors": [[t.name, t.dtype, list(t.shape), t.nbytes, t.file] for t in found.tensors]}
     try:
-        write_atomic(directory / f"{found.commit}.json", json.dumps(data, separators=(",", ":")))
+        write_atomic(_headers_file(found.ref.repo, found.commit), json.dumps(data, separators=(",", ":")))
         revisions_path = directory / "revisions.json"
         try:
             revisions = json.loads(revisions_path.read_text())
@@ -291,9 +314,9 @@ def _last_known_commit(ref: HubRef) -> str | None:
         return ref.revision
     try:
         commit = json.loads((_headers_dir(ref.repo) / "revisions.json").read_text()).get(ref.rev)
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         commit = None
-    return commit or local_commit(ref)
+    return commit if isinstance(commit, str) and COMMIT.fullmatch(commit) else local_commit(ref)
 
 
 def _read_header(ref: HubRef, commit: str, file: RemoteFile):
@@ -303,6 +326,43 @@ def _read_header(ref: HubRef, commit: str, file: RemoteFile):
     raw = first[8:8 + length] if 8 + length <= len(first) else read_range(ref, commit, file.path, 8, 8 + length - 1)
     tensors, _ = parse_safetensors_header(raw, file.size - 8 - length, where, file.path)
     return tensors
+
+
+def _on_daemon_threads(fn: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """[fn(item) for item in items] on up to `workers` daemon threads; the first error is raised.
+    The main thread only waits, in short sleeps a signal ends: Ctrl-C leaves at once, and a thread
+    held by a hub that trickles its answer ends with the process (a pool's threads would be
+    waited for at exit, as long as the hub liked)."""
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+    todo, lock, finished = deque(enumerate(items)), threading.Lock(), threading.Event()
+    running = [min(workers, len(items))]
+
+    def work() -> None:
+        try:
+            while not errors:
+                with lock:
+                    if not todo:
+                        return
+                    i, item = todo.popleft()
+                results[i] = fn(item)
+        except BaseException as exc:  # the first error ends the reading; it is raised below
+            errors.append(exc)
+        finally:
+            with lock:
+                running[0] -= 1
+                if not running[0]:
+                    finished.set()
+
+    if not items:
+        return results
+    for n in range(running[0]):
+        thread = threading.Thread(target=work, name=f"sparkit-headers-{n}", daemon=True)
+        interrupts.held(thread.start)
+    interrupts.wait_until(finished)
+    if errors:
+        raise errors[0]
+    return results
 
 
 def remote_checkpoint(ref: HubRef) -> RemoteCheckpoint:
@@ -336,8 +396,7 @@ def _remote_checkpoint(ref: HubRef, _endpoint: str, _offline: bool) -> RemoteChe
         raise DataError(f"{where}/{CONFIG_FILE}: not a JSON object")
     index = read_json(ref, found.commit, found.files[INDEX_FILE]) if INDEX_FILE in found.files else None
     names, rule = weight_files(found.files, index, where)
-    with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
-        headers = list(pool.map(lambda n: _read_header(ref, found.commit, found.files[n]), names))
+    headers = _on_daemon_threads(lambda n: _read_header(ref, found.commit, found.files[n]), names, HEADER_READERS)
     tensors: dict[str, Any] = {}
     for name, found_tensors in zip(names, headers):
         for tensor in found_tensors.values():

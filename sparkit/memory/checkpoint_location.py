@@ -16,6 +16,7 @@ from typing import Any
 from sparkit.engines.builtin_models import parse_builtin_ref
 from sparkit.hub.cache import local_copy
 from sparkit.hub.refs import HubRef, parse_hub_ref
+from sparkit.models.dspark.builder import BUILTIN_DRAFTS, builtin_draft_dir
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
         directory = Path(build_dir) if build_dir else None
         if directory is not None and (directory / "config.json").is_file():
             return CheckpointLocation(ref, directory, f"sparkit build {directory}")
+        shipped = _shipped_draft(ref)
+        if shipped is not None:  # every build of a built-in draft has the shipped one's layout
+            return CheckpointLocation(ref, shipped, f"sparkit builds it before the launch; sized from the shipped "
+                                      f"draft {shipped} (the same layout)")
         return CheckpointLocation(ref, None, "sparkit builds it before the launch; not built yet",
                                   need="it is read once built (`sparkit up` builds it; or `sparkit model make-tiny`)")
     path = Path(ref).expanduser()
@@ -55,6 +60,15 @@ def locate(ref: str, build_dir: str | None = None) -> CheckpointLocation:
                   "or --set model.path=DIR with DIR a local copy; only config.json and the headers are read"))
     return CheckpointLocation(ref, None, f"{ref} is neither a local directory nor a hub id",
                               need="fix model.path (a directory, or org/name[@revision] on the hub)")
+
+
+def _shipped_draft(ref: str) -> Path | None:
+    """The shipped build of a built-in DSpark draft `ref` names (None: not a draft, or none ships)."""
+    parsed = parse_builtin_ref(ref)
+    if parsed is None or parsed.name not in BUILTIN_DRAFTS:
+        return None
+    shipped = builtin_draft_dir(parsed.name)
+    return shipped if (shipped / "config.json").is_file() else None
 
 
 def _build_dir_for(plan: Any, ref: str) -> str | None:

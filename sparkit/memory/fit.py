@@ -39,16 +39,15 @@ fit says so.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkit.checkpoint_headers import read_safetensors_index, safetensors_files
+from sparkit.checkpoint_headers import read_config, read_safetensors_index, safetensors_files
+from sparkit.contract.flag_table import SPECULATIVE_DEFAULTS as SGLANG_SPECULATIVE_DEFAULTS
 from sparkit.engines.base import flag_value, get_adapter
-from sparkit.engines.sglang.flags import SPECULATIVE_DEFAULTS as SGLANG_SPECULATIVE_DEFAULTS
 from sparkit.errors import DataError, HubError
 from sparkit.host import target_fit
 from sparkit.hub.remote import remote_checkpoint
@@ -59,6 +58,7 @@ from sparkit.memory.reservations import reserved_on, starting_reservations
 from sparkit.memory.sglang_pool import PRE_POOL_BYTES as SGLANG_PRE_POOL_BYTES
 from sparkit.memory.sglang_pool import PoolInputs, size_pools
 from sparkit.memory.units import GIB, MIB, gib
+from sparkit.models.dspark.config import UNKNOWN_DRAFT_BLOCK_SIZE
 from sparkit.roofline.profiles import VARIANTS, UnsupportedLayout, config_only_tensors, find_profile, tensor_infos
 from sparkit.weight_formats import MX_BLOCK, SCALE_NAME
 
@@ -260,10 +260,7 @@ def _checkpoint_of(label: str, tensors: list, config: dict, tp: int, config_only
 
 
 def _read_checkpoint(directory: Path, tp: int) -> _Checkpoint:
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{directory / 'config.json'}: unreadable ({exc})") from None
+    config = read_config(directory)  # DataError naming it: missing, not JSON, nested too deep
     found = safetensors_files(directory)
     config_only = None
     if found:
@@ -591,12 +588,17 @@ def _kv_terms(fit: MemoryFit, plan: Any, shape: ModelShape, method: str, draft_s
                                  f"{kv_bytes} B x {tokens_note}"))
         kv_full += draft_per_token * tokens
     if shape.hybrid:
-        _linear_state_terms(fit, argv, shape, method, spec, requests, kv_full)
+        _linear_state_terms(fit, argv, shape, method, spec, requests, kv_full, _draft_block(plan))
     return {"per_token": per_token, "context": context, "cap": cap}
 
 
+def _draft_block(plan: Any) -> int | None:
+    """The DSpark draft's block size the plan read from its config (None: not DSpark, or unread)."""
+    return getattr(getattr(plan, "expectations", None), "draft_block_size", None)
+
+
 def _linear_state_terms(fit: MemoryFit, argv: list[str], shape: ModelShape, method: str, spec: dict[str, Any],
-                        requests: int, kv_full: int) -> None:
+                        requests: int, kv_full: int, draft_block: int | None = None) -> None:
     """A hybrid model's linear-attention state: its slots, NEXTN's snapshots, and the rest of the
     pool SGLang's state : KV split leaves."""
     per_request = shape.linear_state_bytes_per_request()
@@ -610,10 +612,10 @@ def _linear_state_terms(fit: MemoryFit, argv: list[str], shape: ModelShape, meth
                              f"= {_size(per_request)} per slot x {slots} slots"
                              + (f" ({ratio} per request with the radix cache, + 1)" if radix else " (radix cache off)")))
     if method != "none":
-        draft_tokens = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
+        draft_tokens = _verify_tokens(spec, draft_block)
         snapshots = per_request * (requests + 1) * draft_tokens
         fit.terms.append(FitTerm("kv", "speculative state snapshots", snapshots,
-                                 f"{_size(per_request)} x ({requests} + 1) requests x {draft_tokens} draft tokens"))
+                                 f"{_size(per_request)} x ({requests} + 1) requests x {draft_tokens} verified tokens"))
         state += snapshots
     ratio_full = float(flag_value(argv, "--mamba-full-memory-ratio") or SGLANG_MAMBA_FULL_MEMORY_RATIO)
     pool = max(kv_full * (1 + ratio_full), state * (1 + ratio_full) / ratio_full)
@@ -701,8 +703,16 @@ def _pool_model(plan: Any, ckpt: _Checkpoint, shape: ModelShape, kv: dict[str, A
             linear_layers=shape.linear_attention_layers,
         )
     if method != "none":
-        pool_model["spec_draft_tokens"] = int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
+        pool_model["spec_draft_tokens"] = _verify_tokens(spec, _draft_block(plan))
     return pool_model
+
+
+def _verify_tokens(spec: dict[str, Any], draft_block: int | None) -> int:
+    """Tokens one verify step scores: DSpark's block and its anchor (SGLang resolves
+    speculative_num_draft_tokens to block_size + 1), NEXTN's num_draft_tokens."""
+    if spec.get("method") == "dspark":
+        return int(spec.get("block_size") or draft_block or UNKNOWN_DRAFT_BLOCK_SIZE) + 1
+    return int(spec.get("num_draft_tokens") or SGLANG_BAILING_DRAFT_TOKENS)
 
 
 def predict_pools(fit: MemoryFit, pre_model_load_bytes: float, fraction: float, pool_model: dict[str, Any]) -> Any:
@@ -776,8 +786,10 @@ def _sglang_verdict(fit: MemoryFit, plan: Any, basis: MemoryBasis | None, extras
         return
     f_min, f_max = static / p, 1 - slack_need / p
     fit.min_fraction, fit.max_fraction = _ceil3(f_min), _floor3(f_max)
-    a.append(f"mem_fraction_static >= {gib(static)} / {gib(p)} = {f_min:.3f}")
-    a.append(f"mem_fraction_static <= 1 - {gib(slack_need)} / {gib(p)} = {f_max:.3f}")
+    # the headline's interval is these bounds rounded inwards to 3 decimals (min up, max down), so
+    # that any value it admits fits: said beside the arithmetic, which would otherwise round to another figure
+    a.append(f"mem_fraction_static >= {gib(static)} / {gib(p)} = {f_min:.4f}, rounded up: {fit.min_fraction}")
+    a.append(f"mem_fraction_static <= 1 - {gib(slack_need)} / {gib(p)} = {f_max:.4f}, rounded down: {fit.max_fraction}")
     fit.required_available_bytes = int((static + slack_need) + overhead)
     if f is None:
         fit.mem_fraction_source = "unset"
@@ -947,8 +959,24 @@ def _embedded_terms(fit: MemoryFit, plan: Any, ckpt: _Checkpoint, draft: _Checkp
     if spec.get("method") == "nextn":
         fit.terms.append(FitTerm("kv", "draft KV cache", shape.kv_bytes_per_token(compute, layers=1) * context,
                                  f"1 layer x {shape.kv_values_per_token_layer} values x {compute} B x {context} tokens"))
+    if spec.get("method") == "dspark" and draft is not None:
+        _embedded_dspark_terms(fit, draft, values(draft.tensors), compute, context)
     fit.terms.append(FitTerm("engine", "engine process (Python, torch, HTTP server)", EMBEDDED_PROCESS_BYTES, "estimate"))
     fit.terms.append(FitTerm("reserve", "OS floor", fit.floor_bytes or 0, floor_source(recipe)))
+
+
+def _embedded_dspark_terms(fit: MemoryFit, draft: _Checkpoint, values: int, compute: int, context: int) -> None:
+    """A DSpark draft on the embedded engine: its own weights in the compute dtype (the embedding
+    and lm_head are the target's) and its context K/V over the whole context."""
+    cname = "bf16" if compute == 2 else "float32"
+    fit.terms.append(FitTerm("weights", "DSpark draft model (its layers, Markov and confidence heads; the "
+                             "embedding and lm_head are the target's)", values * compute,
+                             f"{values} values x {compute} B ({cname}; {draft.label})"))
+    if draft.shape is not None:
+        d = draft.shape
+        fit.terms.append(FitTerm("kv", "DSpark draft's context K/V", d.kv_bytes_per_token(compute) * context,
+                                 f"{d.full_attention_layers} layer(s) x {d.kv_values_per_token_layer} values "
+                                 f"({d.detail}) x {compute} B x {context} tokens"))
 
 
 def _embedded_verdict(fit: MemoryFit, basis: MemoryBasis | None) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from sparkit.contract.engine import EngineLaunch
-from sparkit.contract.flag_table import DEFAULT_MIN_ACCEPT_LENGTH, SHARED, recipe_value
+from sparkit.contract.flag_table import DEFAULT_MIN_ACCEPT_LENGTH, DEFAULT_MIN_ACCEPT_LENGTH_DSPARK, shared_expectations
 from sparkit.contract.plan import Expectations, LaunchPlan
 from sparkit.engines.base import get_adapter
-from sparkit.planning.rules import check_rules, raise_for_errors
+from sparkit.planning.rules import allowed_code_env, check_rules, raise_for_errors
 from sparkit.recipes.load import LoadedRecipe, display_path
-from sparkit.recipes.rules import code_env_notes
 from sparkit.recipes.schema import Recipe
 
 
@@ -27,6 +26,7 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
     r = loaded.recipe
     port = port if port is not None else r.server.port
     launch = get_adapter(r.engine).launch(loaded, port=port)
+    code_env = allowed_code_env(loaded)
     return LaunchPlan(
         engine=r.engine,
         argv=launch.argv,
@@ -39,7 +39,8 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         recipe_path=str(loaded.path) if loaded.path else None,
         expectations=_expectations(r, launch, reference_note=_reference_model_note(loaded)),
         provisions=launch.provisions,
-        warnings=loaded.warnings + code_env_notes(loaded) + warnings + launch.warnings,
+        warnings=loaded.warnings + _code_env_notes(loaded, code_env) + warnings + launch.warnings,
+        code_env=code_env,
         model_builds=launch.model_builds,
         model_pulls=launch.model_pulls,
         api_key_env=r.server.api_key_env,
@@ -47,6 +48,13 @@ def compile_plan(loaded: LoadedRecipe, *, port: int | None = None) -> LaunchPlan
         validated_by=launch.validated_by,
         validation_note=launch.validation_note,
     )
+
+
+def _code_env_notes(loaded: LoadedRecipe, code_env: dict[str, str]) -> list[str]:
+    """What `sparkit plan` warns of each variable the recipe lets into the engine."""
+    env = loaded.recipe.server.env
+    return [f"server.env.{name}={env[name]} is outside the engine's settings ({why}); allowed by "
+            "server.allow_code_env" for name, why in code_env.items()]
 
 
 def _layer(loaded: LoadedRecipe, *key: str) -> int | None:
@@ -85,21 +93,23 @@ def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference_note: str |
     stack, spec = recipe.stack, recipe.stack.speculative
     min_accept = recipe.checks.min_accept_length
     if min_accept is None and spec.enabled:
-        min_accept = DEFAULT_MIN_ACCEPT_LENGTH
+        min_accept = DEFAULT_MIN_ACCEPT_LENGTH_DSPARK if spec.method == "dspark" else DEFAULT_MIN_ACCEPT_LENGTH
     expectations = Expectations(
         weights=stack.weights,
+        moe_backend=stack.moe_backend,
         lm_head=stack.lm_head,
         lm_head_exact_top_k=stack.lm_head_exact_top_k if stack.lm_head == "fp8" else None,
         speculative=spec.method if spec.enabled else None,
         draft_model=spec.draft_model,
-        draft_shares_lm_head=True if spec.method == "nextn" and stack.lm_head == "fp8" else None,
+        # DSpark always computes with the target's lm_head and embedding (SGLang's attach_shared_modules)
+        draft_shares_lm_head=True if (spec.method == "nextn" and stack.lm_head == "fp8") or spec.method == "dspark" else None,
+        draft_shares_embedding=True if spec.method == "dspark" else None,
+        block_size=spec.block_size if spec.method == "dspark" else None,
         min_accept_length=min_accept if spec.enabled else None,
         min_decode_tok_s=recipe.checks.min_decode_tok_s,
         reference_perplexity=recipe.checks.reference_perplexity,
         reference_perplexity_tolerance=recipe.checks.reference_perplexity_tolerance,
         reference_model_note=reference_note,
-        # the settings every engine resolves under a shared name (speculative numbers, tp, ep, ...)
-        **{row.expectation: recipe_value(recipe, row.key) for row in SHARED.values() if row.expectation},
     )
     known = {f.name for f in fields(Expectations)}
     unknown = set(launch.expectations) - known
@@ -107,6 +117,9 @@ def _expectations(recipe: Recipe, launch: EngineLaunch, *, reference_note: str |
         raise TypeError(f"engine adapter sets unknown expectations: {', '.join(sorted(unknown))}")
     for name, value in launch.expectations.items():
         setattr(expectations, name, value)
+    # The settings every engine resolves under a shared name (speculative numbers, tp, ep, ...), with
+    # what the engine states of them and of its own settings laid over.
+    expectations.server_args = {**shared_expectations(recipe), **launch.expectations.get("server_args", {})}
     return expectations
 
 

@@ -5,7 +5,7 @@ that need to know every engine or the built-in models (here), and each engine's 
 from __future__ import annotations
 
 from sparkit.contract.rules import Rule, Violation
-from sparkit.engines.base import get_adapter, registry
+from sparkit.engines.base import engine_environment, get_adapter, registry
 from sparkit.engines.builtin_models import parse_builtin_ref
 from sparkit.recipes.load import LoadedRecipe
 from sparkit.recipes.rules import RULES as RECIPE_RULES
@@ -71,6 +71,47 @@ def _secret_in_env(loaded: LoadedRecipe):
     taken = set(key_env_names(loaded))
     return [("error", f"server.env.{name}", f"server.env sets {name}, which looks like a credential")
             for name in loaded.recipe.server.env if looks_secret(name) and name not in taken]
+
+
+def code_env(loaded: LoadedRecipe) -> dict[str, str]:
+    """The variables of the recipe's server.env outside its engine's settings, each with why it
+    needs server.allow_code_env (whether the recipe allows it or not)."""
+    environment = engine_environment(loaded.recipe.engine)
+    found = {name: environment.needs_opt_in(name) for name in loaded.recipe.server.env}
+    return {name: why for name, why in found.items() if why is not None}
+
+
+def allowed_code_env(loaded: LoadedRecipe) -> dict[str, str]:
+    """What the plan shows of the code the recipe lets into the engine: each variable of code_env
+    that server.allow_code_env names, with why."""
+    allowed = set(loaded.recipe.server.allow_code_env)
+    return {name: why for name, why in code_env(loaded).items() if name in allowed}
+
+
+# A refusal names the first variable (its file and line); so many more are counted, and a few named.
+_NAMED_BESIDE = 5
+
+
+@rule(
+    "code-env-needs-opt-in",
+    "the engine's environment is its settings (SGLang's, PyTorch's, CUDA's, NCCL's, Triton's, ...); any other "
+    "variable, such as OPENSSL_CONF, PATH, HOME, LD_PRELOAD or PYTHONPATH, can make the engine load code the "
+    "startup checks cannot tell from its own",
+    "remove it from server.env (export it in your shell if you mean it), or list it in server.allow_code_env "
+    "(`--set server.allow_code_env=[NAME]`)",
+    into=ENGINE_AWARE_RULES,
+)
+def _code_env(loaded: LoadedRecipe):
+    allowed = set(loaded.recipe.server.allow_code_env)
+    refused = [(name, why) for name, why in code_env(loaded).items() if name not in allowed]
+    if not refused:
+        return []
+    (name, why), others = refused[0], [n for n, _ in refused[1:]]
+    message = f"server.env sets {name}: {why}"
+    if others:
+        named = ", ".join(others[:_NAMED_BESIDE]) + (", ..." if len(others) > _NAMED_BESIDE else "")
+        message += f" (and {len(others)} more outside the engine's settings: {named})"
+    return [("error", f"server.env.{name}", message)]
 
 
 def general_rules() -> list[Rule]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from sparkit.contract.flag_table import SPECULATIVE_NUMBERS
+from sparkit.contract.flag_table import SPECULATIVE_NUMBERS, chain_draft_tokens
 from sparkit.contract.rules import Rule, Severity
 from sparkit.recipes.load import LoadedRecipe
-from sparkit.recipes.schema import code_loading
 
 RULES: list[Rule] = []
 
@@ -59,10 +58,50 @@ def _spec_all_or_none(loaded: LoadedRecipe):
 def _topk1_draft_tokens(loaded: LoadedRecipe):
     spec = loaded.recipe.stack.speculative
     if spec.method == "nextn" and spec.eagle_topk == 1 and spec.num_steps and spec.num_draft_tokens:
-        if spec.num_draft_tokens != spec.num_steps + 1:
+        if spec.num_draft_tokens != chain_draft_tokens(spec.num_steps):
             return [("error", "stack.speculative.num_draft_tokens",
-                     f"with eagle_topk 1, num_draft_tokens must be num_steps + 1 = {spec.num_steps + 1}, "
+                     f"with eagle_topk 1, num_draft_tokens must be num_steps + 1 = {chain_draft_tokens(spec.num_steps)}, "
                      f"not {spec.num_draft_tokens}")]
+    return []
+
+
+@rule(
+    "dspark-needs-draft-model",
+    "DSpark drafts with a separate block-draft checkpoint; the target has no DSpark layer",
+    "set stack.speculative.draft_model (e.g. inclusionAI/Ling-3.0-flash-dspark, or sparkit:tiny-ling-dspark for tiny-ling)",
+)
+def _dspark_draft(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method == "dspark" and not spec.draft_model:
+        return [("error", "stack.speculative", "speculative method dspark needs draft_model")]
+    return []
+
+
+@rule(
+    "dspark-takes-no-step-numbers",
+    "DSpark's block size comes from the draft checkpoint (or speculative.block_size); the engines take no "
+    "num-steps / draft-tokens / topk for it (sglang resolves them to 1, block_size + 1, 1)",
+    "remove speculative.num_steps, eagle_topk and num_draft_tokens (set speculative.block_size to change the block)",
+)
+def _dspark_numbers(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.method != "dspark":
+        return []
+    given = [k for k in SPECULATIVE_NUMBERS if getattr(spec, k) is not None]
+    if given:
+        return [("error", f"stack.speculative.{given[0]}", "dspark takes no " + ", ".join(given))]
+    return []
+
+
+@rule(
+    "block-size-is-dspark",
+    "speculative.block_size is the number of tokens a DSpark block drafts; NEXTN drafts num_steps tokens",
+    "remove speculative.block_size, or use speculative.method: dspark",
+)
+def _block_size_dspark(loaded: LoadedRecipe):
+    spec = loaded.recipe.stack.speculative
+    if spec.block_size is not None and spec.method != "dspark":
+        return [("error", "stack.speculative.block_size", f"block_size is a DSpark setting; the method is {spec.method}")]
     return []
 
 
@@ -78,24 +117,23 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(upper)) and not upper.startswith(_KNOB_PREFIXES)
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 @rule(
-    "code-env-needs-opt-in",
-    "a variable such as PYTHONPATH or LD_PRELOAD makes the engine load code from where it points, and the "
-    "startup checks cannot tell that code from the engine's own",
-    "remove it from server.env (export it in your shell if you mean it), or list it in server.allow_code_env "
-    "(`--set server.allow_code_env=[NAME]`)",
+    "env-names",
+    "an engine's environment holds NAME=VALUE strings ended by a NUL: a name with other characters, or a value "
+    "with a NUL, cannot be set, and the launch would fail after the preflight",
+    "name variables with letters, digits and _ (not starting with a digit), and keep NUL out of their values",
 )
-def _code_env(loaded: LoadedRecipe):
-    server = loaded.recipe.server
-    return [("error", f"server.env.{name}", f"server.env sets {name}: {code_loading(name)}")
-            for name in server.env if code_loading(name) and name not in server.allow_code_env]
-
-
-def code_env_notes(loaded: LoadedRecipe) -> list[str]:
-    """What `sparkit plan` says about each code-loading variable the recipe sets (and allows)."""
-    server = loaded.recipe.server
-    return [f"server.env.{name}={server.env[name]} loads code into the engine ({code_loading(name)}); "
-            "allowed by server.allow_code_env" for name in server.env if code_loading(name) and name in server.allow_code_env]
+def _env_names(loaded: LoadedRecipe):
+    out = []
+    for name, value in loaded.recipe.server.env.items():
+        if not _ENV_NAME.match(name):
+            out.append(("error", f"server.env.{name}", f"{name!r} is not an environment variable name"))
+        elif "\0" in value:
+            out.append(("error", f"server.env.{name}", f"the value of {name} holds a NUL character"))
+    return out[:1] + ([("error", "server.env", f"and {len(out) - 1} more such variable(s)")] if len(out) > 1 else [])
 
 
 @rule(

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sparkit.contract.engine import engine_names
+from sparkit.contract.flag_table import DEFAULT_PORT
+from sparkit.gpu_specs import GPU_SPECS
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
 from sparkit.weight_formats import WEIGHT_FORMATS
 
@@ -47,42 +49,10 @@ MAX_BATCH = 2**20  # requests at once, CUDA-graph batch sizes
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# Environment variables that make the engine load code from where they point: a recipe that sets
-# one runs that code inside the engine, every startup check passing. Each needs the recipe's
-# explicit `server.allow_code_env`, and `sparkit plan` shows it. (The same variables exported in
-# the shell that runs sparkit are the user's own doing, and pass through untouched.)
-CODE_LOADING_ENV: dict[str, str] = {
-    "PYTHONPATH": "Python imports modules (and a sitecustomize.py) from these directories first",
-    "PYTHONHOME": "Python's standard library is read from this directory",
-    "PYTHONSTARTUP": "Python runs this file at an interactive start",
-    "PYTHONUSERBASE": "Python imports user site-packages (and their .pth files) from here",
-    "PYTHONPLATLIBDIR": "Python's platform library directory name",
-    "PYTHONEXECUTABLE": "the interpreter Python reports as sys.executable (child processes run it)",
-    "PYTHONPYCACHEPREFIX": "Python loads compiled modules (.pyc) from this directory",
-    "PYTHONBREAKPOINT": "Python imports and calls this on breakpoint()",
-    "PYTHONWARNINGS": "Python imports the module of each warning category named here",
-    "LD_PRELOAD": "the dynamic linker loads these libraries into every process",
-    "LD_LIBRARY_PATH": "the dynamic linker looks for libraries here first",
-    "LD_AUDIT": "the dynamic linker loads these auditing libraries",
-    "GCONV_PATH": "glibc loads character-set conversion modules from here",
-    "NCCL_NET_PLUGIN": "NCCL loads this network plugin library",
-    "NCCL_TUNER_PLUGIN": "NCCL loads this tuner plugin library",
-    "NCCL_PROFILER_PLUGIN": "NCCL loads this profiler plugin library",
-    "TORCH_EXTENSIONS_DIR": "PyTorch loads compiled extensions from here",
-    "TORCHINDUCTOR_CACHE_DIR": "PyTorch's compiler loads cached compiled kernels from here",
-    "TRITON_CACHE_DIR": "Triton loads cached compiled kernels from here",
-    "HF_MODULES_CACHE": "transformers imports remote-code modules from here",
-}
-CODE_LOADING_ENV_PREFIXES: dict[str, str] = {
-    "DYLD_": "the macOS dynamic linker loads libraries from what these name",
-}
-
-
-def code_loading(name: str) -> str | None:
-    """What an environment variable makes a process load, when it loads code; else None."""
-    if name in CODE_LOADING_ENV:
-        return CODE_LOADING_ENV[name]
-    return next((why for prefix, why in CODE_LOADING_ENV_PREFIXES.items() if name.startswith(prefix)), None)
+# On a field: a change of this key changes the floating-point rounding of the logits, so greedy
+# outputs may legitimately differ (`sparkit verify` then judges by token agreement, not byte-exact
+# outputs; the recipe reference says so).
+CHANGES_ROUNDING: dict[str, Any] = {"changes_rounding": True}
 
 
 class _Strict(BaseModel):
@@ -95,8 +65,9 @@ class ModelSpec(_Strict):
 
     path: str
     """Local checkpoint directory, hub id (`inclusionAI/Ling-3.0-flash`), or sparkit's built-in
-    model: `sparkit:tiny-ling` (shipped; SGLang gets its Hugging Face BailingMoeV2 export), or
-    another build of it, `sparkit:tiny-ling:seed=N:steps=S`, trained before the launch. A suffix
+    model: `sparkit:tiny-ling` (shipped; SGLang gets its Hugging Face BailingMoeV2 export) or
+    `sparkit:tiny-ling-v3` (shipped; Ling-3.0's architecture, SGLang gets its BailingMoeV3 export), or
+    another build of one, `sparkit:tiny-ling:seed=N:steps=S`, trained before the launch. A suffix
     names the export in a weights layout, for either engine: `@fp8` (block-128 FP8, the published
     -fp8 layout), `@mxfp4` (MXFP4 routed experts, FP8 elsewhere: the -fp4 layout), `@bf16`;
     `stack.weights` must then say the same. `@fp8+damaged-scale` / `@mxfp4+damaged-scale`: one
@@ -112,7 +83,7 @@ class ModelSpec(_Strict):
     context_length: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     """Maximum context length in tokens (default: the model's)."""
 
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(default="auto", json_schema_extra=CHANGES_ROUNDING)
     """Activation / dense weight dtype."""
 
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -137,8 +108,15 @@ class Speculative(_Strict):
     """NEXTN: tokens verified per step; with eagle_topk 1 it must be num_steps + 1."""
 
     draft_model: str | None = None
-    """Draft checkpoint: required for dspark; for nextn it replaces the target's own NextN
-    layer (`sparkit:tiny-ling:seed=1:steps=40` is a deliberately wrong draft)."""
+    """Draft checkpoint: required for dspark (a LingDSparkModel checkpoint; `sparkit:tiny-ling-dspark`
+    is the draft sparkit trains for tiny-ling, `sparkit:tiny-ling-v3-dspark` the one for tiny-ling-v3,
+    `sparkit:tiny-ling-dspark:steps=0` one that never trained); for nextn it replaces the target's own NextN layer (`sparkit:tiny-ling:seed=1:steps=40`
+    is a deliberately wrong draft)."""
+
+    block_size: int | None = Field(default=None, ge=1, le=MAX_DRAFT)
+    """DSpark: tokens drafted per block (sglang `--speculative-dspark-block-size`; each verify
+    step checks block_size + 1 tokens: the anchor and the drafts). Unset = the draft checkpoint's
+    block_size, the one it was trained for; the block size startup check compares the two."""
 
     @model_validator(mode="before")
     @classmethod
@@ -157,23 +135,23 @@ class Speculative(_Strict):
 class Stack(_Strict):
     """The optimisation stack."""
 
-    weights: Literal[WEIGHT_FORMATS] = "bf16"
+    weights: Literal[WEIGHT_FORMATS] = Field(default="bf16", json_schema_extra=CHANGES_ROUNDING)
     """What the checkpoint's expert weights hold (for the embedded engine with a bf16 checkpoint:
     what the experts are quantised to at load). Describes the checkpoint; it sets no
     `--quantization`. The `weights` startup check judges every MoE layer against it."""
 
-    quantization: str | None = None
+    quantization: str | None = Field(default=None, json_schema_extra=CHANGES_ROUNDING)
     """Explicit sglang `--quantization` (online quantisation). Leave unset for pre-quantised
     checkpoints such as Ling's -fp4: a value that contradicts the checkpoint is an sglang error."""
 
-    moe_backend: MoeBackend = "auto"
+    moe_backend: MoeBackend = Field(default="auto", json_schema_extra=CHANGES_ROUNDING)
     """MoE runner backend (`--moe-runner-backend`); `embedded-torch` or `auto` for the embedded engine."""
 
-    lm_head: Literal["bf16", "fp32", "fp8"] = "bf16"
+    lm_head: Literal["bf16", "fp32", "fp8"] = Field(default="bf16", json_schema_extra=CHANGES_ROUNDING)
     """Output layer precision: bf16 (the checkpoint's), fp32 (`--enable-fp32-lm-head`) or
     fp8 (online FP8 quantisation at load)."""
 
-    lm_head_exact_top_k: int = Field(default=DEFAULT_EXACT_TOP_K, ge=0, le=64)
+    lm_head_exact_top_k: int = Field(default=DEFAULT_EXACT_TOP_K, ge=0, le=64, json_schema_extra=CHANGES_ROUNDING)
     """With `lm_head: fp8`: how many of each row's best FP8 candidates are re-scored exactly
     from the bf16 weight, which sparkit then keeps next to the FP8 copy (on CUDA: the best
     vocabulary stretches, two tokens each). Near-ties then resolve as the bf16 head resolves
@@ -187,10 +165,17 @@ class Stack(_Strict):
     attention_backend: str | None = None
     """Attention backend (`--attention-backend`), checked against the installed sglang."""
 
-    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    kv_cache_dtype: str = Field(default="auto", min_length=1, max_length=64, json_schema_extra=CHANGES_ROUNDING)
+    """KV cache storage dtype (SGLang's `--kv-cache-dtype`): `auto` (the model's dtype), `fp8_e4m3` or
+    `fp8_e5m2` (half the KV bytes of bf16: a longer context fits, and each decode step reads less),
+    `bf16`, ...: checked against the installed sglang's choices. The memory fit and the roofline
+    size the KV cache in it. The embedded engine keeps its KV cache in the compute dtype (`auto`
+    only)."""
+
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS, json_schema_extra=CHANGES_ROUNDING)
     """Tensor-parallel size (GPUs per replica)."""
 
-    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS, json_schema_extra=CHANGES_ROUNDING)
     """Expert-parallel size (divides the experts between GPUs instead of splitting each one)."""
 
 
@@ -234,13 +219,28 @@ class MemoryGuard(_Strict):
         return {"enabled": value} if isinstance(value, bool) else value
 
 
+class ConstrainedJson(_Strict):
+    """How JSON is written under a `json_schema` or `response_format` constraint: SGLang's xgrammar
+    settings, the same flags on both engines. SGLang's default (both off) lets the JSON hold any
+    whitespace between its tokens, and a small model that likes whitespace writes `{` and then
+    whitespace until `max_tokens`; tiny-ling does (the default recipe turns it off)."""
+
+    disable_any_whitespace: bool = False
+    """Compact JSON: no free whitespace, one space after `:` and `,`
+    (`--constrained-json-disable-any-whitespace`)."""
+
+    max_whitespace_cnt: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    """At most this many whitespace characters in a row where JSON allows them
+    (`--constrained-json-max-whitespace-cnt`; unset = unbounded)."""
+
+
 class Server(_Strict):
     """How the server listens and engine extras."""
 
     host: str = "127.0.0.1"
     """Address to listen on."""
 
-    port: int = Field(default=30000, ge=1, le=65535)
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     """Port to listen on (`sparkit up --port` wins)."""
 
     api_key_env: str | None = None
@@ -263,20 +263,33 @@ class Server(_Strict):
     enable_metrics: bool = True
     """Expose Prometheus /metrics (the startup checks read it)."""
 
+    constrained_json: ConstrainedJson = Field(default_factory=ConstrainedJson)
+    """Constrained JSON's whitespace (see `constrained_json.*`)."""
+
+    tool_call_parser: str | None = None
+    """The format the model writes tool calls in, parsed into the API's `tool_calls`
+    (`--tool-call-parser`; unset: no parsing, a `tools` request gets the model's text as content).
+    `ling3` for Ling 3.0 (and tiny-ling's chat template); checked against the installed SGLang's
+    choices; the embedded engine parses `ling3`. The startup check `tool calls` says whether
+    parsing is on."""
+
     extra_args: list[str] = Field(default_factory=list, max_length=MAX_EXTRA_ARGS)
     """Pass-through engine flags, validated by the installed engine's own parser (at most 512 items:
     SGLang has about 300 flags)."""
 
     env: dict[str, str] = Field(default_factory=dict)
-    """Environment variables for the engine; SGLANG_* names are checked against the
-    installed sglang's registry (a warning for each one it ignores). A variable that loads code
-    into the engine (PYTHONPATH, LD_PRELOAD, ...: see `allow_code_env`) needs `allow_code_env`."""
+    """Environment variables for the engine, over the environment `sparkit up` inherits. Each must
+    be one of the engine's settings (its allowlist: SGLang's registry and `SGLANG_*`, PyTorch, CUDA,
+    NCCL, Triton, ...: the section "The engine's environment" below); any other variable, and one
+    that names a file, directory, library or module, needs `allow_code_env`. SGLANG_* names are
+    checked against the installed sglang's registry (a warning for each one it ignores)."""
 
     allow_code_env: list[str] = Field(default_factory=list, max_length=64)
-    """The variables of `env` that load code into the engine (PYTHONPATH, LD_PRELOAD, ...: the table
-    "Variables that load code" below) and that this recipe means to set. Such a variable in `env`
-    that is not listed here is an error (rule `code-env-needs-opt-in`); one that is listed is shown
-    by `sparkit plan` as code loaded into the engine. On the command line: `--set
+    """The variables of `env` outside the engine's settings that this recipe means to set
+    (OPENSSL_CONF, PATH, HOME, LD_PRELOAD, PYTHONPATH, TRITON_CACHE_DIR, ...: anything that is not
+    on the engine's allowlist, below). Such a variable in `env` that is not listed here is an error
+    (rule `code-env-needs-opt-in`); one that is listed is shown by `sparkit plan` and by `sparkit
+    up`'s preflight as code the recipe lets into the engine. On the command line: `--set
     server.allow_code_env=[PYTHONPATH]`. Variables exported in the shell that runs sparkit are not
     the recipe's and need nothing."""
 
@@ -284,9 +297,8 @@ class Server(_Strict):
     @classmethod
     def _code_env_names(cls, value: list[str]) -> list[str]:
         for name in value:
-            if code_loading(name) is None:
-                raise ValueError(f"{name!r} loads no code (allow_code_env lists only variables such as "
-                                 "PYTHONPATH or LD_PRELOAD; any other variable needs no opt-in)")
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
         return value
 
     @field_validator("api_key_env")
@@ -355,6 +367,20 @@ class Recipe(_Strict):
     target: TargetName = "auto"
     """Hardware profile the recipe is for: gb10, blackwell-tp4, hopper, cpu, or auto (any host)."""
 
+    target_gpu: str | None = None
+    """The GPU part the recipe is written for, when its target profile covers several (hopper: H100
+    or H200): a name of sparkit's spec table (`H200`, `H100`, `B200`, `GB10`, ...). A plan made on a
+    host without that GPU reads this part's spec-sheet bandwidth for its speed estimate instead of
+    the profile's reference part; on the serving host, its own GPU (measured or spec) wins."""
+
+    @field_validator("target_gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None and value not in {key for key, _, _ in GPU_SPECS}:
+            raise ValueError(f"unknown GPU {value!r}; parts with a spec sheet: "
+                             f"{', '.join(key for key, _, _ in GPU_SPECS)}")
+        return value
+
     stack: Stack = Field(default_factory=Stack)
     """The optimisation stack."""
 
@@ -384,3 +410,30 @@ TARGETS: dict[str, TargetProfile] = {
     "cpu": TargetProfile("cpu", 0, (), None, "host", "no GPU: host CPU and RAM"),
     "auto": TargetProfile("auto", 0, (), None, "any", "whatever this host has"),
 }
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section a field holds (Speculative, CudaGraph, ...), else None."""
+    import typing
+
+    return next((a for a in (annotation, *typing.get_args(annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)), None)
+
+
+def recipe_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> dict[str, Any]:
+    """Every key of a recipe, dotted ("stack.speculative.num_steps"), sections included, in the
+    order the schema declares them -> its pydantic FieldInfo."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        out[key] = info
+        section = _section_model(info.annotation)
+        if section is not None:
+            out.update(recipe_keys(section, f"{key}."))
+    return out
+
+
+def rounding_keys() -> tuple[str, ...]:
+    """The recipe keys whose change changes rounding (their fields carry CHANGES_ROUNDING)."""
+    return tuple(key for key, info in recipe_keys().items()
+                 if (info.json_schema_extra or {}).get("changes_rounding"))

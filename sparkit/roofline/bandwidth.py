@@ -20,25 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkit.gpu_specs import GPU_SPECS, gpu_spec, spec_by_key
 from sparkit.host import detect_host, target_fit
 from sparkit.paths import data_dir, ensure_dir, write_atomic
-
-# (substring of the NVML device name, marketing name, GB/s). First match wins: specific first.
-GPU_SPECS: tuple[tuple[str, str, float], ...] = (
-    ("GB10", "NVIDIA GB10 (DGX Spark, LPDDR5X)", 273.0),
-    ("GB300", "NVIDIA GB300", 8000.0),
-    ("GB200", "NVIDIA GB200", 8000.0),
-    ("B300", "NVIDIA B300", 8000.0),
-    ("B200", "NVIDIA B200", 8000.0),
-    ("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell", 1792.0),
-    ("RTX 5090", "NVIDIA GeForce RTX 5090", 1792.0),
-    ("H200", "NVIDIA H200", 4800.0),
-    ("H100 NVL", "NVIDIA H100 NVL", 3900.0),
-    ("H100 PCIe", "NVIDIA H100 PCIe", 2000.0),
-    ("H100", "NVIDIA H100 SXM", 3350.0),
-    ("H20", "NVIDIA H20", 4000.0),
-    ("GH200", "NVIDIA GH200", 4000.0),
-)
 
 
 @dataclass(frozen=True)
@@ -59,21 +43,6 @@ TARGET_DEVICES: dict[str, TargetDevice] = {
 
 STORE_FILE = "bandwidth.json"
 STORE_FORMAT = 1
-
-
-def gpu_spec(device_name: str) -> tuple[str, float] | None:
-    """(marketing name, GB/s) for an NVML device name, or None for a GPU sparkit has no sheet for."""
-    for key, name, gb_s in GPU_SPECS:
-        if key.lower() in device_name.lower():
-            return name, gb_s
-    return None
-
-
-def spec_by_key(key: str) -> tuple[str, float]:
-    for k, name, gb_s in GPU_SPECS:
-        if k == key:
-            return name, gb_s
-    raise KeyError(key)
 
 
 @dataclass
@@ -205,7 +174,8 @@ def measured_for(kind: str, gpu_name: str | None = None, host: str | None = None
     return None
 
 
-def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None = None) -> Bandwidth:
+def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None = None,
+                      target_gpu: str | None = None) -> Bandwidth:
     """The bandwidth for a plan on `target` running on `device_kind` ("gpu" | "cpu") over `tp`
     devices. `host` is a sparkit.host.Host (detected when None)."""
     host = host if host is not None else detect_host()
@@ -228,6 +198,10 @@ def resolve_bandwidth(target: str, device_kind: str, tp: int, host: Any | None =
         if spec:
             return Bandwidth(spec[1], tp, "spec", f"{spec[1]:.0f} GB/s{_per_gpu(tp)}: {spec[0]} spec sheet (this host's GPU)",
                              ["`sparkit doctor --bandwidth` measures what it reaches"])
+    if target_gpu is not None:  # the part the recipe names (recipe key target_gpu)
+        name, gb_s = spec_by_key(target_gpu)
+        return Bandwidth(gb_s, max(tp, 1), "spec", f"{gb_s:.0f} GB/s{_per_gpu(tp)}: {name} spec sheet (the recipe's "
+                         f"target_gpu)")
     device = TARGET_DEVICES.get(target)
     if device is not None:
         name, gb_s = spec_by_key(device.spec_key)

@@ -40,17 +40,21 @@ import sparkit.checkpoint_headers
 import sparkit.roofline.layout
 import sparkit.roofline.profiles
 from sparkit._version import __version__
-from sparkit.checkpoint_headers import safetensors_files
+from sparkit.checkpoint_headers import read_safetensors_index, safetensors_files
+from sparkit.contract.flag_table import SPECULATIVE_DEFAULTS, chain_draft_tokens
 from sparkit.contract.reading import ReadRules
 from sparkit.engines.base import get_adapter
 from sparkit.engines.builtin_models import parse_builtin_ref
-from sparkit.engines.embedded import hf_checkpoint
-from sparkit.engines.embedded.builder import builtin_model_dir
-from sparkit.engines.embedded.checkpoint import hf_export_dir
 from sparkit.errors import HubError, SparkitError
 from sparkit.host import detect_host
 from sparkit.hub.remote import remote_checkpoint
 from sparkit.memory.checkpoint_location import locate
+from sparkit.models.builder import builtin_model_dir
+from sparkit.models.catalog import BUILTIN_DRAFTS, family
+from sparkit.models.checkpoint import hf_export_dir, is_export
+from sparkit.models.dspark.builder import builtin_draft_dir
+from sparkit.models.dspark.checkpoint import load_config
+from sparkit.models.dspark.config import UNKNOWN_DRAFT_BLOCK_SIZE
 from sparkit.paths import cache_dir, ensure_dir, write_atomic
 from sparkit.roofline.bandwidth import Bandwidth, resolve_bandwidth
 from sparkit.roofline.layout import (
@@ -343,18 +347,19 @@ def resolve_layout(model_path: str, weights: str) -> ModelLayout:
 
 def _export_layout(shipped: Path, parsed: Any, model_path: str) -> ModelLayout:
     """A built-in model's quantised export: its headers once written, else the tensors the
-    exporter will write (hf_checkpoint.hf_tensor_inventory of the shipped build's config)."""
+    exporter will write (its family's hf_tensor_inventory of the shipped build's config)."""
     import json
     import types
 
     name = f"{parsed.name}@{parsed.weights} ({LAYOUTS[parsed.weights].title})"
     export = hf_export_dir(shipped, "bfloat16", parsed.weights, parsed.damaged_scale)
-    if hf_checkpoint.is_export(export, weights=parsed.weights):
+    if is_export(export, weights=parsed.weights):
         return layout_from_checkpoint(export, name=name)
     try:
+        hf_format = family(parsed.name).hf_format()
         cfg = types.SimpleNamespace(**json.loads((shipped / "config.json").read_text()))
-        tensors = hf_checkpoint.hf_tensor_inventory(cfg, parsed.weights)
-        config = {**hf_checkpoint.hf_config(cfg), "quantization_config": sglang_quantization_config(parsed.weights)}
+        tensors = hf_format.hf_tensor_inventory(cfg, parsed.weights)
+        config = {**hf_format.hf_config(cfg), "quantization_config": sglang_quantization_config(parsed.weights)}
     except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
         raise NoLayout(f"{model_path}: cannot read the shipped build's config.json ({exc})") from None
     layout = layout_from_tensors(tensor_infos(tensors), config, name=name, source="declared export",
@@ -443,7 +448,7 @@ def estimate(recipe: Any, *, recipe_name: str = "", context: int | None = None, 
     step = forward_bytes(layout, rules, layout.target_layers, 1, ctx)
     notes = list(layout.notes)
     spec = _spec_model(recipe, layout, rules, ctx, notes)
-    bw = bandwidth or resolve_bandwidth(recipe.target, device, rules.tp, host)
+    bw = bandwidth or resolve_bandwidth(recipe.target, device, rules.tp, host, recipe.target_gpu)
     moe_layers = [layer.experts for layer in layout.target_layers if layer.experts is not None]
     moe = ({"num_experts": moe_layers[0].num_experts, "top_k": moe_layers[0].top_k, "moe_layers": len(moe_layers)}
            if moe_layers else None)
@@ -459,8 +464,8 @@ def _spec_model(recipe: Any, layout: ModelLayout, rules: ReadRules, ctx: int, no
     if not spec.enabled:
         return None
     if spec.method == "nextn":
-        steps = spec.num_steps or 3  # SGLang's default for Bailing when none is given
-        n = spec.num_draft_tokens or steps + 1
+        steps = spec.num_steps or SPECULATIVE_DEFAULTS["num_steps"]  # SGLang's default for Bailing when none is given
+        n = spec.num_draft_tokens or chain_draft_tokens(steps)
         label = f"NEXTN {steps}/{spec.eagle_topk or 1}/{n}"
         verify = forward_bytes(layout, rules, layout.target_layers, n, ctx, verify=True)
         mtp = layout.mtp_layers
@@ -480,25 +485,64 @@ def _spec_model(recipe: Any, layout: ModelLayout, rules: ReadRules, ctx: int, no
             return forward_bytes(layout, rules, mtp, tokens, ctx, with_final=False)
 
         return SpecModel("nextn", label, n, verify, draft(1), steps - 1, extend=draft, notes=draft_notes)
-    # DSpark: a block draft model verified in one target forward over its block.
-    block = None
-    notes_spec = []
-    try:
-        draft_layout = resolve_layout(spec.draft_model or "", "bf16")
-        block = draft_layout.config.get("block_size")
-        draft_total = draft_layout.total_stored_bytes / rules.tp
-        counted = True
-        notes_spec.append(f"draft {spec.draft_model}: all of its weights counted once per cycle")
-    except Exception:  # noqa: BLE001
-        draft_total, counted = 0.0, False
-        notes_spec.append(f"draft {spec.draft_model}: not local, its reads are not counted (the bound is optimistic)")
+    return _dspark_model(recipe, layout, rules, ctx)
+
+
+def _draft_dir(draft_model: str) -> Path | None:
+    """The directory a DSpark draft is read from here: a built-in draft's build (the shipped one when
+    its own is not built: the same layout), a local directory; None otherwise."""
+    if draft_model.startswith("sparkit:"):
+        name = draft_model.split(":")[1]
+        if name not in BUILTIN_DRAFTS:
+            return None
+        built = builtin_draft_dir(name)
+        return built if (built / "config.json").is_file() else None
+    path = Path(draft_model).expanduser()
+    return path if (path / "config.json").is_file() else None
+
+
+def _dspark_draft_reads(draft_dir: Path, rules: ReadRules, ctx: int) -> tuple[dict[str, float], int | None, str]:
+    """(a DSpark cycle's draft reads by component, the draft's block size, a note): every draft weight
+    once (one forward drafts the whole block), its context K/V at `ctx`, and the target's lm_head
+    once more for the block's base logits (the draft shares it)."""
+    config = load_config(draft_dir)
+    tensors = read_safetensors_index(draft_dir).tensors.values()
+    weights = sum(t.numel * rules.float_bytes if rules.float_bytes else t.nbytes for t in tensors)
+    kv = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * rules.kv_bytes * ctx
+    note = (f"draft {draft_dir.name}: {weights / 1e6:.2f} MB of weights and its context K/V "
+            f"({config.num_hidden_layers} layers at {ctx} tokens) once per cycle, plus the shared lm_head once")
+    return {"other": weights / rules.tp, "kv_cache": kv / rules.tp}, config.block_size, note
+
+
+def _dspark_model(recipe: Any, layout: ModelLayout, rules: ReadRules, ctx: int) -> SpecModel:
+    """DSpark: a block draft (one forward per cycle) verified in one target forward over the anchor
+    and its block_size drafts."""
+    spec = recipe.stack.speculative
+    notes_spec: list[str] = []
+    block, chained = None, None
+    draft_dir = _draft_dir(spec.draft_model or "")
+    if draft_dir is None:
+        try:
+            draft_layout = resolve_layout(spec.draft_model or "", "bf16")
+            block = draft_layout.config.get("block_size")
+            chained = {"other": draft_layout.total_stored_bytes / rules.tp}
+            notes_spec.append(f"draft {spec.draft_model}: all of its weights counted once per cycle")
+        except Exception:  # noqa: BLE001 - a draft we cannot read is a note, not a failure
+            notes_spec.append(f"draft {spec.draft_model}: not local, its reads are not counted (the bound is optimistic)")
+    else:
+        chained, block, note = _dspark_draft_reads(draft_dir, rules, ctx)
+        head, rescore = lm_head_bytes(layout, rules, spec.block_size or block or 1)
+        chained["lm_head"] = head
+        chained["lm_head_rescore"] = rescore
+        notes_spec.append(note)
+    block = spec.block_size or block
     if not isinstance(block, int):
-        block = 16
-        notes_spec.append("verify block of 16 tokens (the TP4 study's measured DSpark draft; the published "
+        block = UNKNOWN_DRAFT_BLOCK_SIZE
+        notes_spec.append(f"blocks of {block} tokens (the TP4 study's measured DSpark draft; the published "
                           "checkpoint uses block_size 8)")
-    verify = forward_bytes(layout, rules, layout.target_layers, block, ctx, verify=True)
-    return SpecModel("dspark", f"DSpark block {block}", block, verify, {"other": draft_total} if counted else None,
-                     1, notes=notes_spec)
+    verify = forward_bytes(layout, rules, layout.target_layers, block + 1, ctx, verify=True)
+    return SpecModel("dspark", f"DSpark block {block} (verify {block + 1})", block + 1, verify, chained, 1,
+                     notes=notes_spec)
 
 
 def roofline_document(recipe: Any, *, recipe_name: str = "", context: int | None = None,

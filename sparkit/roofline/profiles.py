@@ -51,7 +51,7 @@ from sparkit.weight_formats import LAYOUTS, linear_tensors, sglang_quantization_
 _HF = "transformers BailingHybridConfig default (checkpoint inclusionAI/Ling-3.0-Flash)"
 
 # Every shape of Ling-3.0-flash: (value, what settles it). The published figures are in
-# sglang-facts.md sections 6 and 9 and in docs/roofline.md's cross-check table.
+# docs/sglang-facts.md sections 6 and 9 and in docs/roofline.md's cross-check table.
 LING3_FLASH_SHAPES: dict[str, tuple[Any, str]] = {
     "vocab_size": (157184, f"{_HF}; published vocabulary; the 805 MB bf16 lm_head (157184 x 2560 x 2 B)"),
     "hidden_size": (2560, f"{_HF}; the 805 MB lm_head and the 2.6 MB bf16 router (512 x 2560 x 2 B, TP4 study)"),

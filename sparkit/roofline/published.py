@@ -88,3 +88,32 @@ H200_TINY: tuple[MeasuredFigure, ...] = (
     MeasuredFigure("tiny/tiny-sglang-baseline", H200_SESSION, "random 256 in / 256 out, interleaved", 384, 461.4,
                    tpot_ms=2.167, gap="launch-bound", notes=("TPOT is the median",)),
 )
+
+
+@dataclass(frozen=True)
+class HostStepCost:
+    """The part of a batch-1 decode step that is not reading memory: a line through the step times
+    of the same widths at two layer counts, step = fixed + per_layer x layers. The fixed part is
+    the host's time between CUDA-graph replays (scheduler, metadata prep, sampling readback), which
+    a slower memory does not shrink."""
+
+    fixed_ms: float
+    per_layer_ms: float
+    source: str
+    stack: str  # what ran: engine, GPU, experts, head, switches
+
+    def share_of_step(self, step_bytes: float, gb_s: float) -> float:
+        """Its share of a step that reads `step_bytes` at `gb_s`, plus this fixed cost."""
+        read_ms = step_bytes / (gb_s * 1e9) * 1000.0
+        return self.fixed_ms / (read_ms + self.fixed_ms)
+
+
+# Issue 25's fit (benchmarks/results/h200-session-8.md, the `extra` phase): FP8 block experts, FP8
+# head, decode CUDA graphs, SGLang 0.5.23 on one H200, servers up together: 2.244 ms at 6 layers,
+# 2.621 ms at 12. benchmarks/host_gap.py re-fits it one server at a time, with and without SGLang's
+# host-side switches (issue 38, docs/host-gap.md).
+H200_HOST_STEP = HostStepCost(
+    fixed_ms=1.867, per_layer_ms=0.0628,
+    source="benchmarks/results/h200-session-8.md (H at 6 and I at 12 layers, 3 servers up, interleaved)",
+    stack="SGLang 0.5.23, one H200, Ling-3.0-flash widths, FP8 block experts, FP8 head, decode CUDA graphs, defaults",
+)

@@ -24,7 +24,8 @@ _EXPORTS = {
     "Run": "sparkit.runs.store", "RunFiles": "sparkit.runs.store", "RunState": "sparkit.runs.store",
     "Server": "sparkit.runs.store", "follow_log": "sparkit.runs.store", "list_runs": "sparkit.runs.store",
     "live_runs": "sparkit.runs.store", "mark_stale": "sparkit.runs.store", "prune_runs": "sparkit.runs.store",
-    "resolve_server": "sparkit.runs.store", "select_run": "sparkit.runs.store",
+    "resolve_server": "sparkit.runs.store", "select_run": "sparkit.runs.store", "run_serving": "sparkit.runs.store",
+    "holder_of_port": "sparkit.runs.store",
 }
 
 __all__ = sorted(_EXPORTS)

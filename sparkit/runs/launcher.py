@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sparkit.runs.processes as processes
+from sparkit import interrupts
 from sparkit.api_key import engine_environ, recipe_key
 from sparkit.client import check_health
 from sparkit.contract.engine import STARTUP_PHASES, EngineAdapter
@@ -145,37 +146,25 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
     if on_recorded is not None:
         on_recorded(run)
 
-    try:
-        adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
-        secret_env, extra_argv = _secret_delivery(plan, adapter, run)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            why = "interrupted while preparing the launch (building the model)"
-        else:
-            why = f"not started: {exc}".splitlines()[0][:200]
-        run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
-        _save_if_possible(run)
-        raise
-    # The engine's key is the recipe's or none (sparkit.api_key): a key variable the engine would
-    # read by itself is dropped from what it inherits, then the recipe's key is delivered.
-    env = {**engine_environ(os.environ, adapter.key_env), **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
-    env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
-    argv = list(plan.argv) + extra_argv
-    emit("starting", " ".join(argv[1:4])[:100])
-    # A foreground server lives as long as the command that holds it, even one killed with
-    # SIGKILL (the kernel tells the engine); a detached one must outlive it.
-    tie = (not detach) if tie_to_parent is None else tie_to_parent
-    proc = _spawn(run, argv, env, processes.die_with_parent() if tie else None, adapter.install_hint)
-    processes.children[proc.pid] = proc
-    run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
-    started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
-    run.create_time = started.create_time if started else None
-    run.cmdline = list(started.cmdline) if started and started.cmdline else None
+    argv, env, preexec = _prepared(plan, adapter, run, tie_to_parent if tie_to_parent is not None else not detach, emit)
+    # A signal while the engine forks (a preexec_fn runs the interpreter's fork hooks, where a
+    # KeyboardInterrupt is swallowed; later in Popen it would lose the child) is held until the
+    # engine is known to this process, then raised below, which stops it.
+    with interrupts.deferred():
+        proc = _spawn(run, argv, env, preexec, adapter.install_hint)
+        processes.children[proc.pid] = proc
+        run.pid = run.pgid = proc.pid  # start_new_session: the child leads its own group
     guard = None
     try:
+        started = processes.ProcessIdentity.of(proc.pid)  # Popen returns after exec: the engine's argv
+        run.create_time = started.create_time if started else None
+        run.cmdline = list(started.cmdline) if started and started.cmdline else None
         run.save()  # a full disk here: the engine is stopped, not left running unrecorded
+        interrupts.raise_if_pending()
+        # The guard's thread starts held (sparkit.interrupts): CI met "RuntimeError: release
+        # unlocked lock" for a SIGHUP sent the moment the engine's pid was recorded.
         oom = OomWatch.start(proc.pid)
-        guard = _start_guard(plan, run, proc)
+        guard = interrupts.held(lambda: _start_guard(plan, run, proc))
         try:
             _wait_healthy(run, adapter, proc, plan, timeout, emit, t0, guard, oom)
         finally:
@@ -183,6 +172,7 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
             for name in adapter.secret_files:
                 (run.path / name).unlink(missing_ok=True)
             _record_guard(run, guard)
+        interrupts.raise_if_pending()
         run = run.reload()
         run.state, run.ready_s = RunState.RUNNING, round(time.monotonic() - t0, 2)
         run.save()
@@ -191,6 +181,34 @@ def launch(plan: LaunchPlan, *, on_progress: ProgressFn | None = None, timeout: 
         raise
     emit("ready")
     return run
+
+
+def _prepared(plan: LaunchPlan, adapter: EngineAdapter, run: Run, tie: bool,
+              emit: Callable[..., None]) -> tuple[list[str], dict[str, str], Callable[[], None] | None]:
+    """(argv, environment, preexec_fn) of the engine once what it needs exists (built-in models,
+    its key); a start that fails or is interrupted here is recorded as failed."""
+    try:
+        adapter.prepare(plan, lambda fraction, message: emit("building model", message, fraction))
+        secret_env, extra_argv = _secret_delivery(plan, adapter, run)
+        interrupts.raise_if_pending()  # one the interpreter swallowed while the model was built
+        # The engine's key is the recipe's or none (sparkit.api_key): a key variable the engine would
+        # read by itself is dropped from what it inherits, then the recipe's key is delivered.
+        env = {**engine_environ(os.environ, adapter.key_env), **plan.env, REPORT_DIR_ENV: str(run.path), **secret_env}
+        env.setdefault("PYTHONUNBUFFERED", "1")  # the phase line reads the log as it is written
+        argv = list(plan.argv) + extra_argv
+        # A foreground server lives as long as the command that holds it, even one killed with
+        # SIGKILL (the kernel tells the engine); a detached one must outlive it.
+        preexec = processes.die_with_parent() if tie else None
+        emit("starting", " ".join(argv[1:4])[:100])
+        return argv, env, preexec
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            why = "interrupted while preparing the launch (building the model)"
+        else:
+            why = f"not started: {exc}".splitlines()[0][:200]
+        run.state, run.failure, run.stopped_at = RunState.FAILED, why, now_iso()
+        _save_if_possible(run)
+        raise
 
 
 def _record_new_run(plan: LaunchPlan, detach: bool, memory_fit: dict | None) -> Run:
@@ -239,11 +257,15 @@ def _spawn(run: Run, argv: list[str], env: dict[str, str], preexec: Callable[[],
 
 def _stop_quietly(run: Run, cause: BaseException) -> None:
     """Stop a start that failed, keeping the failure that is on its way to the user (a record that
-    cannot be written then is not the news; the cause is)."""
+    cannot be written then is not the news; the cause is). A second Ctrl-C does not cut the stop
+    short: the engine would be left behind, its record saying it starts."""
     try:
-        stop(run, grace=5)
+        with interrupts.deferred():
+            stop(run, grace=5)
     except StateError:
         pass
+    if isinstance(cause, KeyboardInterrupt):
+        interrupts.clear()  # the interrupt on its way is the one held meanwhile
     if isinstance(cause, StateError):  # the record names what could not be written, if it can be written
         try:
             run = run.reload()
@@ -287,7 +309,8 @@ def _start_guard(plan: LaunchPlan, run: Run, proc: subprocess.Popen):
 def _record_guard(run: Run, guard: Any) -> None:
     if guard is None:
         return
-    summary = guard.stop()
+    with interrupts.deferred():  # stopping joins its thread; the caller raises a held signal next
+        summary = guard.stop()
     run = run.reload()
     run.memory_guard = {"enabled": True, **summary.to_dict()}
     _save_if_possible(run)  # a full disk: the start's own outcome (or error) says so
@@ -349,6 +372,7 @@ def _wait_healthy(run: Run, adapter: EngineAdapter, proc: subprocess.Popen, plan
                     continue  # the guard stopped it: its message, not "exited"
                 raise _launch_failure(run, adapter, "the engine exited during start", code, oom)
             read_phases(log)
+            interrupts.raise_if_pending()
             now = time.monotonic()
             if now - state["last_emit"] >= 1.0:
                 emit(phases[state["phase"]], state["last_line"])

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from sparkit import interrupts
 from sparkit.checks.preflight import gpus_check, run_preflight
 from sparkit.checks.runner import run_activation_checks
 from sparkit.contract.checks import CheckResult, Status, worst
@@ -72,33 +73,54 @@ def _raise_on_failure(results: list[CheckResult]) -> None:
 
 def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: bool = True,
        on_preflight: PreflightFn | None = None, on_progress: ProgressFn | None = None,
-       on_checking: Callable[[Run], None] | None = None, tie_to_parent: bool | None = None) -> Started:
+       on_checking: Callable[[Run], None] | None = None, tie_to_parent: bool | None = None,
+       under_lock: Callable[[], None] | None = None) -> Started:
     """Preflight, then launch (builds included) and wait, then the startup checks.
 
     Raises PreflightError before anything starts, LaunchError when the engine does not come up
     (nothing left running). Failed startup checks are data (`Started.ok`): the caller decides
     whether the server stays. Ctrl-C during the checks stops the server. `detach` and
-    `tie_to_parent`: see launch()."""
+    `tie_to_parent`: see launch(). `under_lock` is called with the launch lock held, before the
+    preflight: the caller's last word on whether to start, against the runs recorded by then
+    (`sparkit up` refuses there to duplicate a run another `up` began a moment before)."""
     # Preflight and the run record under one lock: a second `up` started at the same moment waits
     # here, then sees this run starting and reserves the memory it will take.
-    with launch_lock() as release:
-        found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
-        run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach, tie_to_parent=tie_to_parent,
-                     memory_fit=_memory_record(plan, found), on_recorded=lambda _run: release())
+    try:
+        interrupts.raise_if_pending()  # one the interpreter swallowed before this start
+        with launch_lock() as release:
+            if under_lock is not None:
+                under_lock()
+            found = preflight(plan) if on_preflight is None else _preflight_shown(plan, on_preflight)
+            interrupts.raise_if_pending()  # ... or during the preflight (a child process, a finaliser)
+            run = launch(plan, on_progress=on_progress, timeout=timeout, detach=detach, tie_to_parent=tie_to_parent,
+                         memory_fit=_memory_record(plan, found), on_recorded=lambda _run: release())
+    except KeyboardInterrupt:
+        interrupts.clear()  # it is on its way to the caller: a later start begins clean
+        raise
     started = Started(run, plan, found)
     if not checks:
         return started
-
     try:
+        interrupts.raise_if_pending()
         run = started.run = _set_phase(run, CHECKING)
         if on_checking is not None:
             on_checking(run)
         started.checks = run_activation_checks(plan.url, plan, run.path, api_key=run.api_key)
+        interrupts.raise_if_pending()
     except BaseException as exc:
-        # Interrupted (Ctrl-C, SIGTERM, SIGHUP) or broken during the checks: the start did not
-        # finish, and the record says so (a SIGKILL of up is found later: Run.unfinished_start).
-        why = ("interrupted during the startup checks" if isinstance(exc, KeyboardInterrupt)
-               else f"the startup checks could not run: {exc}".splitlines()[0][:200])
+        _failed_during_checks(run, exc)
+        raise
+    started.run = _set_phase(run, None)
+    return started
+
+
+def _failed_during_checks(run: Run, exc: BaseException) -> None:
+    """Interrupted (Ctrl-C, SIGTERM, SIGHUP) or broken during the checks: the start did not finish,
+    the record says so (a SIGKILL of up is found later: Run.unfinished_start), and the engine is
+    stopped, whatever signal comes meanwhile."""
+    why = ("interrupted during the startup checks" if isinstance(exc, KeyboardInterrupt)
+           else f"the startup checks could not run: {exc}".splitlines()[0][:200])
+    with interrupts.deferred():
         try:
             failed = run.reload()
             failed.state, failed.failure, failed.phase = RunState.FAILED, why, None
@@ -106,9 +128,8 @@ def up(plan: LaunchPlan, *, timeout: float = 600, detach: bool = True, checks: b
         except (OSError, ValueError, TypeError, StateError):
             pass
         stop(run)
-        raise
-    started.run = _set_phase(run, None)
-    return started
+    if isinstance(exc, KeyboardInterrupt):
+        interrupts.clear()
 
 
 def _set_phase(run: Run, phase: str | None) -> Run:
@@ -140,10 +161,15 @@ def _preflight_shown(plan: LaunchPlan, shown: PreflightFn) -> list[CheckResult]:
 @contextlib.contextmanager
 def transient_server(plan: LaunchPlan, *, timeout: float = 600, checks: bool = False,
                      on_progress: ProgressFn | None = None) -> Iterator[Started]:
-    """`up` for the length of a block (tune and verify): the server is stopped however the block
-    ends, an exception or Ctrl-C included."""
-    started = up(plan, timeout=timeout, detach=True, checks=checks, on_progress=on_progress)
+    """`up` for the length of a block (tune, verify, ladder): the server is stopped however the
+    block ends, an exception or a signal included (and a second signal does not cut the stop
+    short). It is held by this process as a foreground `up` holds its server: tied to it (the
+    kernel ends it with this process, SIGKILL included), and recorded so, so that a command that
+    finds its holder gone records what became of it (sparkit.runs.store.mark_stale)."""
+    started = up(plan, timeout=timeout, detach=False, checks=checks, on_progress=on_progress, tie_to_parent=True)
     try:
         yield started
     finally:
-        stop(started.run)
+        with interrupts.deferred():
+            stop(started.run)
+        interrupts.raise_if_pending()  # a signal during the stop, once the server is gone

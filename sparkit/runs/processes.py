@@ -92,6 +92,28 @@ def leaders_with_env(name: str, value: str) -> list[int]:
     return found
 
 
+def port_listener(port: int) -> tuple[int | None, str | None] | None:
+    """(pid, name) of the process listening on TCP `port` (any address), None when nothing this
+    process can see listens there; pid and name are None for another user's process, whose
+    socket the OS shows without its owner."""
+    try:
+        import psutil
+
+        listening = [c for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port]
+    except Exception:  # the OS refuses the table (macOS without root): nothing known
+        return None
+    if not listening:
+        return None
+    pid = next((c.pid for c in listening if c.pid), None)
+    if pid is None:
+        return None, None
+    try:
+        return pid, psutil.Process(pid).name()
+    except Exception:
+        return pid, None
+
+
 def pid_alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -285,3 +307,16 @@ def die_with_parent(sig: int = signal.SIGTERM):
             os._exit(1)
 
     return preexec
+
+
+def process_environ(pid: int | None) -> dict[str, str] | None:
+    """The environment a process runs with, as the OS reports it (/proc/PID/environ: what the
+    engine was started with); None where it cannot be read (gone, another user's, no /proc)."""
+    if not pid:
+        return None
+    try:
+        import psutil
+
+        return dict(psutil.Process(pid).environ())
+    except Exception:  # psutil's NoSuchProcess / AccessDenied / ZombieProcess, or no such support here
+        return None

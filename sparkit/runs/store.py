@@ -26,6 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from sparkit import interrupts
 from sparkit.api_key import client_key, recipe_key
 from sparkit.client import check_health
 from sparkit.contract.checks import CheckResult, worst
@@ -33,7 +34,14 @@ from sparkit.engines.activation_report import REPORT_DIR_ENV
 from sparkit.engines.base import get_adapter
 from sparkit.errors import EngineError, UsageError
 from sparkit.paths import check_private_dir, ensure_dir, open_state, runs_dir, write_atomic
-from sparkit.runs.processes import ProcessIdentity, engine_alive, is_ours, leaders_with_env, stop_group
+from sparkit.runs.processes import (
+    ProcessIdentity,
+    engine_alive,
+    is_ours,
+    leaders_with_env,
+    port_listener,
+    stop_group,
+)
 
 
 class RunFiles:
@@ -220,7 +228,7 @@ class Run:
         owner = self.owner_identity
         if owner is None or not self.state.active or owner.alive():
             return None
-        who = f"`sparkit up` (pid {owner.pid})"
+        who = f"`{_command_of(owner)}` (pid {owner.pid})"
         if self.state is RunState.STARTING:
             doing = "preparing the launch (building the model)" if self.pid is None else "waiting for the engine to start"
             return f"{who} ended while {doing}"
@@ -278,6 +286,16 @@ class Run:
             "figures_from": "startup probe" if probe else None, "probe_measured_at": probe.get("measured_at"),
             "checks": worst_status, "log": str(self.log_path),
         }
+
+
+def _command_of(owner: ProcessIdentity) -> str:
+    """The sparkit command a run's owner ran (`sparkit ladder`, from its command line), else
+    `sparkit up`: what set the run up, as the user typed it."""
+    argv = list(owner.cmdline or ())
+    for i, arg in enumerate(argv[:-1]):
+        if os.path.basename(arg) == "sparkit" and argv[i + 1].isalpha():
+            return f"sparkit {argv[i + 1]}"
+    return "sparkit up"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -357,6 +375,41 @@ def launch_lock(root: Path | None = None, *, wait_s: float = 120.0) -> Iterator[
 
 def live_runs() -> list[Run]:
     return [r for r in list_runs() if r.live]
+
+
+def _settings(recipe: Any) -> Any:
+    """A resolved recipe as it decides what a server serves: every setting but the port."""
+    if not isinstance(recipe, dict):
+        return None
+    server = {k: v for k, v in (recipe.get("server") or {}).items() if k != "port"}
+    return {**recipe, "server": server}
+
+
+def run_serving(engine: str, recipe: dict[str, Any], *, port: int | None = None) -> Run | None:
+    """The latest run in use (serving, or being started) that serves what a plan of `recipe` on
+    `engine` would: the same resolved recipe, whatever port each was given, or on `port` when the
+    caller names one. None when there is none."""
+    wanted = _settings(recipe)
+    for run in reversed(list_runs()):
+        if not run.state.active or (port is not None and run.port != port) or not run.in_use:
+            continue
+        recorded = run.read_json(RunFiles.PLAN) or {}
+        if recorded.get("engine") == engine and _settings(recorded.get("recipe")) == wanted:
+            return run
+    return None
+
+
+def holder_of_port(port: int) -> tuple[str, Run | None] | None:
+    """Who listens on `port`, in words, with its run when it is one of sparkit's (its id, recipe
+    and pid); else the process (pid and name); None when nothing this user can see listens."""
+    for run in reversed(live_runs()):
+        if run.port == port:
+            return f"sparkit run {run.id} ({run.recipe_name}, pid {run.pid})", run
+    found = port_listener(port)
+    if found is None:
+        return None
+    pid, name = found
+    return ("a process of another user" if pid is None else f"pid {pid} ({name or 'name unknown'})"), None
 
 
 def select_run(ref: str | None = None, *, include_stopped: bool = False) -> Run:
@@ -492,6 +545,7 @@ def follow_log(run: Run, *, from_start: bool = False, poll: float = 0.2,
                 *lines, buffer = buffer.split("\n")
                 yield from lines
                 continue
+            interrupts.raise_if_pending()  # one the interpreter swallowed: this loop is where `up` serves
             if stop_when is not None and stop_when():
                 return
             if not run.live:

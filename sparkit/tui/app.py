@@ -1,34 +1,35 @@
 """The `sparkit chat` app.
 
-Streaming design (how it keeps up with a fast server without distorting tok/s):
-a StreamReader reads the SSE stream in its own thread and event loop and stamps
-every chunk with time.perf_counter() on arrival (inside sparkit.client), so a
-slow redraw never delays a timestamp. The UI drains the reader's queue on a
-50 ms timer (and at once when the reply ends) and writes text to a
-MarkdownStream at most once per painted frame, no sooner than the last frame's
-cost after it. When the reply ends, the rest is flushed and painted first (that
-is when the user has the final text), then one full Markdown update runs and
-older replies are settled into one widget each (Textual lays out the whole
-transcript whenever it grows). Esc cancels the reader's task, which closes the
-HTTP stream so that the server frees the slot.
+Streaming design (how it keeps up with a fast server without distorting tok/s): a reply is read
+by a Textual thread worker (`@work(thread=True)`, its own event loop) that stamps every chunk with
+time.perf_counter() on arrival (inside sparkit.client), so a slow redraw never delays a timestamp,
+and posts typed messages to the app: ReplyStarted, ReplyChunk per chunk, then exactly one of
+ReplyDone, ReplyStopped, ReplyFailed. The app writes the text to a MarkdownStream at most once per
+painted frame, no sooner than the last frame's cost after it (text that arrives meanwhile waits
+for the frame, then is written at once). When the reply ends, the rest is flushed and painted
+first (that is when the user has the final text), then one full Markdown update runs and older
+replies are settled into one widget each (Textual lays out the whole transcript whenever it
+grows). Esc cancels the worker's task, which closes the HTTP stream so that the server frees the
+slot; what waits for a reply to end (quit, a new chat, a signal) runs when its last message
+arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextvars
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from textual import on
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import Footer, Header, Input, Markdown
 
 from sparkit.client import EngineClient, Generation, StreamChunk
@@ -42,39 +43,71 @@ from sparkit.tui.widgets import HistoryScreen, MessageView, MetricsBar, Pane, Se
 
 LIVE_REPLIES = 1  # the newest replies stay Markdown widgets; older ones are settled (MessageView.settle)
 RENDER_INTERVAL_S = 0.05  # at most 20 screen updates a second while streaming
+STOP_WAIT_S = 10.0  # how long a stopped reply may take to end before the app goes on without it
 ONLINE_POLL_S = 10.0  # /health every 10 s while connected (SGLang's /health runs a 1-token generate)
 
 
-class StreamReader:
-    """Reads one streamed reply in its own thread and event loop.
+class ReplyStarted(Message):
+    """The request went out (its perf_counter time: where TTFT counts from)."""
 
-    Events land in a deque (thread-safe appends): ("start", t0), ("chunk", t, text,
-    new_tokens, counted_exactly), then exactly one of ("done", Generation), ("stopped",), ("error", message).
-    `wake` is called from the reader thread when the reply ends.
-    """
+    def __init__(self, stream: ReplyStream, t0: float) -> None:
+        super().__init__()
+        self.stream, self.t0 = stream, t0
 
-    def __init__(
-        self,
-        url: str,
-        api_key: str | None,
-        messages: list[dict[str, str]],
-        *,
-        model: str | None,
-        settings: ChatSettings,
-        wake: Callable[[], None],
-        request_extra: dict[str, Any] | None = None,
-    ) -> None:
-        self.url, self.api_key, self.messages = url, api_key, messages
+
+class ReplyChunk(Message):
+    """A streamed chunk, stamped on arrival."""
+
+    def __init__(self, stream: ReplyStream, chunk: StreamChunk) -> None:
+        super().__init__()
+        self.stream, self.chunk = stream, chunk
+
+
+class ReplyDone(Message):
+    """The reply ended on its own: the server's final figures."""
+
+    def __init__(self, stream: ReplyStream, generation: Generation) -> None:
+        super().__init__()
+        self.stream, self.generation = stream, generation
+
+
+class ReplyStopped(Message):
+    """The reply was stopped (Esc, quit, a signal) before it ended."""
+
+    def __init__(self, stream: ReplyStream) -> None:
+        super().__init__()
+        self.stream = stream
+
+
+class ReplyFailed(Message):
+    """The stream broke: the server went away or answered with an error."""
+
+    def __init__(self, stream: ReplyStream, error: str) -> None:
+        super().__init__()
+        self.stream, self.error = stream, error
+
+
+REPLY_ENDS = (ReplyDone, ReplyStopped, ReplyFailed)
+
+
+class ReplyStream:
+    """One reply being read: what the app asks it for the request, and how to stop it from the
+    app's thread (the worker's task is cancelled in the worker's own loop)."""
+
+    def __init__(self, messages: list[dict[str, str]], *, model: str | None, settings: ChatSettings,
+                 request_extra: dict[str, Any] | None = None) -> None:
+        self.messages, self.model, self.settings = messages, model, settings
         self.request_extra = request_extra or {}
-        self.model, self.settings, self.wake = model, settings, wake
-        self.events: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.ended = False  # its last message (one of REPLY_ENDS) was handled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._stop_requested = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="sparkit-chat-reader", daemon=True)
 
-    def start(self) -> None:
-        self.thread.start()
+    def attach(self) -> None:
+        """Called in the worker's loop: where stop() cancels."""
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        if self._stop_requested.is_set():
+            self._task.cancel()  # type: ignore[union-attr]
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -84,42 +117,6 @@ class StreamReader:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:  # the loop already closed: the reply ended on its own
                 pass
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        finally:
-            self.wake()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        try:
-            if self._stop_requested.is_set():
-                raise asyncio.CancelledError
-            async with EngineClient(self.url, api_key=self.api_key) as client:
-                s = self.settings
-                self.events.append(("start", time.perf_counter()))
-                async for item in client.stream_chat(
-                    self.messages,
-                    model=self.model,
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    top_k=s.top_k,
-                    max_tokens=s.max_tokens,
-                    # Per-chunk usage (SGLang) makes live token counts exact under speculative decoding.
-                    extra={"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **self.request_extra},
-                ):
-                    if isinstance(item, StreamChunk):
-                        self.events.append(("chunk", item.t, item.text, item.new_tokens, "usage" in item.meta))
-                    elif isinstance(item, Generation):
-                        self.events.append(("done", item))
-        except asyncio.CancelledError:
-            self.events.append(("stopped",))
-        except EngineError as exc:
-            self.events.append(("error", exc.message))
-        except Exception as exc:  # anything else from the network stack: keep the app alive
-            self.events.append(("error", f"{type(exc).__name__}: {exc}"))
 
 
 class ChatApp(App):
@@ -171,7 +168,7 @@ class ChatApp(App):
         self.session = SessionMetrics()
         self.server_summary: ServerSummary | None = None
         # The reply being streamed.
-        self._reader: StreamReader | None = None
+        self._stream: ReplyStream | None = None
         self._reply: ReplyMetrics | None = None
         self._reply_view: MessageView | None = None
         self._reply_text = ""
@@ -181,8 +178,9 @@ class ChatApp(App):
         self._reply_message_id: int | None = None
         self._unsaved_reply: tuple[ReplyMetrics, MessageView, int] | None = None  # finished, not yet in the store
         self._md_stream = None
-        self._render_timer = None
-        self._draining = False
+        self._write_timer = None  # a write of the pending text, due when the next frame may be written
+        self._stop_timer = None  # gives up on a stopped reply's last message after STOP_WAIT_S
+        self._after_reply: list[Callable[[], Awaitable[None]]] = []  # what waits for the reply to end
         self._last_health_check = 0.0
         self._health_busy = False
         self._client: EngineClient | None = None
@@ -244,10 +242,12 @@ class ChatApp(App):
         self._loop.create_task(self._interrupted(sig), context=self._app_context)
 
     async def _interrupted(self, sig: int) -> None:
-        await self._stop_and_wait()
-        if self._unsaved_reply is not None:
-            self._save_reply(*self._unsaved_reply)
-        self.exit(return_code=128 + sig)
+        async def leave() -> None:
+            if self._unsaved_reply is not None:
+                self._save_reply(*self._unsaved_reply)
+            self.exit(return_code=128 + sig)
+
+        await self._when_reply_ended(leave)
 
     async def on_unmount(self) -> None:
         import signal
@@ -258,8 +258,8 @@ class ChatApp(App):
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
         sys.setswitchinterval(self._switch_interval)
-        if self._reader is not None:
-            self._reader.stop()
+        if self._stream is not None:
+            self._stream.stop()
         if self._client is not None:
             await self._client.aclose()
 
@@ -272,7 +272,7 @@ class ChatApp(App):
 
     # -- connection -------------------------------------------------------------------------------
     async def _poll_health(self) -> None:
-        if self._health_busy or self._reader is not None or self._client is None:
+        if self._health_busy or self._stream is not None or self._client is None:
             return
         now = time.monotonic()
         if self.connection_state == "online" and now - self._last_health_check < ONLINE_POLL_S:
@@ -316,7 +316,7 @@ class ChatApp(App):
 
     @property
     def streaming(self) -> bool:
-        return self._reader is not None
+        return self._stream is not None
 
     def message_views(self) -> list[MessageView]:
         return list(self.query(MessageView))
@@ -362,54 +362,87 @@ class ChatApp(App):
         self._reply = ReplyMetrics(t_start=time.perf_counter())
         self._md_stream = Markdown.get_stream(reply_view.markdown)
         self.query_one(MetricsBar).show_reply(self._reply)
-        self._reader = StreamReader(
-            self.url, self.api_key, messages, model=self.model, settings=self.settings, wake=self._wake_from_thread,
-            request_extra=self.request_extra,
-        )
-        self._render_timer = self.set_interval(RENDER_INTERVAL_S, self._drain)
-        self._reader.start()
+        self._stream = ReplyStream(messages, model=self.model, settings=self.settings, request_extra=self.request_extra)
+        self._read_reply(self._stream)
 
-    def _wake_from_thread(self) -> None:
+    @work(thread=True, group="reply", exit_on_error=False)
+    async def _read_reply(self, stream: ReplyStream) -> None:
+        """In the worker's own thread and loop: the reply's chunks as they arrive (stamped there),
+        then how it ended, as messages to the app."""
+        stream.attach()
+        ended = False
         try:
-            # A task in the app's context (Textual's active app lives in a context variable).
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(), context=self._app_context))
-        except RuntimeError:  # the app already closed its loop
-            pass
+            async with EngineClient(self.url, api_key=self.api_key) as client:
+                s = stream.settings
+                self.post_message(ReplyStarted(stream, time.perf_counter()))
+                async for item in client.stream_chat(
+                    stream.messages,
+                    model=stream.model,
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    top_k=s.top_k,
+                    max_tokens=s.max_tokens,
+                    # Per-chunk usage (SGLang) makes live token counts exact under speculative decoding.
+                    extra={"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **stream.request_extra},
+                ):
+                    if isinstance(item, StreamChunk):
+                        self.post_message(ReplyChunk(stream, item))
+                    elif isinstance(item, Generation):
+                        self.post_message(ReplyDone(stream, item))
+                        ended = True
+            if not ended:
+                self.post_message(ReplyFailed(stream, "the stream ended before the reply's last chunk"))
+        except asyncio.CancelledError:
+            self.post_message(ReplyStopped(stream))
+        except EngineError as exc:
+            self.post_message(ReplyFailed(stream, exc.message))
+        except Exception as exc:  # anything else from the network stack: keep the app alive
+            self.post_message(ReplyFailed(stream, f"{type(exc).__name__}: {exc}"))
 
-    async def _drain(self) -> None:
-        """Move what the reader received onto the screen.
+    @on(ReplyStarted)
+    def _reply_started(self, message: ReplyStarted) -> None:
+        if message.stream is self._stream and self._reply is not None:
+            self._reply.t_start = message.t0
 
-        Text is written at most once per frame the screen actually painted, and no sooner
-        than RENDER_INTERVAL_S or the last frame's cost after it: the event loop stays idle
-        about half the time, so the end of a reply is handled at once, not behind a backlog.
-        """
-        if self._draining:
-            return  # the running drain loops until the queue is empty
-        self._draining = True
-        try:
-            while self._reader is not None and self._reader.events:
-                reader, reply = self._reader, self._reply
-                final: tuple[Any, ...] | None = None
-                pieces: list[str] = []
-                while reader.events:
-                    event = reader.events.popleft()
-                    if event[0] == "chunk":
-                        reply.on_chunk(event[1], event[3], counted_exactly=event[4])
-                        pieces.append(event[2])
-                    elif event[0] == "start":
-                        reply.t_start = event[1]
-                    else:
-                        final = event
-                        break
-                self._pending_text += "".join(pieces)
-                now = time.perf_counter()
-                if final is not None or (not self._frame_pending and now >= self._next_write_at):
-                    await self._write_pending()
-                    self.query_one(MetricsBar).show_reply(reply)
-                if final is not None:
-                    await self._finish(final)
-        finally:
-            self._draining = False
+    @on(ReplyChunk)
+    async def _reply_chunk(self, message: ReplyChunk) -> None:
+        if message.stream is not self._stream or self._reply is None:
+            return  # a stopped reply's last chunks, after the app went on
+        chunk = message.chunk
+        self._reply.on_chunk(chunk.t, chunk.new_tokens, counted_exactly="usage" in chunk.meta)
+        self._pending_text += chunk.text
+        await self._write_when_due()
+
+    async def _write_when_due(self) -> None:
+        """Write the pending text now when a frame may be written: at most once per frame the screen
+        actually painted, and no sooner than RENDER_INTERVAL_S or the last frame's cost after it, so
+        the event loop stays idle about half the time and the end of a reply is handled at once."""
+        if self._frame_pending or self._write_timer is not None:
+            return  # the painted frame, or the timer, writes it
+        delay = self._next_write_at - time.perf_counter()
+        if delay > 0:
+            self._write_timer = self.set_timer(delay, self._write_due)
+            return
+        await self._write_pending()
+        self.query_one(MetricsBar).show_reply(self._reply)
+
+    async def _write_due(self) -> None:
+        self._write_timer = None
+        if self._stream is not None:
+            await self._write_when_due()
+
+    @on(ReplyDone)
+    @on(ReplyStopped)
+    @on(ReplyFailed)
+    async def _reply_ended(self, message: ReplyDone | ReplyStopped | ReplyFailed) -> None:
+        if message.stream is not self._stream:
+            return
+        if self._write_timer is not None:
+            self._write_timer.stop()
+            self._write_timer = None
+        await self._write_pending()  # the rest at once: that is when the user has the final text
+        self.query_one(MetricsBar).show_reply(self._reply)
+        await self._finish(message)
 
     async def _write_pending(self) -> None:
         if not self._pending_text or self._md_stream is None:
@@ -424,24 +457,27 @@ class ChatApp(App):
         now = time.perf_counter()
         self._frame_pending = False
         self._next_write_at = now + max(RENDER_INTERVAL_S, now - t_written)
+        if self._pending_text and self._stream is not None and self._write_timer is None:
+            self._write_timer = self.set_timer(self._next_write_at - now, self._write_due)
 
-    async def _finish(self, final: tuple[Any, ...]) -> None:
+    async def _finish(self, final: ReplyDone | ReplyStopped | ReplyFailed) -> None:
         reply, view = self._reply, self._reply_view
         error: str | None = None
-        if final[0] == "done":
-            generation: Generation = final[1]
+        if isinstance(final, ReplyDone):
+            generation = final.generation
             status = "complete"
             reply.settle(completion_tokens=generation.completion_tokens, accept_length=generation.accept_length, status="done")
-        elif final[0] == "stopped":
+        elif isinstance(final, ReplyStopped):
             status = "interrupted" if self.interrupted_by is not None else "stopped"
             reply.settle(completion_tokens=None, accept_length=None, status="stopped")
         else:
-            status, error = "interrupted", str(final[1])
+            status, error = "interrupted", final.error
             reply.settle(completion_tokens=None, accept_length=None, status="error")
-        self._reader = None
-        if self._render_timer is not None:
-            self._render_timer.stop()
-            self._render_timer = None
+        final.stream.ended = True
+        self._stream = None
+        if self._stop_timer is not None:
+            self._stop_timer.stop()
+            self._stop_timer = None
         await self._md_stream.stop()  # appends what is still pending
         self._md_stream = None
         async with view.markdown.lock:  # an append still in flight finishes first
@@ -467,6 +503,9 @@ class ChatApp(App):
             self._set_connection("online")
         self._unsaved_reply = (reply, view, self._reply_message_id)
         self.call_after_refresh(self._painted, reply, view, self._reply_message_id)
+        waiting, self._after_reply = self._after_reply, []
+        for then in waiting:
+            await then()
 
     def _painted(self, reply: ReplyMetrics, view: MessageView, message_id: int) -> None:
         # The streamed text is complete and painted: that is when the user has the final text.
@@ -498,29 +537,36 @@ class ChatApp(App):
     async def action_quit(self) -> None:
         """Ctrl+Q and Ctrl-C: a reply still streaming is stopped and kept (marked partial), the
         last reply is in the store, then the app exits (`sparkit chat` exits 0)."""
-        await self._stop_and_wait()
-        if self._unsaved_reply is not None:  # finished but its paint (and save) did not come yet
-            self._save_reply(*self._unsaved_reply)
-        self.exit()
+        async def leave() -> None:
+            if self._unsaved_reply is not None:  # finished but its paint (and save) did not come yet
+                self._save_reply(*self._unsaved_reply)
+            self.exit()
+
+        await self._when_reply_ended(leave)
 
     def action_stop(self) -> None:
         if isinstance(self.screen, (SettingsScreen, HistoryScreen)):
             self.screen.dismiss(None)
             return
-        if self._reader is not None:
-            self._reader.stop()
+        if self._stream is not None:
+            self._stream.stop()
 
-    async def _stop_and_wait(self) -> None:
-        if self._reader is None:
+    async def _when_reply_ended(self, then: Callable[[], Awaitable[None]]) -> None:
+        """Run `then` once no reply is streaming: at once, or (the reply stopped) when its last
+        message has been handled, or after STOP_WAIT_S without one (the reply then ends stopped)."""
+        stream = self._stream
+        if stream is None:
+            await then()
             return
-        self._reader.stop()
-        for _ in range(200):
-            if self._reader is None:
-                return
-            await asyncio.sleep(0.05)
+        self._after_reply.append(then)
+        stream.stop()
+        if self._stop_timer is None:
+            self._stop_timer = self.set_timer(STOP_WAIT_S, lambda: self._reply_ended(ReplyStopped(stream)))
 
     async def action_new_chat(self) -> None:
-        await self._stop_and_wait()
+        await self._when_reply_ended(self._new_chat)
+
+    async def _new_chat(self) -> None:
         self.conversation_id = None
         await self.conversation_view.remove_children()
         self.query_one(MetricsBar).show_reply(None)
@@ -534,8 +580,10 @@ class ChatApp(App):
         self.push_screen(HistoryScreen(self.store.list_conversations()), chosen)
 
     async def open_conversation(self, conversation_id: int) -> None:
-        """Show a stored conversation and continue it."""
-        await self._stop_and_wait()
+        """Show a stored conversation and continue it (once a reply streaming now has ended)."""
+        await self._when_reply_ended(lambda: self._open_conversation(conversation_id))
+
+    async def _open_conversation(self, conversation_id: int) -> None:
         conversation = self.store.load(conversation_id)
         if conversation is None:
             self.notify(f"no saved chat with id {conversation_id}", severity="error")

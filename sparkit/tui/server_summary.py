@@ -10,22 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Resolved server args worth showing, in SGLang's key names, with a label.
-SHOWN_ARGS = (
-    ("model_path", "model"),
-    ("served_model_name", "served as"),
-    ("quantization", "quantization"),
-    ("moe_runner_backend", "MoE backend"),
-    ("lm_head_dtype", "lm_head"),
-    ("enable_fp32_lm_head", "fp32 lm_head"),
-    ("speculative_algorithm", "speculative"),
-    ("speculative_num_steps", "spec steps"),
-    ("speculative_num_draft_tokens", "draft tokens"),
-    ("tp_size", "tp"),
-    ("ep_size", "ep"),
-    ("dtype", "dtype"),
-    ("device", "device"),
-)
+from sparkit.engines.base import shown_args
 
 
 @dataclass
@@ -86,7 +71,7 @@ def summarize_run(run: Any) -> ServerSummary:
 def summarize_server_info(info: dict[str, Any]) -> ServerSummary:
     """Summary from /server_info: the resolved args; no startup checks exist without a run."""
     summary = ServerSummary(source="/server_info", recipe=info.get("recipe_name") or info.get("sparkit_recipe"))
-    for key, label in SHOWN_ARGS:
+    for key, label in shown_args().items():
         value = info.get(key)
         if value is None or value == "" or value is False:
             continue

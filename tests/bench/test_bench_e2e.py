@@ -148,3 +148,37 @@ def test_gsm8k_workload_is_labelled_as_such(embedded_server, tmp_path):
     doc = json.loads(done.stdout)
     assert doc["workload"]["dataset"] == "gsm8k" and doc["workload"]["synthetic"] is False
     assert doc["repeats"][0]["metrics"]["total_output_tokens"] == 16
+
+
+def test_bench_says_loudly_when_other_servers_are_up_beside_the_one_it_measures(embedded_server, tiny_model_dir,
+                                                                                  tmp_path, monkeypatch):
+    """At batch 1 servers up side by side share the host's time between steps (issue 38): the
+    result records the others, `bench` warns on stderr and `bench compare` warns first."""
+    from sparkit import runs
+    from sparkit.planning.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    args = ("--input-len", "16", "--output-len", "8", "--num-prompts", "1", "--warmup", "0")
+    alone_out = tmp_path / "alone.json"
+    alone = subprocess.run([sys.executable, "-m", "sparkit", "bench", "--url", embedded_server.url, "--out", str(alone_out),
+                            "--json", *args], capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["side_by_side"] is None and "warning:" not in alone.stderr
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    plan = compile_plan(load_recipe("tiny", [f"model.path={tiny_model_dir}"]), port=runs.free_port())
+    run = runs.launch(plan, timeout=180)
+    try:
+        beside_out = tmp_path / "beside.json"
+        beside = subprocess.run([sys.executable, "-m", "sparkit", "bench", "--url", embedded_server.url, "--out",
+                                 str(beside_out), "--json", *args], capture_output=True, text=True, timeout=120)
+    finally:
+        runs.stop(run)
+    assert beside.returncode == 0, beside.stderr
+    record = json.loads(beside.stdout)["side_by_side"]
+    assert [s["run"] for s in record["servers"]] == [run.id] and record["servers"][0]["url"] == plan.url
+    assert "warning: measured while 1 other server(s) were up on this machine" in beside.stderr
+    assert run.id in beside.stderr
+    compared = subprocess.run([sys.executable, "-m", "sparkit", "bench", "compare", str(alone_out), str(beside_out)],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert compared.returncode == 0, compared.stderr
+    assert "warning: beside.json: measured while 1 other server(s) were up" in " ".join(compared.stdout.split())

@@ -60,3 +60,15 @@ def test_throughput_higher_is_better_and_missing_figures_are_na():
 def test_different_workloads_are_flagged():
     comparison = compare_results(result([10.0]), result([10.0], input_len=8192))
     assert any("workloads differ" in n and "input_len" in n for n in comparison.notes)
+
+
+def test_results_measured_side_by_side_are_flagged_first():
+    """An interleaved run's documents (tune, bench profile) record the servers up beside each one."""
+    from sparkit.bench.runner import side_by_side
+
+    a = result([10.0, 10.1, 9.9])
+    b = {**result([8.0, 8.1, 7.9]), "side_by_side": side_by_side([{"url": "http://127.0.0.1:30001", "run": None}])}
+    notes = compare_results(a, b, a_label="a.json", b_label="b.json").notes
+    assert notes[0].startswith("b.json: measured while 1 other server(s) were up on this machine")
+    assert not any(n.startswith("a.json:") for n in notes)
+    assert side_by_side([]) is None

@@ -18,7 +18,7 @@ from sparkit.bench.profile_texts import TEXTS_DIR, passages, profile_prompts
 def tiny_tokenizer():
     from tokenizers import Tokenizer
 
-    from sparkit.engines.embedded.builder import builtin_model_dir
+    from sparkit.models.builder import builtin_model_dir
 
     return Tokenizer.from_file(str(builtin_model_dir("tiny-ling", 0) / "tokenizer.json"))
 

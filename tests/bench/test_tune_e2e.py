@@ -87,3 +87,55 @@ def test_tune_ranks_settings_on_a_kind_of_real_text(tiny_model_dir, tmp_path, mo
         assert bench["workload"]["kind"] == "math"
         assert [r["prompt_tokens"] for r in bench["repeats"][0]["requests"]] == [32, 32]
     assert doc["ranking"]["best"] in (0, 1)
+
+
+def test_a_switch_that_changes_greedy_outputs_is_rejected_as_a_loss(tiny_model_dir, tmp_path, monkeypatch):
+    """The embedded engine's --debug-corrupt-expert-dequant (two FP8 experts decoded from each
+    other's weights: fluent, accepted drafts, wrong numbers) stands in for an engine switch that
+    buys speed by computing something else. With the known answer off, only the output gate can
+    catch it: its greedy outputs differ from the baseline's, and it is rejected, named as such,
+    whatever it measured. One server at a time, A/B/A."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = BenchConfig(input_len=16, output_len=16, num_prompts=2, warmup=0)
+    doc = run_tune("tiny", ["flag.--debug-corrupt-expert-dequant"], config, out_path=tmp_path / "sweep.json",
+                   base_overrides=[f"model.path={tiny_model_dir}", "checks.reference_perplexity=null"],
+                   write_recipe_dir=tmp_path)
+    off, on = doc["points"]
+    assert off["status"] == on["status"] == "done", [off["error"], on["error"]]
+    assert doc["run_order"] == ["--debug-corrupt-expert-dequant=off", "--debug-corrupt-expert-dequant=on",
+                                "--debug-corrupt-expert-dequant=off (baseline again)"]
+    assert not on["startup_failed"]  # every startup check passed: only the outputs give it away
+    assert on["output_change"] and "greedy 48-token outputs differ from --debug-corrupt-expert-dequant=off's" in on["output_change"]
+    ranking = doc["ranking"]
+    assert ranking["best"] == 0 and ranking["order"] == [0]
+    assert ranking["rejected"]["--debug-corrupt-expert-dequant=on"].startswith("changes greedy outputs: ")
+    assert ranking["drift_ms"] is not None and doc["baseline_again"]["greedy"] == off["greedy"]
+    written = load_recipe(doc["best_recipe"])
+    assert "--debug-corrupt-expert-dequant" not in written.recipe.server.extra_args
+
+
+def test_an_env_switch_is_swept_and_the_written_recipe_names_it_and_its_checks_show_it_on(tiny_model_dir, tmp_path,
+                                                                                           monkeypatch):
+    """SPARKIT_FP8_TUNE (the FP8 head kernel's tuning switch; tiny-ling's head is below the size it
+    tunes) changes nothing it computes: both points pass the output gate, the winner is written as
+    a recipe setting the variable, that recipe plans with it, and its startup checks find it in the
+    engine's environment."""
+    from sparkit import runs
+    from sparkit.planning.compile import compile_plan
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = BenchConfig(input_len=16, output_len=16, num_prompts=2, warmup=0)
+    doc = run_tune("tiny", ["env.SPARKIT_FP8_TUNE=0,1"], config, out_path=tmp_path / "sweep.json",
+                   base_overrides=[f"model.path={tiny_model_dir}"], write_recipe_dir=tmp_path)
+    assert all(p["status"] == "done" and not p["output_change"] and not p["output_note"] for p in doc["points"]), doc["points"]
+    assert doc["points"][1]["greedy"] == doc["points"][0]["greedy"]
+    best = doc["points"][doc["ranking"]["best"]]
+    value = best["values"]["env.SPARKIT_FP8_TUNE"]
+    text = open(doc["best_recipe"]).read()
+    assert f"# env.SPARKIT_FP8_TUNE={value}: TPOT " in text  # the switch, with the figure that earned it
+    plan = compile_plan(load_recipe(doc["best_recipe"]))
+    assert plan.env["SPARKIT_FP8_TUNE"] == value
+    with runs.transient_server(plan, checks=True) as started:
+        switches = next(c for c in started.checks if c.name == "engine_switches")
+    assert switches.status.value == "pass", switches.to_dict()
+    assert f"env SPARKIT_FP8_TUNE={value}: in the engine's environment" in switches.evidence

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sparkit.bench.tune import SweepPoint, grid, overrides_for, parse_params, rank, write_best_recipe
+from sparkit.bench.tune import SweepPoint, rank, write_best_recipe
+from sparkit.bench.tune_params import grid, overrides_for, parse_params
 from sparkit.errors import UsageError
 
 
@@ -152,4 +153,96 @@ def test_a_point_whose_startup_checks_failed_is_never_recommended():
     ranking = rank(points)
     assert ranking.best == 0 and 1 not in ranking.order  # the faster point's draft was not doing its job
     only_failed = rank([points[1]])
-    assert only_failed.best is None and "startup checks passing (failed: " in only_failed.verdict
+    assert only_failed.best is None and "rejected: num_steps=5 (startup checks failed: acceptance)" in only_failed.verdict
+
+
+# -- engine switches: the parameter grammar ---------------------------------------------------------
+
+
+def test_env_and_flag_params_parse_with_their_kind():
+    env, valued, bare = parse_params(["env.SGLANG_ENABLE_METADATA_GLUE_GRAPH=0,1", "flag.--num-continuous-decode-steps=1,4",
+                                      "flag.--disable-overlap-schedule"])
+    assert (env.kind, env.name, env.values) == ("env", "SGLANG_ENABLE_METADATA_GLUE_GRAPH", ["0", "1"])
+    assert (valued.kind, valued.name, valued.values, valued.bare) == ("flag", "--num-continuous-decode-steps", ["1", "4"], False)
+    assert (bare.kind, bare.name, bare.values, bare.bare) == ("flag", "--disable-overlap-schedule", ["off", "on"], True)
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("env.=1", "is not an environment variable name"),
+    ("env.1BAD=0,1", "is not an environment variable name"),
+    ("env.SGLANG_X", "expected KEY=VALUE"),
+    ("flag.disable-overlap-schedule", "is not a flag"),
+    ("flag.-x", "is not a flag"),
+    ("flag.--x=", "give the flag's values"),
+])
+def test_a_malformed_switch_is_a_usage_error_naming_it(spec, says):
+    with pytest.raises(UsageError) as info:
+        parse_params([spec])
+    assert says in info.value.message and spec.split("=")[0] in info.value.message
+    assert "env." in info.value.hint and "flag." in info.value.hint
+
+
+def test_the_same_switch_twice_is_refused():
+    with pytest.raises(UsageError, match="given twice"):
+        parse_params(["flag.--x", "flag.--x=1,2"])
+
+
+def test_switch_points_become_env_and_extra_args_assignments():
+    from sparkit.recipes.load import load_recipe
+
+    params = parse_params(["env.SGLANG_X=0,1", "flag.--disable-overlap-schedule", "flag.--num-continuous-decode-steps=4"])
+    base = SimpleNamespace(server=SimpleNamespace(extra_args=["--num-continuous-decode-steps", "2", "--keep", "v"]))
+    on = overrides_for({"env.SGLANG_X": "1", "flag.--disable-overlap-schedule": "on",
+                        "flag.--num-continuous-decode-steps": "4"}, base, params)
+    assert on == ['server.env.SGLANG_X="1"',
+                  'server.extra_args=["--keep", "v", "--disable-overlap-schedule", "--num-continuous-decode-steps", "4"]']
+    off = overrides_for({"env.SGLANG_X": "0", "flag.--disable-overlap-schedule": "off",
+                         "flag.--num-continuous-decode-steps": "4"}, base, params)
+    assert off[1] == 'server.extra_args=["--keep", "v", "--num-continuous-decode-steps", "4"]'
+    # the assignments are --set's: a recipe loads with them, the env value verbatim ("on" stays "on")
+    loaded = load_recipe("tiny", ['server.env.SPARKIT_X="on"', 'server.extra_args=["--max-connections", "64"]'])
+    assert loaded.recipe.server.env["SPARKIT_X"] == "on" and loaded.recipe.server.extra_args == ["--max-connections", "64"]
+
+
+def test_a_flag_the_engine_does_not_have_is_refused_naming_it_before_any_server_starts(tmp_path):
+    from sparkit.bench.runner import BenchConfig
+    from sparkit.bench.tune import run_tune
+    from sparkit.errors import RecipeError
+
+    with pytest.raises(RecipeError) as info:
+        run_tune("tiny", ["flag.--no-such-switch"], BenchConfig(), out_path=tmp_path / "s.json")
+    assert info.value.message.startswith("--param flag.--no-such-switch (on): ")
+    assert "--no-such-switch" in info.value.message.split(": ", 1)[1]
+    with pytest.raises(RecipeError) as info:
+        run_tune("tiny", ["flag.--max-connections=64,many"], BenchConfig(), out_path=tmp_path / "s.json")
+    assert info.value.message.startswith("--param flag.--max-connections=many: ") and "many" in info.value.message
+    assert not (tmp_path / "s.json").exists()
+
+
+# -- A/B/A: the noise band and the rejected points -------------------------------------------------
+
+
+def _done(label: str, tpots: list[float], **kw) -> SweepPoint:
+    return SweepPoint(values={"flag.--x": label}, overrides=[], status="done",
+                      figures={"tpot_mean_ms": sum(tpots) / len(tpots)}, tpot_per_request_ms=tpots, **kw)
+
+
+def test_the_baselines_drift_between_its_runs_widens_the_noise_band():
+    """B is 0.5 ms faster than A's first run, well outside the paired noise; but A itself moved by
+    2 ms between its first and last run (A/B/A): B's gain over A (1.5 ms against A's mean) is
+    within the noise band."""
+    a1 = _done("off", [10.0, 10.1, 9.9, 10.0])
+    b = _done("on", [9.5, 9.6, 9.4, 9.5])
+    steady = rank([a1, b], again=_done("off", [10.0, 10.1, 9.9, 10.0]))
+    assert steady.measurably_better is True and steady.drift_ms == 0.0
+    drifted = rank([a1, b], again=_done("off", [12.0, 12.1, 11.9, 12.0]))
+    assert drifted.drift_ms == pytest.approx(2.0) and drifted.noise_ms == pytest.approx(2.0)
+    assert drifted.tpot_gain_ms == pytest.approx(1.5)
+    assert drifted.measurably_better is False and "within the noise band 2.000 ms" in drifted.verdict
+
+
+def test_a_point_that_changes_greedy_outputs_is_rejected_as_a_loss():
+    fast = _done("on", [5.0, 5.1, 4.9, 5.0], output_change="1 of 4 greedy 48-token outputs differ")
+    ranking = rank([_done("off", [10.0, 10.1, 9.9, 10.0]), fast])
+    assert ranking.best == 0 and ranking.order == [0]
+    assert ranking.rejected == {"--x=on": "changes greedy outputs: 1 of 4 greedy 48-token outputs differ"}

@@ -35,6 +35,21 @@ def test_mtp_on_versus_off_is_greedy_identical(tiny_model_dir):
     assert all(len(o["output_ids"]) == 256 for o in report.candidate["outputs"])
 
 
+def test_dspark_versus_plain_decoding_is_greedy_identical(tiny_model_dir, dspark_draft_dir):
+    """`sparkit verify tiny/tiny-dspark --against tiny --against-set stack.speculative=none`: the same
+    stack (FP8 experts and head) with and without the block draft, byte for byte."""
+    model = f"model.path={tiny_model_dir}"
+    report = run_verify("tiny/tiny-dspark", "tiny", recipe_overrides=[model],
+                        against_overrides=[model, "stack.speculative=none"], num_prompts=3)
+    checks = checks_of(report)
+    assert report.rounding_changes == []  # the embedded engine's verify pass replays decoding
+    assert checks["greedy_outputs"].status == Status.PASS, checks["greedy_outputs"].detail
+    assert checks["greedy_outputs"].data["identical"] == 3
+    assert checks["state_pollution"].status == Status.PASS
+    assert checks["startup_checks"].status == Status.PASS, checks["startup_checks"].detail
+    assert report.passed
+
+
 def test_fp8_lm_head_versus_bf16_is_declared_rounding_changing_with_its_agreement(tiny_model_dir):
     model = f"model.path={tiny_model_dir}"
     report = run_verify("tiny", "tiny", recipe_overrides=[model],

@@ -73,7 +73,7 @@ def test_the_context_a_model_was_made_for_comes_from_its_training_its_recipe_or_
     import json as _json
 
     from sparkit.bench.workload import model_context, tune_shape
-    from sparkit.engines.embedded.builder import TRAIN_SEQ_LEN
+    from sparkit.models.tiny_ling.family import TRAIN_SEQ_LEN
     from sparkit.recipes.load import load_recipe
 
     tiny = model_context(load_recipe("tiny").recipe)
@@ -87,7 +87,8 @@ def test_the_context_a_model_was_made_for_comes_from_its_training_its_recipe_or_
     found = model_context(load_recipe("ling-3.0-flash/spark-optimized", [f"model.path={local}"]).recipe)
     assert found.tokens == 512 and "max_position_embeddings 512" in found.why and tune_shape(found) == (192, 256)
     assert model_context(load_recipe("ling-3.0-flash/spark-optimized").recipe) is None  # a hub id: nothing says
-    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec
+    from sparkit.models.builder import BuildSpec
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     shipped = SHIPPED_DIR / BuildSpec().dir_name  # a build's own max_position_embeddings (2048) is not its training
     assert model_context(load_recipe("tiny", [f"model.path={shipped}"]).recipe).tokens == TRAIN_SEQ_LEN

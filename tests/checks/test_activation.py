@@ -34,13 +34,16 @@ from sparkit.engines.activation_report import (
 from sparkit.engines.sglang.log import parse_log
 
 
-def make_plan(engine="sglang", warnings=(), provisions=(), **expect) -> LaunchPlan:
+def make_plan(engine="sglang", warnings=(), provisions=(), args=None, **expect) -> LaunchPlan:
+    """A NEXTN 3/1/4 plan on SGLang; `args`: resolved args it expects besides (or instead of) those."""
     defaults = dict(
         weights="mxfp4", moe_backend="humming", lm_head="fp8", speculative="nextn",
-        speculative_algorithm_reported="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
-        draft_shares_lm_head=True, tp=1, min_accept_length=1.5,
+        draft_shares_lm_head=True, min_accept_length=1.5,
     )
     defaults.update(expect)
+    defaults["server_args"] = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+                               "tp_size": 1, "moe_runner_backend": defaults["moe_backend"],
+                               "speculative_algorithm": "EAGLE", **(args or {})}
     return LaunchPlan(
         engine=engine, argv=["sglang", "serve"], env={}, host="127.0.0.1", port=30000,
         model="inclusionAI/Ling-3.0-flash-fp4", served_model_name="ling", recipe_name="ling-spark",
@@ -86,7 +89,7 @@ def probe(accept: float | None, tok_s: float = 50.0, n: int = 3) -> ProbeResult:
 
 # -- resolved args -----------------------------------------------------------------------------
 def test_resolved_args_pass_names_the_alias_and_the_forced_draft_tokens():
-    plan = make_plan(engine="sglang", speculative_algorithm_reported=None, num_draft_tokens=6)
+    plan = make_plan(engine="sglang", args={"speculative_algorithm": "NEXTN", "speculative_num_draft_tokens": 6})
     result = check_resolved_args(plan, ServerEvidence("sglang", server_info=resolved()))
     assert result.status == Status.PASS
     text = " ".join(result.evidence)
@@ -102,7 +105,7 @@ def test_resolved_args_auto_moe_backend_resolution_is_named():
 
 
 def test_resolved_args_fail_names_each_difference():
-    plan = make_plan(tp=4, server_args={"attention_backend": "trtllm_mla"})
+    plan = make_plan(args={"tp_size": 4, "attention_backend": "trtllm_mla"})
     ev = ServerEvidence("sglang", server_info=resolved(tp_size=1, attention_backend="flashinfer"))
     result = check_resolved_args(plan, ev)
     assert result.status == Status.FAIL
@@ -266,7 +269,7 @@ def test_ignored_settings_pass_warn_fail():
         ServerEvidence("sglang", server_info=resolved()),
     )
     assert warn.status == Status.WARN and warn.data["ignored_env"] == ["SGLANG_ENABLE_FUSED_VERIFY_EXTEND_GRAPH"]
-    rewritten = check_ignored_settings(make_plan(num_draft_tokens=6), ServerEvidence("sglang", server_info=resolved()))
+    rewritten = check_ignored_settings(make_plan(args={"speculative_num_draft_tokens": 6}), ServerEvidence("sglang", server_info=resolved()))
     assert rewritten.status == Status.WARN and "speculative_num_draft_tokens" in rewritten.evidence[0]
     relied = check_ignored_settings(
         make_plan(
@@ -281,8 +284,8 @@ def test_ignored_settings_pass_warn_fail():
 def test_evaluate_runs_every_check_once():
     results = evaluate(make_plan(engine="embedded"), ServerEvidence("embedded", server_info=resolved(), reports=[report()], probe=probe(3.0)))
     assert [r.name for r in results] == [
-        "resolved_args", "weights", "moe_runner", "lm_head_dtype", "shared_lm_head", "acceptance", "decode_speed",
-        "known_answer", "ignored_settings",
+        "resolved_args", "weights", "moe_runner", "lm_head_dtype", "shared_lm_head", "shared_embedding", "block_size",
+        "acceptance", "decode_speed", "known_answer", "ignored_settings", "engine_switches", "tool_calls",
     ]
     assert all(r.status in (Status.PASS, Status.SKIP) for r in results), [r.to_dict() for r in results]
 
@@ -300,7 +303,7 @@ def _rank(rep: ActivationReport, rank: int, size: int) -> ActivationReport:
 def test_tp_every_rank_must_share_its_own_head_shard():
     """TP2: each rank converts its vocabulary shard and its draft must share that rank's module;
     one unshared rank fails the check naming it, a missing rank's report is a warning."""
-    plan = make_plan(tp=2)
+    plan = make_plan(args={"tp_size": 2})
     both = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(), 1, 2)])
     result = check_shared_lm_head(plan, both)
     assert result.status == Status.PASS and "all 2 TP ranks" in result.detail
@@ -316,7 +319,7 @@ def test_tp_every_rank_must_share_its_own_head_shard():
 def test_tp4_reads_all_four_ranks():
     """TP4 (the H200 x4 session): every rank's report counts; the one rank whose draft kept the
     target's weight tensor is named, and a rank that wrote nothing is a warning, not a pass."""
-    plan = make_plan(tp=4)
+    plan = make_plan(args={"tp_size": 4})
     ranks = [_rank(report(), r, 4) for r in range(4)]
     assert check_shared_lm_head(plan, ServerEvidence(engine="sglang", reports=ranks)).status == Status.PASS
     bad = ranks[:3] + [_rank(report(shared=False), 3, 4)]
@@ -331,9 +334,32 @@ def test_tp4_reads_all_four_ranks():
 
 
 def test_tp_lm_head_shards_in_different_dtypes_fail():
-    plan = make_plan(tp=2)
+    plan = make_plan(args={"tp_size": 2})
     mixed = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(head_dtype="bfloat16"), 1, 2)])
     result = check_lm_head_dtype(plan, mixed)
     assert result.status == Status.FAIL and "rank 1: bfloat16" in result.detail
     same = ServerEvidence(engine="sglang", reports=[_rank(report(), 0, 2), _rank(report(), 1, 2)])
     assert check_lm_head_dtype(plan, same).status == Status.PASS
+
+
+# -- engine switches ---------------------------------------------------------------------------
+def test_engine_switches_are_shown_on_or_named_where_they_did_not_arrive():
+    from sparkit.checks.activation import check_engine_switches, passed_flags
+
+    assert passed_flags(["--a", "--b", "4", "--c=x", "--d"]) == [("--a", None), ("--b", "4"), ("--c", "x"), ("--d", None)]
+    plan = make_plan()
+    plan.env = {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1"}
+    plan.recipe = {"server": {"extra_args": ["--disable-overlap-schedule", "--num-continuous-decode-steps", "4"]}}
+    args = resolved(disable_overlap_schedule=True, num_continuous_decode_steps=4).args
+    on = check_engine_switches(plan, ServerEvidence("sglang", server_info=parse_server_info(args),
+                                                    engine_environ={"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1", "HOME": "/h"}))
+    assert on.status == Status.PASS, on.to_dict()
+    assert "env SGLANG_ENABLE_METADATA_GLUE_GRAPH=1: in the engine's environment" in on.evidence
+    assert "flag --num-continuous-decode-steps 4: the server reports num_continuous_decode_steps=4" in on.evidence
+    lost = check_engine_switches(plan, ServerEvidence("sglang", server_info=parse_server_info(args), engine_environ={}))
+    assert lost.status == Status.FAIL and "SGLANG_ENABLE_METADATA_GLUE_GRAPH" in lost.detail and "unset" in lost.detail
+    rewritten = check_engine_switches(plan, ServerEvidence("sglang", engine_environ=plan.env, server_info=parse_server_info(
+        {**args, "num_continuous_decode_steps": 1})))
+    assert rewritten.status == Status.WARN and "num_continuous_decode_steps=1" in rewritten.detail
+    plan.env, plan.recipe = {}, {"server": {"extra_args": []}}
+    assert check_engine_switches(plan, ServerEvidence("sglang")).status == Status.SKIP

@@ -175,6 +175,16 @@ def test_the_checks_give_what_they_gave_on_the_real_engine(run):
     assert "known_answer" not in then and now.pop("known_answer") == "skip"
     # Added since: the expert weights of every MoE layer, from the same activation reports.
     assert "weights" not in then and now.pop("weights") == "pass"
+    # Added since: DSpark's checks, which skip for NEXTN.
+    assert [now.pop(name) for name in ("shared_embedding", "block_size")] == ["skip", "skip"]
+    # Added since: the engine switches. The captured directory has no engine process whose
+    # environment could be read and these recipes set no SGLANG_* switch, but the flags the session's
+    # recipes pass (--max-total-tokens 65536, --load-format dummy) are in what the real SGLang reported.
+    switches = next(r for r in evaluate(plan, ev) if r.name == "engine_switches")
+    assert any(line.startswith("flag --") and ": the server reports " in line for line in switches.evidence)
+    assert "engine_switches" not in then and now.pop("engine_switches") == "pass"
+    # Added since: whether tool calls are parsed; these ran no --tool-call-parser (server_info: null).
+    assert "tool_calls" not in then and now.pop("tool_calls") == "skip"
     assert now == then
 
 

@@ -2,7 +2,7 @@
 
 Each plan's argv is parsed by sglang's own parser; the /server_info body is that
 ServerArgs' resolved_dict() with what resolution does on a GPU box applied
-(NEXTN reported as EAGLE, auto MoE backend resolved). The resolved-args check must
+(NEXTN reported as EAGLE, auto MoE backend resolved, DSpark's step and topk set to 1). The resolved-args check must
 then pass with those differences named, and fail when the server runs otherwise.
 """
 
@@ -39,6 +39,11 @@ def server_info_for(plan, prepare_server_args, **resolution):
         body["speculative_algorithm"] = "EAGLE"
     if body.get("moe_runner_backend") == "auto":
         body["moe_runner_backend"] = "flashinfer_mxfp4"
+    if str(body.get("speculative_algorithm") or "").upper() == "DSPARK":
+        # speculative_hook._handle_dspark (it reads the draft's config, so it runs only where that is)
+        body.update(speculative_num_steps=1, speculative_eagle_topk=1)
+        if plan.expectations.draft_block_size:
+            body["speculative_num_draft_tokens"] = plan.expectations.draft_block_size + 1
     body.update(resolution)
     body.update({"version": "0.5.23", "launch_command": " ".join(plan.argv), "internal_states": [{}]})
     return parse_server_info(body)
@@ -59,8 +64,8 @@ def test_resolved_args_pass_on_the_real_sglang_shape(recipe, prepare_server_args
 @pytest.mark.parametrize("recipe", SGLANG_RECIPES)
 def test_resolved_args_fail_when_the_server_runs_something_else(recipe, prepare_server_args):
     plan = compile_plan(load_recipe(recipe))
-    wrong = {"tp_size": (plan.expectations.tp or 1) * 2}
-    if plan.expectations.mem_fraction_static is not None:
+    wrong = {"tp_size": plan.expectations.server_args["tp_size"] * 2}
+    if plan.expectations.server_args.get("mem_fraction_static") is not None:
         wrong["mem_fraction_static"] = 0.5
     info = server_info_for(plan, prepare_server_args, **wrong)
     result = check_resolved_args(plan, ServerEvidence("sglang", server_info=info))

@@ -1,16 +1,16 @@
-"""--help tidying works with the typer releases users have, not only the newest one."""
+"""--help's words for option values work with the typer releases users have, not only the newest one."""
 
 from __future__ import annotations
 
 import types
 
-from sparkit.cli.main import tidy_help
+from sparkit.cli.command_tree import option_metavar
 
 
 def _option(name, type_name, **extra):
-    param = types.SimpleNamespace(param_type_name="option", metavar=None, is_flag=False, count=False,
-                                  opts=[name], type=types.SimpleNamespace(name=type_name), **extra)
-    return param
+    fields = {"param_type_name": "option", "metavar": None, "is_flag": False, "count": False, "opts": [name],
+              "type": types.SimpleNamespace(name=type_name), **extra}
+    return types.SimpleNamespace(**fields)
 
 
 def test_options_get_value_words_without_typer_bare_type():
@@ -19,7 +19,6 @@ def test_options_get_value_words_without_typer_bare_type():
     count = _option("--num-questions", "integer")
     path = _option("--out", "path")
     newer = _option("--limit", "integer", bare_type=lambda: "int")
-    command = types.SimpleNamespace(params=[count, path, newer], get_help_option=lambda ctx: None, commands={})
-    tidy_help(command)
-    assert (count.metavar, newer.metavar) == ("N", "N")
-    assert path.metavar in ("PATH", "DIR", "FILE")
+    assert (option_metavar(count), option_metavar(newer)) == ("N", "N")
+    assert option_metavar(path) == "PATH"
+    assert option_metavar(_option("--greedy", "boolean", is_flag=True)) == ""

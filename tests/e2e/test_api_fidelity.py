@@ -176,8 +176,12 @@ def test_openai_fields_at_neutral_values_are_accepted_and_others_named(embedded_
         extra_body={"stop_regex": None, "custom_params": None},
     )
     assert reply.choices[0].message.content
-    with pytest.raises(openai.BadRequestError, match=r"store=true is not supported by the embedded engine \(it takes only null or false\)"):
-        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, store=True)
+    with pytest.raises(openai.BadRequestError, match=r'modalities=\["text", "audio"\] is not supported by the embedded engine'):
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=2,
+                                       modalities=["text", "audio"])
+    stored = client.chat.completions.with_raw_response.create(  # SGLang takes it; it means nothing here: named
+        model=name, messages=[{"role": "user", "content": "Hello"}], max_tokens=2, store=True, reasoning_effort="low")
+    assert stored.headers["x-sparkit-ignored-fields"] == "reasoning_effort,store"
     ignored = _post(embedded_server, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}, "a_future_field": 1})
     assert ignored.status_code == 200 and ignored.headers["x-sparkit-ignored-fields"] == "a_future_field"
     typo = _post(embedded_server, "/generate", {"text": "Hi", "sampling_params": {"max_new_token": 2}})

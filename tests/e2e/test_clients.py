@@ -311,13 +311,38 @@ def test_the_ollama_package(server):
     assert info.value.status_code == 400 and "options.num_predict" in str(info.value)
 
 
-# -- a batch runs its prompts one after another; the server goes on answering ----------------------------
+def test_the_ollama_package_sees_what_ollama_would_say(server):
+    """Issue 37, item 4: what an Ollama front-end reads, through the `ollama` client itself."""
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url)
+    name = _name(server)
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model="llama3.2", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    assert info.value.status_code == 404 and 'model "llama3.2" not found' in info.value.error
+    parts = list(client.chat(model=name, messages=[{"role": "user", "content": "Hello"}], stream=True,
+                             options={"num_predict": 6, "temperature": 0}))
+    last = parts[-1]
+    assert last.done and last.done_reason == "length" and last.eval_count == 6  # num_predict cut it
+    assert last.eval_duration > 0 and last.prompt_eval_count > 0 and last.prompt_eval_duration > 0
+    assert last.eval_count / (last.eval_duration / 1e9) > 0  # the tok/s a front-end shows
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    shaped = client.generate(model=name, prompt="Answer:", format=schema, options={"num_predict": 40, "temperature": 0})
+    assert shaped.done_reason == "stop" and json.loads(shaped.response)["answer"] in ("yes", "no")
+    seeded = [client.generate(model=name, prompt="Once upon a time", options={"num_predict": 16, "temperature": 1.0,
+                                                                              "seed": seed}).response for seed in (5, 5, 6)]
+    assert seeded[0] == seeded[1] and len(seeded[0]) > 0
+    assert [m.model for m in client.ps().models] == [name]
+    assert httpx.get(server.url + "/api/version", timeout=30).json()["version"]
+
+
+# -- a batch's prompts run side by side up to --max-running-requests; the server goes on answering ---------
 
 
 def test_health_answers_while_a_batch_runs_and_a_batch_is_aborted_or_cancelled_whole(start_embedded_server):
     from sparkit.client import parse_prometheus
 
-    server = start_embedded_server(debug_step_delay_ms=20)  # >= 20 ms a step: each prompt takes >= 8 s
+    # >= 20 ms a step: each prompt takes >= 8 s; two decode together, two wait
+    server = start_embedded_server(debug_step_delay_ms=20, max_running_requests=2)
     metrics = lambda: parse_prometheus(httpx.get(server.url + "/metrics", timeout=30).text)  # noqa: E731
     before = metrics()
     body = {"text": ["one", "two", "three", "four"], "stream": True, "rid": "hold",
@@ -329,10 +354,10 @@ def test_health_answers_while_a_batch_runs_and_a_batch_is_aborted_or_cancelled_w
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
         assert httpx.get(server.url + "/ping", timeout=30).status_code == 200
         during = metrics()
-        assert during["sglang:num_running_reqs"] == 1 and during["sglang:num_queue_reqs"] == 3  # the rest wait their turn
+        assert during["sglang:num_running_reqs"] == 2 and during["sglang:num_queue_reqs"] == 2  # the rest wait their turn
         assert httpx.post(server.url + "/abort_request", json={"rid": "hold"}, timeout=30).status_code == 200
         finals = [c for c in chunks if c["meta_info"]["finish_reason"] is not None]
-    assert [c["index"] for c in finals] == [0, 1, 2, 3]  # SGLang aborts by rid prefix: hold_0 .. hold_3
+    assert [c["index"] for c in finals] == [0, 1, 2, 3]  # a batch's rid aborts its items: hold_0 .. hold_3
     assert all(c["meta_info"]["finish_reason"]["type"] == "abort" for c in finals)
     # a client that leaves a streamed batch cancels all of it
     with httpx.stream("POST", server.url + "/generate", json={**body, "rid": "gone"}, timeout=120) as response:

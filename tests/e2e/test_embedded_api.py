@@ -348,7 +348,13 @@ def test_client_disconnect_frees_the_slot(start_embedded_server):
         })
     follow = _generate(embedded_server, {"text": "1 + 2 =", "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}})
     assert follow.json()["meta_info"]["completion_tokens"] == 4
-    final = _metrics(embedded_server)
+    # batched, the follow-up can finish beside the abandoned request before the server has seen the
+    # client go: wait for that event (the running count back to 0), not for a time
+    for _ in range(600):
+        final = _metrics(embedded_server)
+        if final["sglang:num_running_reqs"] == 0 and final["sglang:num_queue_reqs"] == 0:
+            break
+        time.sleep(0.1)
     assert final["sglang:num_aborted_requests_total"] == after["sglang:num_aborted_requests_total"] + 1
     assert final["sglang:generation_tokens_total"] - after["sglang:generation_tokens_total"] < long_budget / 2
 
@@ -459,7 +465,7 @@ def test_corrupt_checkpoint_fails_the_start_naming_the_file(start_embedded_serve
 
 
 def test_plain_decoding_server_without_speculation(start_embedded_server, embedded_server):
-    server = start_embedded_server(lm_head_dtype="fp8", max_queued_requests=1, wait=False)
+    server = start_embedded_server(lm_head_dtype="fp8", max_queued_requests=1, max_running_requests=2, wait=False)
     # the port opens before the model loads: /health and requests answer 503 until warm
     seen_503 = generate_503 = False
     deadline = time.monotonic() + 120
@@ -480,14 +486,15 @@ def test_plain_decoding_server_without_speculation(start_embedded_server, embedd
     assert seen_503 and generate_503
     server.wait_healthy()
 
-    # --max-queued-requests 1: one running, one queued, the next is refused with 503
+    # --max-running-requests 2, --max-queued-requests 1: two running, one queued, the next is refused with 503
     long_body = {"text": "Once", "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}}
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        with client.stream("POST", "/generate", json=long_body) as running:
-            running_lines = running.iter_lines()  # kept: closing the iterator would drop the connection
-            for line in running_lines:
-                if line.startswith("data:"):
-                    break
+    with httpx.Client(base_url=server.url, timeout=120) as client, httpx.Client(base_url=server.url, timeout=120) as second:
+        with client.stream("POST", "/generate", json=long_body) as running, second.stream("POST", "/generate", json=long_body) as beside:
+            running_lines, beside_lines = running.iter_lines(), beside.iter_lines()  # kept: closing one would drop its connection
+            for lines in (running_lines, beside_lines):
+                for line in lines:
+                    if line.startswith("data:"):
+                        break
             with httpx.Client(base_url=server.url, timeout=120) as other, other.stream("POST", "/generate", json=long_body) as queued:
                 deadline = time.monotonic() + 60
                 while _metrics(server)["sglang:num_queue_reqs"] < 1 and time.monotonic() < deadline:

@@ -95,7 +95,7 @@ def test_recipes_validate_without_an_argument_validates_every_shipped_recipe(tmp
 def test_recipes_validate_without_an_argument_fails_on_a_broken_shipped_recipe(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import sparkit.cli.recipes_cmd as recipes_cmd
+    import sparkit.cli.commands.recipes as recipes_cmd
     from sparkit.cli.main import app
 
     broken = tmp_path / "broken.yaml"

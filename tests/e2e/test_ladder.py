@@ -42,8 +42,9 @@ def test_the_tiny_ladder_runs_every_step_with_its_checks_and_prints_what_each_bo
     assert doc == json.loads(out.read_text())  # the file is the document
     assert doc["kind"] == "sparkit-ladder" and doc["ladder"] == "tiny" and doc["complete"]
     steps = doc["steps"]
-    assert [s["label"] for s in steps] == ["bf16 experts, bf16 head", "+ FP8 experts", "+ FP8 lm_head", "+ NEXTN 3/1/4"]
-    assert [s["status"] for s in steps] == ["done"] * 4
+    assert [s["label"] for s in steps] == ["bf16 experts, bf16 head", "+ FP8 experts", "+ FP8 lm_head", "+ NEXTN 3/1/4",
+                                           "DSpark block 8 instead of NEXTN"]
+    assert [s["status"] for s in steps] == ["done"] * 5
     for step in steps:
         checks = {c["name"]: c for c in step["checks"]}
         assert all(c["status"] in ("pass", "skip") for c in checks.values()), checks
@@ -52,9 +53,12 @@ def test_the_tiny_ladder_runs_every_step_with_its_checks_and_prints_what_each_bo
         assert step["gsm8k"]["n"] == 3 and Path(step["gsm8k_file"]).is_file() and Path(step["bench_file"]).is_file()
     # each step ran what it says: its startup checks saw the head and the experts it adds
     heads = [{c["name"]: c for c in s["checks"]}["lm_head_dtype"]["data"].get("in_use") for s in steps]
-    assert heads == ["bf16", "bf16", "fp8", "fp8"], heads
+    assert heads == ["bf16", "bf16", "fp8", "fp8", "fp8"], heads
     accept = [s["figures"]["accept_length"] for s in steps]
-    assert accept[:3] == [None, None, None] and accept[3] > 1.5
+    # NEXTN and DSpark both draft (> 1.5 tokens a verify step on the ladder's workload; its startup
+    # probe holds DSpark to 2.0). On this workload the DSpark step measured 1.78 in CI, below its
+    # held-out gate (7.52): the bench prompts are not the corpus's text
+    assert accept[:3] == [None, None, None] and accept[3] > 1.5 and accept[4] > 1.5
     # what each step bought: the ratio of its decode speed to the previous one's, with its noise
     rows = doc["comparison"]
     assert rows[0]["vs_previous"] is None and rows[0]["gsm8k_vs_first"] is None
@@ -63,8 +67,9 @@ def test_the_tiny_ladder_runs_every_step_with_its_checks_and_prints_what_each_bo
         assert row["vs_previous_noise"] is not None
         assert row["gsm8k_vs_first"]["n_paired"] == 3 and 0 <= row["gsm8k_vs_first"]["mcnemar_p"] <= 1
     assert all(s["published"] is None for s in steps)  # tiny-ling has no published figure
-    assert "[1/4] bf16 experts, bf16 head (tiny/tiny-baseline stack.weights=bf16): starting" in done.stderr
-    assert "[4/4] + NEXTN 3/1/4 (tiny): done; decode" in done.stderr
+    assert "[1/5] bf16 experts, bf16 head (tiny/tiny-baseline stack.weights=bf16): starting" in done.stderr
+    assert "[4/5] + NEXTN 3/1/4 (tiny): done; decode" in done.stderr
+    assert "[5/5] DSpark block 8 instead of NEXTN (tiny/tiny-dspark): done; decode" in done.stderr
     assert_servers_gone(doc)
 
     # The table a person reads, from the same document
@@ -73,7 +78,7 @@ def test_the_tiny_ladder_runs_every_step_with_its_checks_and_prints_what_each_bo
     assert table.returncode == 0, table.stderr[-2000:]
     assert "ladder tiny: profile:prose 32 in / 24 out, 2 prompts" in table.stdout
     rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
-    assert len(rows) == 4 and "+ NEXTN 3/1/4" in rows[3] and "pass" in rows[3]
+    assert len(rows) == 5 and "+ NEXTN 3/1/4" in rows[3] and "pass" in rows[3] and "DSpark" in rows[4]
     assert f"{steps[3]['figures']['decode_tok_s']:.1f}" in rows[3]
     assert "starting" not in table.stderr  # nothing ran again
 

@@ -102,8 +102,8 @@ def test_half_sent_requests_are_closed_and_the_connection_limit_holds(start_embe
 
 
 def test_past_the_limit_with_every_connection_busy_a_new_one_is_refused(start_embedded_server):
-    server = start_embedded_server(max_connections=2, debug_step_delay_ms=50)
-    # The embedded engine runs one request at a time: the first stream runs (its first chunk read),
+    server = start_embedded_server(max_connections=2, debug_step_delay_ms=50, max_running_requests=1)
+    # One request at a time (--max-running-requests 1): the first stream runs (its first chunk read),
     # the second waits in the queue (the server's own "Decode batch." line, every 40 steps, counts
     # it), and only then does the third connection come; the first runs >= 10 s after that line.
     started = threading.Event()
@@ -271,9 +271,9 @@ GENERATE = {"text": "count: one two", "sampling_params": {"max_new_tokens": 2, "
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None])
 def test_a_body_that_is_not_declared_json_is_refused(gated, content_type):
-    """The simple requests a web page can send cross-origin without asking (text/plain, a form)
-    were parsed as JSON."""
-    headers = {"content-type": content_type} if content_type else {}
+    """The simple requests a web page can send cross-origin without asking (text/plain, a form, a
+    typeless Blob, whose fetch says Sec-Fetch-*) were parsed as JSON."""
+    headers = {"content-type": content_type} if content_type else {"sec-fetch-mode": "no-cors", "sec-fetch-site": "cross-site"}
     response = httpx.post(gated.url + "/generate", content=json.dumps(GENERATE), headers=headers, timeout=60)
     assert response.status_code == 415
     assert "Content-Type: application/json" in response.json()["error"]["message"]

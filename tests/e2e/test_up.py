@@ -167,6 +167,37 @@ def test_wrong_draft_fails_acceptance_with_exit_code_6(sparkit_home, tiny_model_
     assert engine_processes(sparkit_home) == []  # failed checks stop the server
 
 
+def test_dspark_comes_up_with_every_check_passing(sparkit_home, tiny_model_dir, dspark_draft_dir):
+    """tiny/tiny-dspark: the shipped draft shares the target's FP8 head and embedding, drafts blocks
+    of 8 (the draft config's), and is accepted far above the DSpark floor; the known answer is the
+    target's (drafts never change what the target computes)."""
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-dspark", *model_args(tiny_model_dir), "--detach", "--json")
+    assert up.returncode == 0, up.stderr
+    checks = checks_by_name(json.loads(up.stdout))
+    for name in ("resolved_args", "lm_head_dtype", "shared_lm_head", "shared_embedding", "block_size", "acceptance",
+                 "known_answer"):
+        assert checks[name]["status"] == "pass", (name, checks[name])
+    assert checks["block_size"]["data"] == {"in_use": 8, "recipe": None, "draft_config": 8, "source": "activation report"}
+    assert checks["acceptance"]["data"]["accept_length"] > 3.0
+    run_sparkit(sparkit_home, "down", "--all")
+    assert engine_processes(sparkit_home) == []
+
+
+def test_an_untrained_dspark_draft_fails_acceptance_with_exit_code_6(sparkit_home, tiny_model_dir, random_draft_dir):
+    """tiny/tiny-dspark-random-draft: every sharing check passes (the embedding and the head are the
+    target's), the block is right, and only the accept length says the draft is useless."""
+    up = run_sparkit(sparkit_home, "up", "tiny/tiny-dspark-random-draft", *model_args(tiny_model_dir),
+                     "--set", f"stack.speculative.draft_model={random_draft_dir}", "--json")
+    assert up.returncode == 6, up.stderr
+    checks = checks_by_name(json.loads(up.stdout))
+    assert [checks[n]["status"] for n in ("shared_lm_head", "shared_embedding", "block_size")] == ["pass"] * 3
+    acceptance = checks["acceptance"]
+    assert acceptance["status"] == "fail" and acceptance["data"]["accept_length"] < 1.2
+    assert acceptance["data"]["min_accept_length"] == 2.0
+    assert "untrained" in acceptance["cause"] and str(random_draft_dir) in acceptance["cause"]
+    assert engine_processes(sparkit_home) == []  # failed checks stop the server
+
+
 def test_a_broken_kernel_passes_every_check_but_the_known_answer_and_up_exits_6(sparkit_home, tiny_model_dir):
     """Fluent, fast, its draft accepted: only the numbers are wrong, and only the known answer says so."""
     # --detach: were the check to pass, `up` would return (exit 0) instead of serving in the foreground
@@ -225,8 +256,9 @@ def test_the_embedded_engine_scores_the_known_answer_as_real_sglang_did(start_em
     checkpoint here, on the CPU, through the same requests: every passage within 1%, the pooled
     perplexity within 0.5%, the first passage's token count equal."""
     from sparkit.checks.known_answer import reference_passages, score_reference
-    from sparkit.engines.embedded.builder import SHIPPED_DIR, BuildSpec
-    from sparkit.engines.embedded.checkpoint import read_marker
+    from sparkit.models.builder import BuildSpec
+    from sparkit.models.checkpoint import read_marker
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200"
     # The captures are of one build of tiny-ling; scored against another, the figures mean nothing.

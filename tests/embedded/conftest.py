@@ -20,10 +20,10 @@ def _few_torch_threads():
 
 @pytest.fixture(scope="session")
 def untrained_model_dir(tmp_path_factory):
-    from sparkit.engines.embedded.builder import BUILDER_VERSION
-    from sparkit.engines.embedded.checkpoint import MARKER, save_checkpoint
-    from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
-    from sparkit.engines.embedded.tokenizer import save_tokenizer
+    from sparkit.models.checkpoint import MARKER, save_checkpoint
+    from sparkit.models.tiny_ling.family import BUILDER_VERSION
+    from sparkit.models.tiny_ling.model import TinyLingConfig, TinyLingForCausalLM
+    from sparkit.models.tiny_ling.tokenizer import save_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny-untrained")
     torch.manual_seed(1234)

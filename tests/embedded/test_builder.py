@@ -14,9 +14,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.engines.embedded import builder, checkpoint  # noqa: E402
-from sparkit.engines.embedded.builder import BuildSpec  # noqa: E402
+from sparkit.engines.embedded.quality import measure_quality  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
+from sparkit.models import builder, checkpoint  # noqa: E402
+from sparkit.models.builder import BuildSpec  # noqa: E402
+from sparkit.models.catalog import BUILTIN_MODELS  # noqa: E402
+from sparkit.models.tiny_ling import family  # noqa: E402
 
 
 # Every test of quick_build is `slow`: the build trains a model (12 s, 30 s beside other work), and
@@ -36,26 +39,30 @@ def _weights(directory):
     return load_file(str(directory / checkpoint.WEIGHTS))
 
 
-def test_the_shipped_build_is_the_default_spec_and_passed_the_gate():
-    shipped = builder.SHIPPED_DIR / BuildSpec().dir_name
-    assert builder.is_complete(shipped, BuildSpec()), f"rebuild it: sparkit model make-tiny {shipped}"
-    assert builder.builtin_model_dir() == shipped
+@pytest.mark.parametrize("name", BUILTIN_MODELS)
+def test_the_shipped_build_is_the_default_spec_and_passed_the_gate(name):
+    spec = BuildSpec(name)
+    shipped = spec.family.shipped_dir / spec.dir_name
+    assert builder.is_complete(shipped, spec), f"rebuild it: sparkit model make-tiny --model {name} {shipped}"
+    assert builder.builtin_model_dir(name) == shipped
     marker = checkpoint.read_marker(shipped)
-    quality, gate = marker["quality"], builder.DEFAULT_GATE
-    assert marker["train_steps"] == builder.DEFAULT_TRAIN_STEPS and marker["seed"] == 0
+    quality, gate = marker["quality"], spec.family.gate
+    assert marker["train_steps"] == spec.family.default_steps and marker["seed"] == 0
     assert quality["heldout_loss"] <= gate.max_heldout_loss
     assert quality["accept_length"] >= gate.min_accept_length
     assert quality["unanswered_greetings"] == [] and quality["greetings"] > 50
 
 
 @pytest.mark.slow
-def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
-    """The first TRAJECTORY_STEPS[0] steps of the default build, bit for bit: a change to the model,
-    the corpus, the tokenizer or the training that was not followed by a rebuild (and a
-    BUILDER_VERSION bump) fails here. The build's numerics are portable across x86-64 CPUs; what
+@pytest.mark.parametrize("name", BUILTIN_MODELS)
+def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path, name):
+    """The first TRAJECTORY_STEPS[0] steps of each family's default build, bit for bit: a change to
+    the model, the corpus, the tokenizer or the training that was not followed by a rebuild (and a
+    builder version bump) fails here. The build's numerics are portable across x86-64 CPUs; what
     they still depend on (torch's version, the architecture, the BLAS) is recorded in the marker
     and must match here (scripts/test pins torch: constraints.txt)."""
-    shipped = checkpoint.read_marker(builder.SHIPPED_DIR / BuildSpec().dir_name)
+    spec = BuildSpec(name)
+    shipped = checkpoint.read_marker(spec.family.shipped_dir / spec.dir_name)
     first = builder.TRAJECTORY_STEPS[0]
     here = builder.current_numerics()
     recorded = shipped["numerics"]
@@ -64,9 +71,17 @@ def test_the_builder_reproduces_the_shipped_checkpoints_first_steps(tmp_path):
                     f"BLAS; this is {here['machine']} with {here['blas']} (the bits cannot be compared)")
     assert builder.numerics_key(here) == builder.numerics_key(recorded), (
         f"the shipped build was made under {recorded}; this environment is {here} (install constraints.txt)")
-    marker = builder.build_model(tmp_path, BuildSpec(), stop_after=first)
+    marker = builder.build_model(tmp_path, spec, stop_after=first)
     assert marker["train_steps"] == first
     assert marker["trajectory"][str(first)] in _known_trajectories(shipped, first)
+
+
+def test_a_gated_build_without_a_measure_is_refused_before_it_trains(tmp_path):
+    """The gate's measure comes from the engine above the builder (sparkit.engines.embedded.quality);
+    a caller that asks for a gate and hands none learns it before the training, not after it."""
+    with pytest.raises(TypeError, match="needs a measure"):
+        builder.build_model(tmp_path / "build", BuildSpec("tiny-ling", 0, 2), gate=family.DEFAULT_GATE)
+    assert not (tmp_path / "build" / checkpoint.WEIGHTS).exists()
 
 
 def _cpu_signature() -> str:
@@ -89,9 +104,11 @@ def _known_trajectories(shipped: dict, steps: int) -> set:
     from pathlib import Path
 
     known = {shipped["trajectory"][str(steps)]}
+    if shipped.get("name", "tiny-ling") != "tiny-ling":  # the table records tiny-ling's builds
+        return known
     table = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "builder-trajectories.json").read_text())
     entry = table["trajectories"].get(_cpu_signature())
-    if entry and entry["builder_version"] == builder.BUILDER_VERSION and entry["steps"] == steps:
+    if entry and entry["builder_version"] == family.BUILDER_VERSION and entry["steps"] == steps:
         known.add(entry["hash"])
     return known
 
@@ -102,7 +119,7 @@ def test_the_builders_corpus_encoder_gives_the_saved_tokenizers_ids():
     written literally included."""
     import itertools
 
-    from sparkit.engines.embedded import corpus, tokenizer
+    from sparkit.models.tiny_ling import corpus, tokenizer
 
     saved = tokenizer.build_tokenizer()
     documents = list(itertools.islice(corpus.documents(0), 400)) + ["héllo 你好 🎉 <|user|>x<|eos|><|assistant|>", "<|bos|><|pad|>"]
@@ -146,7 +163,7 @@ def test_a_build_is_the_same_on_a_loaded_machine_and_another_seed_differs(tmp_pa
 def test_the_quality_gate_refuses_a_weak_model_and_caches_nothing(tmp_path):
     target = tmp_path / "weak"
     with pytest.raises(builder.WeakModelError, match="too weak") as info:
-        builder.ensure_model(directory=target, seed=0, steps=2, gate=builder.DEFAULT_GATE)
+        builder.ensure_model(directory=target, seed=0, steps=2, gate=family.DEFAULT_GATE, measure=measure_quality)
     message = str(info.value)
     assert "held-out loss" in message and "not cached" in message and "--steps" in message
     assert not target.exists()
@@ -165,7 +182,7 @@ def test_a_build_killed_mid_way_is_removed_by_the_next_build_whatever_its_pid(tm
     models = tmp_path / "models"
     models.mkdir()
     killed = subprocess.Popen([sys.executable, "-c",
-                               "import sys; from sparkit.engines.embedded.builder import ensure_model; "
+                               "import sys; from sparkit.models.builder import ensure_model; "
                                "ensure_model(directory=sys.argv[1], seed=4, steps=100000, gate=False)", str(models / "big")])
     try:
         deadline = time.monotonic() + 300
@@ -257,7 +274,7 @@ def test_a_build_of_another_spec_or_version_is_rebuilt(quick_build, tmp_path):
     shutil.copytree(quick_build[0], path)
     assert not builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))  # other steps
     marker = checkpoint.read_marker(path)
-    (path / checkpoint.MARKER).write_text(json.dumps({**marker, "builder_version": builder.BUILDER_VERSION - 1}))
+    (path / checkpoint.MARKER).write_text(json.dumps({**marker, "builder_version": family.BUILDER_VERSION - 1}))
     assert not builder.is_complete(path)
     builder.ensure_model(directory=path, seed=3, steps=1)
     assert builder.is_complete(path, BuildSpec("tiny-ling", 3, 1))
@@ -329,5 +346,33 @@ def test_make_tiny_cli_builds_and_reports_json(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["path"] == str(target) and data["seed"] == 5 and data["steps"] == 2
-    assert data["builder_version"] == builder.BUILDER_VERSION
+    assert data["builder_version"] == family.BUILDER_VERSION
     assert builder.is_complete(target, BuildSpec("tiny-ling", 5, 2))
+
+
+@pytest.mark.slow
+def test_make_tiny_cli_builds_tiny_ling_v3_when_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from sparkit.cli.main import app
+    from sparkit.models.tiny_ling_v3 import family as v3
+
+    target = tmp_path / "cli-v3"
+    result = CliRunner().invoke(app, ["model", "make-tiny", str(target), "--model", "tiny-ling-v3", "--steps", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["name"] == "tiny-ling-v3" and data["builder_version"] == v3.BUILDER_VERSION and data["steps"] == 2
+    assert json.loads((target / "config.json").read_text())["architectures"] == ["TinyLingV3ForCausalLM"]
+    assert builder.is_complete(target, BuildSpec("tiny-ling-v3", 0, 2))
+
+
+def test_make_tiny_cli_names_the_models_it_knows_for_an_unknown_one(tmp_path):
+    import subprocess
+    import sys
+
+    # the real command line: its exit codes are set where sparkit's errors are rendered (cli.main)
+    result = subprocess.run([sys.executable, "-m", "sparkit", "model", "make-tiny", str(tmp_path / "x"), "--model",
+                             "tiny-ling-v9"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "unknown built-in model 'tiny-ling-v9'" in result.stderr and "tiny-ling, tiny-ling-v3" in result.stderr
+    assert not (tmp_path / "x").exists()

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 
 def _model(untrained_model_dir, experts: str):
-    from sparkit.engines.embedded import checkpoint
+    from sparkit.models import checkpoint
 
     _, model = checkpoint.load_checkpoint(untrained_model_dir)
     for module in model.modules():
@@ -26,9 +26,9 @@ def narrow_experts_model_dir(tmp_path_factory):
     """Routed experts narrower than the shared expert (each width a config key of its own), top-1."""
     import json
 
-    from sparkit.engines.embedded.checkpoint import MARKER, save_checkpoint
-    from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
-    from sparkit.engines.embedded.tokenizer import save_tokenizer
+    from sparkit.models.checkpoint import MARKER, save_checkpoint
+    from sparkit.models.tiny_ling.model import TinyLingConfig, TinyLingForCausalLM
+    from sparkit.models.tiny_ling.tokenizer import save_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny-narrow")
     torch.manual_seed(99)
@@ -79,7 +79,7 @@ def _check_fast_path_matches(model):
 
 
 def test_fast_nextn_layer_matches_the_module_including_last_only(untrained_model_dir):
-    from sparkit.engines.embedded.model import TinyLingForCausalLMNextN
+    from sparkit.models.tiny_ling.model import TinyLingForCausalLMNextN
 
     model = _model(untrained_model_dir, "fp8")
     draft = TinyLingForCausalLMNextN(model.mtp, model.embed_tokens, model.lm_head, model.rope, model.config)

@@ -12,9 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.engines.embedded import checkpoint, hf_checkpoint  # noqa: E402
-from sparkit.engines.embedded.checkpoint import load_checkpoint  # noqa: E402
 from sparkit.errors import LaunchError, UsageError  # noqa: E402
+from sparkit.models import checkpoint  # noqa: E402
+from sparkit.models.checkpoint import load_checkpoint  # noqa: E402
+from sparkit.models.tiny_ling import hf_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def _sglang_model_source(name: str) -> str | None:
 def test_the_export_has_the_files_sglang_loads(export):
     destination, marker = export
     for name in ("config.json", "model.safetensors", f"{hf_checkpoint.CONFIG_MODULE}.py", "generation_config.json",
-                 "tokenizer.json", "tokenizer_config.json", hf_checkpoint.EXPORT_MARKER):
+                 "tokenizer.json", "tokenizer_config.json", checkpoint.EXPORT_MARKER):
         assert (destination / name).is_file(), name
     config = json.loads((destination / "config.json").read_text())
     assert config["architectures"] == ["BailingMoeV2ForCausalLM"] and config["torch_dtype"] == "bfloat16"
@@ -154,7 +155,7 @@ def test_export_refuses_a_directory_that_is_not_an_export_and_reexports_one(expo
     again = tmp_path / "again"
     checkpoint.export_hf(tiny_model_dir, again, "float32")
     checkpoint.export_hf(tiny_model_dir, again, "bfloat16")  # over a previous export: fine
-    assert hf_checkpoint.is_export(again, dtype="bfloat16") and not hf_checkpoint.is_export(again, dtype="float32")
+    assert checkpoint.is_export(again, dtype="bfloat16") and not checkpoint.is_export(again, dtype="float32")
     with pytest.raises(UsageError, match="is the source checkpoint"):
         checkpoint.export_hf(tiny_model_dir, tiny_model_dir)
 
@@ -168,4 +169,4 @@ def test_export_hf_cli_writes_the_default_export_and_reports_json(sparkit_home):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert Path(data["path"]) == sparkit_home / "cache" / "models" / "tiny-ling-s0-hf-bfloat16"
-    assert data["architecture"] == "BailingMoeV2ForCausalLM" and hf_checkpoint.is_export(data["path"])
+    assert data["architecture"] == "BailingMoeV2ForCausalLM" and checkpoint.is_export(data["path"])

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparkit.engines.embedded import quant  # noqa: E402
+from sparkit.models.tiny_ling import quant  # noqa: E402
 
 
 def test_e2m1_encodes_every_representable_value_exactly():

@@ -16,8 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sparkit.checkpoint_headers import read_safetensors_index  # noqa: E402
-from sparkit.engines.embedded import checkpoint, hf_checkpoint  # noqa: E402
 from sparkit.errors import DataError, LaunchError, UsageError  # noqa: E402
+from sparkit.models import checkpoint  # noqa: E402
+from sparkit.models.tiny_ling import hf_checkpoint  # noqa: E402
 
 
 def _headers(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -77,15 +78,15 @@ def test_the_mxfp4_export_packs_routed_experts_two_per_byte_with_an_e8m0_scale_p
 @pytest.mark.parametrize("label", ["bf16", "fp8", "mxfp4", "fp8-damaged"])
 def test_every_export_holds_exactly_the_declared_tensor_inventory(quantized_exports, label):
     """hf_tensor_inventory is what plans and the loader read before the files exist."""
-    from sparkit.engines.embedded.model import TinyLingConfig
+    from sparkit.models.tiny_ling.model import TinyLingConfig
 
     directory = quantized_exports[label]
-    cfg = hf_checkpoint.tiny_config_from_hf(_config(directory))
+    cfg = hf_checkpoint.config_from_hf(_config(directory))
     assert isinstance(cfg, TinyLingConfig)
     weights = label.removesuffix("-damaged")
     assert _headers(directory) == hf_checkpoint.hf_tensor_inventory(cfg, weights)
-    marker = json.loads((directory / hf_checkpoint.EXPORT_MARKER).read_text())
-    assert marker["weights"] == weights and marker["export_version"] == hf_checkpoint.EXPORT_VERSION
+    marker = json.loads((directory / checkpoint.EXPORT_MARKER).read_text())
+    assert marker["weights"] == weights and marker["export_version"] == checkpoint.EXPORT_VERSION
     assert bool(marker["damaged_scale"]) == label.endswith("-damaged")
 
 
@@ -137,7 +138,7 @@ def test_each_export_is_classified_like_the_declared_ling_profile_of_its_variant
 def _values_of(export: Path, name: str):
     from safetensors.torch import load_file
 
-    from sparkit.engines.embedded.quant import dequantize_fp8_block, dequantize_mxfp4
+    from sparkit.models.tiny_ling.quant import dequantize_fp8_block, dequantize_mxfp4
 
     state = load_file(str(export / "model.safetensors"))
     w, s = state[f"{name}.weight"], state.get(f"{name}.weight_scale_inv")
@@ -174,8 +175,8 @@ def test_the_embedded_engine_loads_each_export_back_with_the_checkpoints_own_val
 @pytest.mark.parametrize("weights", ["fp8", "mxfp4"])
 def test_the_engine_serves_the_export_and_reports_every_moe_layer_in_its_format(quantized_exports, weights):
     from sparkit.engines.embedded.engine import EmbeddedEngine
-    from sparkit.engines.embedded.quant import CHECKPOINT_EXPERT_METHODS
     from sparkit.engines.embedded.settings import EngineConfig
+    from sparkit.models.tiny_ling.quant import CHECKPOINT_EXPERT_METHODS
 
     engine = EmbeddedEngine(EngineConfig(model_path=str(quantized_exports[weights]), expert_weights=weights,
                                          speculative_algorithm="NEXTN", lm_head_dtype="fp8"))
@@ -215,7 +216,7 @@ def test_an_export_is_reused_when_complete_and_redone_for_another_layout(quant_m
     checkpoint.ensure_hf_export(quant_model_dir, destination, "bfloat16", "fp8")
     assert (destination / "model.safetensors").stat().st_mtime_ns == stamp
     checkpoint.ensure_hf_export(quant_model_dir, destination, "bfloat16", "mxfp4")
-    assert json.loads((destination / hf_checkpoint.EXPORT_MARKER).read_text())["weights"] == "mxfp4"
+    assert json.loads((destination / checkpoint.EXPORT_MARKER).read_text())["weights"] == "mxfp4"
     assert checkpoint.checkpoint_weights(destination) == "mxfp4"
     assert oct((destination / "model.safetensors").stat().st_mode & 0o777) == "0o600"
 
@@ -235,9 +236,9 @@ def test_an_export_killed_midway_leaves_nothing_that_looks_complete(quant_model_
 
 
 def test_widths_the_layout_cannot_tile_are_refused_naming_the_tensor_and_the_width(tmp_path):
-    from sparkit.engines.embedded.builder import BUILDER_VERSION
-    from sparkit.engines.embedded.model import TinyLingConfig, TinyLingForCausalLM
-    from sparkit.engines.embedded.tokenizer import save_tokenizer
+    from sparkit.models.tiny_ling.family import BUILDER_VERSION
+    from sparkit.models.tiny_ling.model import TinyLingConfig, TinyLingForCausalLM
+    from sparkit.models.tiny_ling.tokenizer import save_tokenizer
 
     source = tmp_path / "tiny-192"
     model = TinyLingForCausalLM(TinyLingConfig(moe_intermediate_size=192, shared_expert_intermediate_size=192))

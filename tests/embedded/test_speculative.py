@@ -91,7 +91,7 @@ def test_greedy_speculative_output_is_token_for_token_plain_greedy(untrained_mod
 @pytest.mark.slow
 @pytest.mark.parametrize("experts, head", [("fp8", "fp8"), ("mxfp4", "bf16"), ("bf16", "fp32")])
 def test_greedy_equality_holds_with_quantised_weights_and_a_draft_that_often_hits(tiny_model_dir, make_engine, experts, head):
-    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
+    from sparkit.models.tiny_ling.corpus import prompt_ids, sample_prompts
 
     kw = dict(expert_weights=experts, lm_head_dtype=head)
     plain = make_engine(tiny_model_dir, **kw)
@@ -194,7 +194,7 @@ def test_cancel_aborts_and_frees_the_kv_cache(untrained_model_dir, make_engine, 
     out, steps = run(engine, [256, 90, 91], SamplingParams(temperature=0.0, max_new_tokens=50, ignore_eos=True), cancel_after_two)
     assert steps[-1].finish_reason == {"type": "abort"} and steps[-1].finished
     assert 0 < len(out) < 50
-    assert engine._target_cache.length == 0
+    assert engine.free_slots == engine.max_running  # the KV cache slot is back
     # the engine serves the next request normally
     again, _ = run(engine, [256, 90, 91], SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True))
     assert len(again) == 5
@@ -214,7 +214,7 @@ def test_bad_requests_are_refused_with_a_reason(untrained_model_dir, make_engine
 
 
 def test_kv_cache_rollback_cannot_grow_the_cache():
-    from sparkit.engines.embedded.model import KVCache
+    from sparkit.models.tiny_ling.model import KVCache
 
     cache = KVCache(1, 1, 4, 16, torch.float32, "cpu")
     cache.length = 10
@@ -238,7 +238,7 @@ def test_engine_config_errors_name_the_setting(untrained_model_dir, make_engine)
 def test_decoding_experts_per_forward_computes_the_same_tokens(tiny_model_dir, make_engine, experts):
     """expert_dequant "forward" (decode the picked experts from the quantised bytes each time) and
     "load" (decode once) compute with the same values; speculation stays exact with either."""
-    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
+    from sparkit.models.tiny_ling.corpus import prompt_ids, sample_prompts
 
     at_load = make_engine(tiny_model_dir, expert_weights=experts)
     per_forward = make_engine(tiny_model_dir, expert_weights=experts, expert_dequant="forward")

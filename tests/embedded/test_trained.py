@@ -15,7 +15,7 @@ from sparkit.engines.embedded.api import SamplingParams  # noqa: E402
 
 
 def accept_length(engine, prompts=12, max_new_tokens=48) -> float:
-    from sparkit.engines.embedded.corpus import prompt_ids, sample_prompts
+    from sparkit.models.tiny_ling.corpus import prompt_ids, sample_prompts
 
     committed = verify_steps = 0
     for prompt in sample_prompts(prompts, seed=11):
@@ -28,8 +28,8 @@ def accept_length(engine, prompts=12, max_new_tokens=48) -> float:
 
 
 def test_the_model_has_learned_its_corpus(tiny_model_dir):
-    from sparkit.engines.embedded.checkpoint import load_checkpoint
-    from sparkit.engines.embedded.corpus import documents, encode_document
+    from sparkit.models.checkpoint import load_checkpoint
+    from sparkit.models.tiny_ling.corpus import documents, encode_document
 
     _, model = load_checkpoint(tiny_model_dir)
     docs = documents(seed=999)  # unseen documents of the same distribution

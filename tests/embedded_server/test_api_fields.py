@@ -134,7 +134,7 @@ def test_a_neutral_only_field_at_another_value_is_a_400_naming_it(where):
     model, _, required = CASES[where]
     checked = 0
     for name, allowed in model.NEUTRAL.items():
-        if allowed == requests.ANY:
+        if allowed in (requests.ANY, requests.IGNORED):
             continue
         body: dict[str, Any] = {**required, name: "sparkit-probe"}
         if model is requests.GenerateSamplingParams:
@@ -147,3 +147,22 @@ def test_a_neutral_only_field_at_another_value_is_a_400_naming_it(where):
         assert f'{name}="sparkit-probe" is not supported by the embedded engine (it takes only null' in info.value.message
         checked += 1
     assert checked > 5
+
+
+def test_fields_stock_sglang_accepts_and_that_mean_nothing_here_are_accepted_and_named():
+    """Issue 37, item 5: `reasoning_effort` (what the openai and litellm clients send for any model)
+    was a 400; SGLang takes it. Accepted, and named in x-sparkit-ignored-fields."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low", "store": True,
+            "service_tier": "flex", "verbosity": "low", "bootstrap_host": "10.0.0.1"}
+    ignored: list[str] = []
+    requests.parse_body(json.dumps(body).encode(), requests.ChatCompletionRequest, "/v1/chat/completions", ignored)
+    assert sorted(ignored) == ["bootstrap_host", "reasoning_effort", "service_tier", "store", "verbosity"]
+    quiet: list[str] = []  # at their off values they are not worth a mention
+    requests.parse_body(json.dumps({"messages": body["messages"], "store": False, "reasoning_effort": None}).encode(),
+                        requests.ChatCompletionRequest, "/v1/chat/completions", quiet)
+    assert quiet == []
+    sglang_chat = pytest.importorskip("sglang.srt.entrypoints.openai.protocol").ChatCompletionRequest
+    for model in (requests.ChatCompletionRequest, requests.CompletionRequest):
+        for name, allowed in model.NEUTRAL.items():
+            if allowed == requests.IGNORED:  # each one a field SGLang or OpenAI defines, not one made up
+                assert name in sglang_chat.model_fields or name in chat_fields() or name in completion_fields(), name

@@ -5,6 +5,7 @@ port or a process (tests/e2e keeps the ones that start real servers)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -29,7 +30,15 @@ def in_process(tiny_model_dir, tmp_path_factory, monkeypatch_module):
             break
         time.sleep(0.05)
     assert state.worker.state == "ready"
+
+    async def never_gone() -> bool:
+        return False
+
+    # the grammar pool's forkserver imports xgrammar (and torch) once: here, not in the first test that
+    # compiles a grammar (a server pays it at its first grammar request)
+    asyncio.run(state.grammar_pool().compile("regex", "warm", never_gone))
     yield state, create_app(state)
+    state.close_grammar_pool()
     state.worker.stop()
     state.worker.thread.join(timeout=10)
 
@@ -247,24 +256,59 @@ def test_ollama_routes_as_sglang_serves_them(in_process):
     assert tags["models"][0]["name"] == "tiny-ling-s0" and tags["models"][0]["details"]["format"] == "sglang"
     show = call(app, "POST", "/api/show", {"model": "tiny-ling-s0"}).json()
     assert show["model_info"]["tiny-ling-s0.context_length"] == 2048 and show["capabilities"] == ["completion"]
-    reply = call(app, "POST", "/api/generate", {"model": "x", "prompt": "Once upon a time", "stream": False,
+    reply = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "Once upon a time", "stream": False,
                                                 "options": {"num_predict": 8, "temperature": 0, "num_ctx": 4096}})
     same = call(app, "POST", "/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}).json()
     assert reply.status_code == 200 and reply.json()["done"] and reply.json()["response"] == same["text"]
     assert reply.json()["eval_count"] == same["meta_info"]["completion_tokens"] <= 8
     assert reply.headers["x-sparkit-ignored-fields"] == "options.num_ctx"  # SGLang ignores options it does not map
-    lines = [json.loads(x) for x in call(app, "POST", "/api/chat", {"model": "x", "messages": [{"role": "user", "content": "Hello"}],
-                                                                     "options": {"num_predict": 12, "temperature": 0}}).text.splitlines()]
-    assert lines[-1]["done"] and lines[-1]["done_reason"] == "stop" and all(not x["done"] for x in lines[:-1])
-    whole = call(app, "POST", "/api/chat", {"model": "x", "messages": [{"role": "user", "content": "Hello"}], "stream": False,
-                                            "options": {"num_predict": 12, "temperature": 0}}).json()
+    lines = [json.loads(x) for x in call(app, "POST", "/api/chat", {"model": "tiny-ling-s0:latest", "messages": [
+        {"role": "user", "content": "Hello"}], "options": {"num_predict": 12, "temperature": 0}}).text.splitlines()]
+    assert lines[-1]["done"] and all(not x["done"] for x in lines[:-1])
+    whole = call(app, "POST", "/api/chat", {"model": "tiny-ling-s0", "messages": [{"role": "user", "content": "Hello"}],
+                                            "stream": False, "options": {"num_predict": 12, "temperature": 0}}).json()
     assert "".join(x["message"]["content"] for x in lines) == whole["message"]["content"]
-    default = call(app, "POST", "/api/generate", {"model": "x", "prompt": "hi", "stream": False})
+    default = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "hi", "stream": False})
     assert default.status_code == 400 and "options.num_predict" in default.json()["message"]  # SGLang's 2048 > the context
-    seeded = call(app, "POST", "/api/generate", {"model": "x", "prompt": "hi", "options": {"seed": 1, "num_predict": 2}})
-    assert seeded.status_code == 400 and seeded.json()["param"] == "options.seed"
-    empty = call(app, "POST", "/api/generate", {"model": "x", "prompt": "", "stream": False}).json()
+    empty = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "", "stream": False}).json()
     assert empty["done"] and empty["response"] == ""
+
+
+def test_ollama_as_ollama_answers(in_process):
+    """Issue 37, item 4: what SGLang's Ollama routes got wrong, as Ollama answers it."""
+    import json
+
+    _, app = in_process
+    chat = {"messages": [{"role": "user", "content": "Hello"}], "options": {"num_predict": 5, "temperature": 0}}
+    # an unknown model is Ollama's 404 (SGLang answered any name with the served model)
+    for path, body in (("/api/chat", {"model": "llama3", **chat}), ("/api/generate", {"model": "llama3", "prompt": "hi"}),
+                       ("/api/show", {"model": "llama3"})):
+        missing = call(app, "POST", path, body)
+        assert missing.status_code == 404 and missing.json() == {"error": 'model "llama3" not found, try pulling it first '
+                                                                  '(this server serves "tiny-ling-s0")'}, path
+    # cut by num_predict: done_reason "length", and the stream's last line has the counts and durations
+    lines = [json.loads(x) for x in call(app, "POST", "/api/chat", {"model": "tiny-ling-s0", **chat}).text.splitlines()]
+    last = lines[-1]
+    assert last["done"] and last["done_reason"] == "length"
+    assert last["eval_count"] == 5 and last["prompt_eval_count"] > 0
+    assert last["eval_duration"] > 0 and last["prompt_eval_duration"] > 0
+    assert last["total_duration"] >= last["eval_duration"] + last["prompt_eval_duration"]
+    whole = call(app, "POST", "/api/chat", {"model": "tiny-ling-s0", "stream": False, **chat}).json()
+    assert whole["done_reason"] == "length" and whole["eval_count"] == 5 and whole["eval_duration"] > 0
+    ended = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "Answer yes or no:", "stream": False,
+                                                "format": {"enum": ["yes", "no"]}, "options": {"num_predict": 20}}).json()
+    assert ended["done_reason"] == "stop" and json.loads(ended["response"]) in ("yes", "no")  # format: the grammar
+    # options.seed is honoured: the same seed the same sample, another seed another one
+    def sample(seed: int) -> str:
+        return call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "Once upon a time", "stream": False,
+                                                   "options": {"num_predict": 24, "temperature": 1.0, "seed": seed}}).json()["response"]
+
+    assert sample(1) == sample(1) and len({sample(1), sample(2), sample(3)}) > 1
+    assert call(app, "GET", "/api/version").json()["version"]
+    running = call(app, "GET", "/api/ps").json()["models"]
+    assert [m["name"] for m in running] == ["tiny-ling-s0"] and running[0]["context_length"] == 2048
+    bad = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "hi", "format": "yaml"})
+    assert bad.status_code == 400 and bad.json()["param"] == "format"
 
 
 def test_every_sglang_route_is_served_or_listed_with_why_not():
@@ -294,3 +338,214 @@ def test_every_sglang_route_is_served_or_listed_with_why_not():
     assert not unaccounted, f"SGLang serves {unaccounted}: serve them or say why not in SGLANG_ROUTES_NOT_SERVED"
     assert not sorted(set(SGLANG_ROUTES_NOT_SERVED) - theirs), "SGLANG_ROUTES_NOT_SERVED lists routes SGLang does not have"
     assert not ours & set(SGLANG_ROUTES_NOT_SERVED)
+
+
+# -- hostile and unusual clients (issue 40, items 4 and 11; issue 37, item 5) ------------------------------
+
+
+def test_top_logprobs_under_a_grammar_leave_out_what_it_forbids(in_process):
+    """They listed forbidden tokens at -3.4e38 (float32's lowest) to fill top_logprobs."""
+    state, app = in_process
+    body = {"messages": [{"role": "user", "content": "Yes or no?"}], "regex": "(yes|no)", "logprobs": True,
+            "top_logprobs": 20, "max_tokens": 8, "temperature": 0}
+    reply = call(app, "POST", "/v1/chat/completions", body).json()
+    content = reply["choices"][0]["logprobs"]["content"]
+    text = reply["choices"][0]["message"]["content"]
+    assert text in ("yes", "no")
+    so_far = ""
+    for entry in content:
+        alternatives = entry["top_logprobs"]
+        assert 0 < len(alternatives) < 20  # far fewer than 20 tokens can continue "yes" or "no"
+        assert all(a["logprob"] > -1e30 for a in alternatives)
+        assert all(("yes".startswith(so_far + a["token"]) or "no".startswith(so_far + a["token"])
+                    or (so_far in ("yes", "no") and a["token"] == state.tokenizer.eos_token))  # the grammar's end
+                   for a in alternatives), (so_far, alternatives)
+        so_far += entry["token"]
+    native = call(app, "POST", "/generate", {"text": "Yes or no?", "return_logprob": True, "top_logprobs_num": 20,
+                                             "sampling_params": {"regex": "(yes|no)", "max_new_tokens": 8, "temperature": 0}})
+    rows = native.json()["meta_info"]["output_top_logprobs"]
+    assert rows and all(0 < len(row) < 20 and all(lp > -1e30 for lp, _, _ in row) for row in rows[:-1])
+
+
+def test_the_ignored_fields_header_is_escaped_and_bounded(in_process):
+    _, app = in_process
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            **{f"unknown_field_{i:03d}": i for i in range(200)}, "é一": 1, "comma,name": 2}
+    response = call(app, "POST", "/v1/chat/completions", body)
+    assert response.status_code == 200
+    header = response.headers["x-sparkit-ignored-fields"]
+    assert header.isascii() and len(header) <= 1000 + len("...200 more")
+    names = header.split(",")
+    assert names[0] == "comma\\u002cname" and names[-1].startswith("...") and names[-1].endswith(" more")
+    shown = len(names) - 1
+    assert names[-1] == f"...{202 - shown} more"
+
+
+ODD_VALUES = [None, True, False, 0, -0.0, 1, -1, 2**31, 2**63, 2**64, -(2**63) - 1, 10**30, 1e308, -1e308, 3.5e38,
+              1e-308, 5e-324, 0.5, "", "é一", "\x00", "a\r\nb", "x" * 5000, [], [None], [1e308], [[]], [2**64], {},
+              {"": None}, {"é一": 1e308}, {"0": 3.5e38}, {"5": -1e308}, {"1": 1e-308}, "$$ANY$$", "(yes|no)"]
+
+
+def _fuzzed(rng, base: dict, names: list[str], nested: tuple[str, list[str]] | None) -> dict:
+    body = json.loads(json.dumps(base))
+    for _ in range(rng.randint(1, 3)):
+        value = rng.choice(ODD_VALUES)
+        if nested is not None and rng.random() < 0.5:
+            key, inner = nested
+            if not isinstance(body.get(key), dict):
+                body[key] = {}
+            body[key][rng.choice(inner)] = value
+        else:
+            body[rng.choice(names)] = value
+    return body
+
+
+@pytest.mark.slow
+def test_no_value_a_json_body_can_carry_is_a_5xx(in_process, monkeypatch):
+    """Issue 40, item 11: logit_bias 3.5e38, repetition_penalty 1e-308 and odd field names were 500s.
+    A seeded fuzz over the main routes: each field the route declares (and a few it does not),
+    set to values at JSON's edges; every answer must be the client's error or a reply, never the
+    server's (streams included: an error inside one carries its code)."""
+    import random
+
+    from sparkit.engines.embedded import requests as api
+
+    state, app = in_process
+    # whatever the fuzz asks for, a generation stays short
+    monkeypatch.setattr(state, "max_new_tokens_limit", 2, raising=False)
+    weird = ["é一", "a\x00b", "a\r\nb", "x" * 1000]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    routes = [
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}, api.GenerateRequest,
+         ("sampling_params", sorted(api.GenerateSamplingParams.model_fields) + weird)),
+        ("/v1/chat/completions", chat, api.ChatCompletionRequest, None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}, api.CompletionRequest, None),
+        ("/api/chat", {"model": "tiny-ling-s0", **chat, "options": {"num_predict": 2}}, api.OllamaChatRequest,
+         ("options", sorted(api.OLLAMA_OPTIONS) + ["num_ctx", *weird])),
+        ("/api/generate", {"model": "tiny-ling-s0", "prompt": "hi", "options": {"num_predict": 2}},
+         api.OllamaGenerateRequest, ("options", sorted(api.OLLAMA_OPTIONS) + ["num_ctx"])),
+        ("/tokenize", {"prompt": "hi"}, api.TokenizeRequest, None),
+        ("/detokenize", {"tokens": [1, 2]}, api.DetokenizeRequest, None),
+        ("/abort_request", {"rid": "nobody"}, api.AbortRequest, None),
+    ]
+    rng = random.Random(40)
+    failures = []
+    for path, base, model, nested in routes:
+        names = sorted(set(model.model_fields) | set(getattr(model, "NEUTRAL", {}))) + weird
+        for _ in range(30):
+            body = _fuzzed(rng, base, names, nested)
+            response = call(app, "POST", path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+            if response.status_code >= 500 or '"code": 500' in response.text or '"code":500' in response.text:
+                failures.append((path, json.dumps(body)[:300], response.status_code, response.text[:300]))
+    assert not failures, failures
+
+
+def test_a_profile_is_written_where_the_server_says_never_where_the_request_says(in_process, tmp_path):
+    """Issue 40, item 4: output_dir, profile_prefix and profile_id chose the path (created, and a
+    planted link followed). The trace goes in the run directory's profiles/, its name reduced to
+    safe characters; output_dir is ignored and named so."""
+    import os
+
+    state, app = in_process
+    victim = tmp_path / "victim"
+    started = call(app, "POST", "/start_profile", {"output_dir": str(victim), "profile_id": "../../evil",
+                                                   "profile_prefix": "/etc/x", "num_steps": 2, "activities": ["CPU"]})
+    assert started.status_code == 200 and started.text == "Start profiling.\n"
+    assert started.headers["x-sparkit-ignored-fields"] == "output_dir"
+    where = started.headers["x-sparkit-profile-dir"]
+    assert where == os.path.join(os.environ["SPARKIT_REPORT_DIR"], "profiles")
+    assert call(app, "POST", "/generate", {"text": "count: one two", "sampling_params": GREEDY}).status_code == 200
+    state.worker.profile.done.wait(120)
+    assert state.worker.profile.error is None
+    assert [p.name for p in os.scandir(where) if not p.name.startswith(".")] == ["_etc_x-_.._evil-TP-0.trace.json.gz"]
+    assert not victim.exists()
+    assert os.stat(where).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(where, "_etc_x-_.._evil-TP-0.trace.json.gz")).st_mode & 0o777 == 0o600
+
+
+def test_the_profile_directory_header_names_a_long_unusual_run_directory_whole(in_process, tmp_path, monkeypatch):
+    """A run directory past a header's shortening (pytest's own tmp paths are ~110 characters)
+    with a space, a comma and a non-ASCII name: the client reads back the directory the server
+    writes in, byte for byte (shortened, `sparkit bench steps` waited 90 s on a path that is not there)."""
+    import asyncio
+
+    from sparkit.engines.embedded.profiling import PROFILES_SUBDIR
+
+    state, app = in_process
+    run_dir = tmp_path / ("r" * 120) / "a run, été"
+    run_dir.mkdir(parents=True)
+    monkeypatch.setenv("SPARKIT_REPORT_DIR", str(run_dir))
+
+    async def start() -> str | None:
+        async with EngineClient("http://in-process", transport=httpx.ASGITransport(app=app)) as client:
+            return await client.start_profile({"num_steps": 1, "activities": ["CPU"]})
+
+    assert asyncio.run(start()) == str(run_dir / PROFILES_SUBDIR)
+    assert call(app, "POST", "/generate", {"text": "count: one", "sampling_params": GREEDY}).status_code == 200
+    assert state.worker.profile.done.wait(120) and state.worker.profile.error is None
+
+
+def test_profile_files_are_new_files_in_a_private_directory(tmp_path):
+    import os
+
+    from sparkit.engines.embedded.profiling import private_dir, safe_name, write_new
+
+    assert safe_name("../../a b") == "_.._a_b" and safe_name("...") is None and len(safe_name("x" * 500)) == 100
+    source = tmp_path / "raw.json"
+    source.write_text("{}")
+    target = tmp_path / "out.gz"
+    other = tmp_path / "someone-elses"
+    other.write_text("keep")
+    target.symlink_to(other)
+    with pytest.raises(FileExistsError):  # a link planted at the name is not followed
+        write_new(target, source)
+    assert other.read_text() == "keep"
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(OSError, match="not a private directory"):
+        private_dir(open_dir)
+    linked = tmp_path / "linked"
+    linked.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    with pytest.raises(OSError, match="not a private directory"):
+        private_dir(linked)
+    assert private_dir(tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+
+
+def test_health_is_503_while_the_executor_that_tokenises_requests_is_stuck(in_process, monkeypatch):
+    """Issue 40, item 2: with that executor held (then by grammar compiles), every chat timed out
+    and /health said OK."""
+    import threading
+
+    from sparkit.engines.embedded import routes
+
+    monkeypatch.setattr(routes, "HEALTH_EXECUTOR_TIMEOUT_S", 0.5, raising=False)
+    _, app = in_process
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        held = [loop.run_in_executor(None, release.wait) for _ in range(64)]  # more than its threads
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://in-process") as http:
+            stuck = (await http.get("/health")).status_code
+            release.set()
+            await asyncio.gather(*held)
+            free = (await http.get("/health")).status_code
+        return stuck, free
+
+    assert asyncio.run(go()) == (503, 200)
+
+
+def test_max_new_tokens_limit_caps_every_generation(in_process, monkeypatch):
+    """--max-new-tokens-limit (SGLang's SGLANG_MAX_NEW_TOKENS_LIMIT): a larger ask is capped, and
+    ends with finish_reason length, on every route; Ollama's 2048-token default then fits."""
+    state, app = in_process
+    monkeypatch.setattr(state, "max_new_tokens_limit", 8, raising=False)
+    chat = call(app, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000,
+                                                      "ignore_eos": True}).json()
+    assert chat["usage"]["completion_tokens"] == 8 and chat["choices"][0]["finish_reason"] == "length"
+    native = call(app, "POST", "/generate", {"text": "hi", "sampling_params": {"ignore_eos": True}}).json()
+    assert native["meta_info"]["completion_tokens"] == 8
+    ollama = call(app, "POST", "/api/generate", {"model": "tiny-ling-s0", "prompt": "hi", "stream": False})
+    assert ollama.status_code == 200 and ollama.json()["eval_count"] <= 8

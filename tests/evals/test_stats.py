@@ -20,7 +20,7 @@ def test_wilson_interval_matches_scipy(k, n):
 
 
 def test_wilson_formula_by_hand_and_published_half_width():
-    # The textbook formula written out, and protocols.md's "about 0.9 points near 97% at n=1319".
+    # The textbook formula written out, and docs/protocols.md's "about 0.9 points near 97% at n=1319".
     k, n = 1278, 1319
     p, z = k / n, Z_95
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)

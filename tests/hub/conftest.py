@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from _hub import Hub, build_repos, start_hub
+from _hub import Hub, Pulling, build_repos, start_hub
 
 
 @pytest.fixture(scope="session")
@@ -27,9 +27,14 @@ def hub_server(hub_repos):
 
 @pytest.fixture
 def hub(hub_server) -> Hub:
-    """The session's hub with no fault and fresh counters."""
+    """The session's hub with no fault and fresh counters (and no pull a failed test left running)."""
     hub_server.control(op="reset")
     yield hub_server
+    while Pulling.started:
+        pulling = Pulling.started.pop()
+        if pulling.proc.poll() is None:
+            pulling.proc.kill()
+            pulling.proc.wait(timeout=60)
     hub_server.control(op="reset")
 
 

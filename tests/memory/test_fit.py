@@ -20,7 +20,7 @@ from _shared import REPO_DIR
 
 GIB, MIB = 1024**3, 1024**2
 
-# Ling-3.0-flash, as published (sglang-facts.md section 6) plus the generator's stated assumptions.
+# Ling-3.0-flash, as published (docs/sglang-facts.md section 6) plus the generator's stated assumptions.
 VOCAB, HIDDEN, EXPERTS, INTER, HEADS, HEAD_DIM = 157184, 2560, 512, 768, 32, 128
 MOE_LAYERS, MLA_LAYERS, KDA_LAYERS, CONTEXT = 40, 7, 35, 262144
 
@@ -192,8 +192,8 @@ def test_tiny_ling_on_the_embedded_engine_matches_the_engine_s_own_tensors(tiny_
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file
 
-    from sparkit.engines.embedded.model import KVCache, TinyLingConfig
-    from sparkit.engines.embedded.quant import make_expert_weights, make_lm_head
+    from sparkit.models.tiny_ling.model import KVCache, TinyLingConfig
+    from sparkit.models.tiny_ling.quant import make_expert_weights, make_lm_head
 
     plan = compile_plan(load_recipe("tiny", [f"model.path={tiny_model_dir}"]))
     fit = compute_fit(plan, MemoryBasis("host", 24 * GIB, 20 * GIB, "test", measured=True))
@@ -239,3 +239,33 @@ def test_tiny_ling_on_sglang_counts_the_checkpoint_and_the_capped_pool(tiny_mode
     per_token = 2 * config["num_attention_heads"] * config["head_dim"] * 2  # K and V, bf16
     assert term(fit, "KV cache (4 MHA layers)") == config["num_hidden_layers"] * per_token * 65536  # --max-total-tokens
     assert fit.verdict == "unknown" and fit.required_available_bytes > 0  # no GPU here: a requirement
+
+
+def test_a_dspark_draft_on_the_embedded_engine_is_counted_from_its_own_tensors(tiny_model_dir, dspark_draft_dir):
+    """The draft's weights in float32 (what the engine holds: its own tensors, the embedding and the
+    head are the target's) and its context K/V over the whole context (sparkit.models.dspark.model's
+    DraftCache)."""
+    torch = pytest.importorskip("torch")
+    from sparkit.models.dspark.checkpoint import load_draft
+    from sparkit.models.dspark.model import DraftCache
+
+    plan = compile_plan(load_recipe("tiny/tiny-dspark", [f"model.path={tiny_model_dir}"]))
+    fit = compute_fit(plan, MemoryBasis("host", 24 * GIB, 20 * GIB, "test", measured=True))
+    cfg, draft = load_draft(dspark_draft_dir)
+    name = "DSpark draft model (its layers, Markov and confidence heads; the embedding and lm_head are the target's)"
+    assert term(fit, name) == sum(p.numel() for p in draft.parameters()) * 4
+    cache = DraftCache(cfg, 2048, torch.float32, "cpu")
+    assert term(fit, "DSpark draft's context K/V") == (cache.k.numel() + cache.v.numel()) * 4
+    assert "draft KV cache" not in [t.name for t in fit.terms]  # NEXTN's, not DSpark's
+    assert fit.verdict == "fits"
+
+
+@pytest.mark.slow
+def test_a_dspark_verify_window_is_the_block_and_its_anchor_in_a_hybrid_targets_snapshots(ling_fp4):
+    """SGLang keeps one linear-attention state snapshot per verified token: DSpark verifies block + 1
+    (the published draft's block of 8 when its config is read here; 16 + 1, the study's, when not)."""
+    spec = ["stack.speculative={method: dspark, draft_model: inclusionAI/Ling-3.0-flash-dspark, block_size: 8}"]
+    fit = fit_of("ling-3.0-flash/tp4-dspark", ling_fp4, *spec, "server.max_running_requests=1")
+    snapshots = next(t for t in fit.terms if t.name == "speculative state snapshots")
+    assert snapshots.bytes == KDA_LAYERS * KDA_STATE // 4 * (1 + 1) * 9  # TP4: heads split four ways
+    assert "x 9 verified tokens" in snapshots.detail

@@ -6,11 +6,11 @@ from __future__ import annotations
 import psutil
 from test_host import fake_nvml
 
-from sparkit.engines.embedded.builder import SHIPPED_DIR
 from sparkit.host import detect_host
 from sparkit.memory.meminfo import parse_meminfo, read_meminfo
 from sparkit.memory.pagecache import evict_files, weight_files
 from sparkit.memory.picture import memory_picture
+from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
 TINY = SHIPPED_DIR / "tiny-ling-s0"
 

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from sparkit.checkpoint_headers import read_safetensors_index as read_index
-from sparkit.engines.embedded.builder import SHIPPED_DIR
 from sparkit.errors import DataError
+from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
 
 def read_safetensors_index(directory):

@@ -37,7 +37,7 @@ def test_tiny_passes_on_this_host():
     plan = compile_plan(load_recipe("tiny"), port=free_port())
     results = by_name(run_preflight(plan, detect_host()))
     assert [r.name for r in run_preflight(plan, detect_host())] == ["gpus", "memory_now", "memory", "port", "model",
-                                                                    "state_space", "engine_packages"]
+                                                                    "state_space", "code_env", "engine_packages"]
     assert all(r.status == Status.PASS for r in results.values()), results
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def test_plan_prints_the_exact_command_env_provisions_and_expectations():
     assert "-m sglang.launch_server --model-path inclusionAI/Ling-3.0-flash-fp4" in out
     assert "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 " \
            "--speculative-num-draft-tokens 4" in out
-    assert "sparkit-plugin" in out and "speculative_algorithm_reported: EAGLE" in out
+    assert "sparkit-plugin" in out and "server_args.speculative_algorithm: EAGLE" in out
     assert "draft_shares_lm_head: True" in out
     from _shared import REPO_DIR
 
@@ -69,6 +70,12 @@ def test_plan_shows_the_memory_fit_computed_from_the_checkpoint_headers(tmp_path
     for line in ("routed experts", "FP8 lm_head copy (sparkit plugin)", "KV cache (7 MLA layers)",
                  "linear-attention state (35 KDA layers)", "OS floor", "mem_fraction_static >= ", "mem_fraction_static <= "):
         assert line in out, line
+    # the headline's interval is the arithmetic's, rounded inwards (it said [0.649, 0.813] beside "= 0.814")
+    low, high = re.search(r"is within \[([0-9.]+), ([0-9.]+)\]", out).groups()
+    raw_low, shown_low = re.search(r"mem_fraction_static >= .* = ([0-9.]+), rounded up: ([0-9.]+)", out).groups()
+    raw_high, shown_high = re.search(r"mem_fraction_static <= .* = ([0-9.]+), rounded down: ([0-9.]+)", out).groups()
+    assert (shown_low, shown_high) == (low, high)
+    assert float(raw_low) <= float(low) and float(high) <= float(raw_high)
     doc = json.loads(runner.invoke(app, ["plan", "ling-3.0-flash/spark-optimized", "--set", f"model.path={ling}",
                                          "--json"]).stdout)
     assert doc["argv"][0] and doc["memory_fit"]["verdict"] == "fits"

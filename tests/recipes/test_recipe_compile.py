@@ -48,7 +48,7 @@ def test_sglang_recipes_are_the_ling_ladder_and_tiny_ling_on_sglang():
 
 
 def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
-    from sparkit.engines.embedded.builder import SHIPPED_DIR
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     plan = compile_plan(load_recipe("tiny/tiny-sglang"), port=30555)
     export = str(cache_dir() / "models" / "tiny-ling-s0-hf-bfloat16")
@@ -91,9 +91,11 @@ def test_sglang_argv_accepted_by_prepare_server_args(name):
         ref = parse_builtin_ref(path) if path else None
         if ref is None:
             return path
-        return next(b["export_hf"]["dir"] for b in plan.model_builds
+        return next(b["dir"] if b.get("kind") == "dspark" else b["export_hf"]["dir"] for b in plan.model_builds
                     if (b["name"], b["seed"], b.get("steps")) == (ref.name, ref.seed, ref.steps)
-                    and (b["export_hf"]["weights"], b["export_hf"]["damaged_scale"]) == (ref.weights or "bf16", ref.damaged_scale))
+                    and (b.get("kind") == "dspark"  # a DSpark draft's build is SGLang's layout already
+                         or (b["export_hf"]["weights"], b["export_hf"]["damaged_scale"]) == (ref.weights or "bf16",
+                                                                                             ref.damaged_scale)))
 
     assert parsed.model_path == served(r.model.path)
     assert parsed.port == 31234 and parsed.host == r.server.host
@@ -108,20 +110,24 @@ def test_sglang_argv_accepted_by_prepare_server_args(name):
     assert parsed.speculative_eagle_topk == spec.eagle_topk
     assert parsed.speculative_num_draft_tokens == spec.num_draft_tokens
     assert parsed.speculative_draft_model_path == served(spec.draft_model)
-    # The expectations the startup checks read match the parse (NEXTN resolves to EAGLE).
+    # The expectations the startup checks read match the parse (NEXTN resolves to EAGLE; DSpark's
+    # step and topk to 1 and its draft tokens to the block + 1, where _handle_dspark reads the draft).
     alias = {"NEXTN": "EAGLE"}
+    dspark = {"speculative_num_steps": 1, "speculative_eagle_topk": 1,
+              "speculative_num_draft_tokens": (plan.expectations.draft_block_size or 0) + 1} if spec.method == "dspark" else {}
     for key, want in plan.expectations.server_args.items():
-        got = getattr(parsed, key)
+        got = dspark.get(key, getattr(parsed, key))
         assert alias.get(got, got) == want, key
 
 
 def test_spark_optimized_expectations_and_fp8_head_via_plugin():
     plan = compile_plan(load_recipe("ling-3.0-flash/spark-optimized"))
     e = plan.expectations
-    assert (e.speculative, e.speculative_algorithm_reported, e.num_steps, e.eagle_topk, e.num_draft_tokens) == (
-        "nextn", "EAGLE", 3, 1, 4)
+    args = e.server_args
+    assert (e.speculative, args["speculative_algorithm"], args["speculative_num_steps"], args["speculative_eagle_topk"],
+            args["speculative_num_draft_tokens"]) == ("nextn", "EAGLE", 3, 1, 4)
     assert e.lm_head == "fp8" and e.draft_shares_lm_head is True and e.moe_backend == "humming"
-    assert e.min_accept_length == 2.0 and e.mem_fraction_static == 0.68 and e.weights == "mxfp4"
+    assert e.min_accept_length == 2.0 and args["mem_fraction_static"] == 0.68 and e.weights == "mxfp4"
     # sglang 0.5.23 has no SGLANG_ENABLE_FP8_LM_HEAD: sparkit's plugin provides it.
     # The plugin re-scores the FP8 head's top candidates from the kept bf16 weight (default 4).
     assert plan.env == {"SPARKIT_SGLANG_PLUGIN": "1", "SGLANG_PLUGINS": "sparkit",
@@ -228,7 +234,7 @@ def test_cuda_graph_and_metrics_settings(tmp_path):
 
 
 def test_tiny_compiles_to_the_embedded_engine():
-    from sparkit.engines.embedded.builder import SHIPPED_DIR
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     plan = compile_plan(load_recipe("tiny"), port=30555)
     model_dir = str(SHIPPED_DIR / "tiny-ling-s0")  # the build that ships with the package
@@ -245,7 +251,7 @@ def test_tiny_compiles_to_the_embedded_engine():
     assert value("--device") == "auto"
     assert plan.model_builds == [{"name": "tiny-ling", "seed": 0, "dir": model_dir}]
     e = plan.expectations
-    assert e.speculative_algorithm_reported == "NEXTN" and e.draft_shares_lm_head is True
+    assert e.server_args["speculative_algorithm"] == "NEXTN" and e.draft_shares_lm_head is True
     assert e.min_accept_length == 1.5 and e.server_args["speculative_num_steps"] == 3
     assert plan.served_model_name == "tiny-ling"
 
@@ -259,6 +265,47 @@ def test_tiny_baseline_and_wrong_draft():
     assert wrong.argv[wrong.argv.index("--speculative-draft-model-path") + 1] == draft_dir
     assert [(b["seed"], b.get("steps")) for b in wrong.model_builds] == [(0, None), (1, 40)]
     assert wrong.expectations.draft_model == draft_dir
+
+
+def test_tiny_dspark_and_its_untrained_draft_plan():
+    """The shipped draft is loaded in place (nothing to build); the untrained one is built before the
+    launch (its initialisation: seconds). Both share the FP8 head and the embedding, blocks of 8 from
+    the draft's config, SGLang's resolution of the numbers, the DSpark floor."""
+    from sparkit.models.dspark.builder import SHIPPED_DIR
+
+    plan = compile_plan(load_recipe("tiny/tiny-dspark"))
+    args = plan.argv
+    shipped = str(SHIPPED_DIR / "tiny-ling-dspark-s0")
+    assert args[args.index("--speculative-algorithm") + 1] == "DSPARK"
+    assert args[args.index("--speculative-draft-model-path") + 1] == shipped
+    assert "--speculative-num-steps" not in args and "--speculative-dspark-block-size" not in args
+    e = plan.expectations
+    assert (e.speculative, e.server_args["speculative_algorithm"], e.draft_shares_lm_head, e.draft_shares_embedding) == (
+        "dspark", "DSPARK", True, True)
+    assert (e.block_size, e.draft_block_size, e.min_accept_length) == (None, 8, 2.0)
+    assert {k: e.server_args[k] for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                                         "speculative_dspark_block_size")} == {
+        "speculative_num_steps": 1, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 9,
+        "speculative_dspark_block_size": 8}
+    assert {"speculative=dspark", "draft_lm_head=shared"} <= {p.optimisation for p in plan.provisions}
+    assert [b.get("kind") for b in plan.model_builds] == [None, "dspark"]
+    random = compile_plan(load_recipe("tiny/tiny-dspark-random-draft"))
+    untrained = str(cache_dir() / "models" / "tiny-ling-dspark-s0-n0")
+    assert random.argv[random.argv.index("--speculative-draft-model-path") + 1] == untrained
+    assert random.model_builds[1] == {"name": "tiny-ling-dspark", "seed": 0, "kind": "dspark", "steps": 0, "dir": untrained}
+    assert random.expectations.draft_block_size == 8  # the builder's layout, before the build exists
+    block = compile_plan(load_recipe("tiny/tiny-dspark", ["stack.speculative.block_size=6"]))
+    assert block.argv[block.argv.index("--speculative-dspark-block-size") + 1] == "6"
+    assert block.expectations.server_args["speculative_num_draft_tokens"] == 7
+
+
+def test_a_dspark_draft_is_not_a_model_to_serve_and_tiny_ling_takes_steps():
+    with pytest.raises(RecipeError, match="is a DSpark draft, not a model to serve"):
+        compile_plan(load_recipe("tiny", ["model.path=sparkit:tiny-ling-dspark"]))
+    with pytest.raises(RecipeError, match="takes at least one training step"):
+        compile_plan(load_recipe("tiny/tiny-wrong-draft", ["stack.speculative.draft_model=sparkit:tiny-ling:seed=1:steps=0"]))
+    with pytest.raises(RecipeError, match="no weights layouts"):
+        compile_plan(load_recipe("tiny/tiny-dspark", ["stack.speculative.draft_model=sparkit:tiny-ling-dspark@fp8"]))
 
 
 def test_tiny_unshared_head_passes_the_flag_and_warns():
@@ -322,7 +369,7 @@ def test_a_reference_perplexity_set_before_the_model_says_so_when_it_fails(tmp_p
 
 
 def test_the_quantised_tiny_sglang_recipes_serve_their_exports():
-    from sparkit.engines.embedded.builder import SHIPPED_DIR
+    from sparkit.models.tiny_ling.family import SHIPPED_DIR
 
     models = cache_dir() / "models"
     for name, weights, backend, export in (
@@ -359,7 +406,7 @@ def test_the_embedded_engine_serves_a_named_export_and_the_layout_must_be_the_we
 def test_a_build_whose_widths_the_layout_cannot_tile_is_refused_at_plan_time(sparkit_home):
     import json as _json
 
-    from sparkit.engines.embedded.model import TinyLingConfig
+    from sparkit.models.tiny_ling.model import TinyLingConfig
 
     build = cache_dir() / "models" / "tiny-ling-s5-n30"  # a build of another seed, already made, 192 wide
     build.mkdir(parents=True)
@@ -370,3 +417,28 @@ def test_a_build_whose_widths_the_layout_cannot_tile_is_refused_at_plan_time(spa
     message = str(info.value)
     assert "model.path" in message and "moe_intermediate_size 192" in message
     assert "model.layers.0.mlp.experts.0.gate_proj.weight [192, 128]: rows 192 not a multiple of the FP8 block 128" in message
+
+
+def test_tiny_v3_dspark_recipes_serve_the_v3_target_with_its_draft():
+    """The embedded recipe and the SGLang one: tiny-ling-v3 (its BailingMoeV3 export for SGLang, which
+    captures layers for DSpark) with sparkit:tiny-ling-v3-dspark, no launch-would-fail warning; the
+    random-draft recipe builds the untrained V3 draft."""
+    from sparkit.models.dspark.builder import builtin_draft_dir
+
+    draft = str(builtin_draft_dir("tiny-ling-v3-dspark"))
+    for name in ("tiny/tiny-v3-dspark",):
+        plan = compile_plan(load_recipe(name), port=30556)
+        assert plan.argv[plan.argv.index("--speculative-algorithm") + 1] == "DSPARK"
+        assert plan.argv[plan.argv.index("--speculative-draft-model-path") + 1] == draft
+        assert [(b["name"], b.get("kind")) for b in plan.model_builds] == [("tiny-ling-v3", None),
+                                                                         ("tiny-ling-v3-dspark", "dspark")]
+        assert plan.expectations.reference_perplexity == 1.469 and plan.expectations.min_accept_length == 2.0
+        assert not [w for w in plan.warnings if "launch will fail" in w]
+    # on SGLang the same pair is refused at plan time: the shipped target's MLA (128 + 128) is a width
+    # SGLang's Triton MLA decode kernel cannot split (the H200 server died compiling it)
+    with pytest.raises(RecipeError, match="sglang-triton-mla-widths"):
+        compile_plan(load_recipe("tiny/tiny-sglang", ["model.path=sparkit:tiny-ling-v3",
+                                                      "stack.speculative={method: dspark, draft_model: sparkit:tiny-ling-v3-dspark}"]))
+    random = compile_plan(load_recipe("tiny/tiny-v3-dspark-random-draft"))
+    untrained = str(cache_dir() / "models" / "tiny-ling-v3-dspark-s0-n0")
+    assert random.model_builds[1] == {"name": "tiny-ling-v3-dspark", "seed": 0, "kind": "dspark", "steps": 0, "dir": untrained}

@@ -9,9 +9,13 @@ loader's own limits); the per-mutation alarm only catches a hang, at many times 
 Every SHAPE_EVERY-th mutation is instead one of issue 29's shapes, in turn: a long extends chain
 (up to 990 files), 8000 + 8000 server.env keys merged through extends, huge and non-finite
 numbers, lone UTF-16 surrogates, file names at and past NAME_MAX, a recipe read from a pipe
-(/dev/fd/N) and a named FIFO.
+(/dev/fd/N), a named FIFO, and issue 40's environment keys: names outside the engine's settings
+(OPENSSL_CONF, PATH, LD_PRELOAD, ...), the engine's own, names no environment can hold, values with
+a NUL, each allowed by `server.allow_code_env` or not, in the file or by --set.
 
-What must hold: no exception other than sparkit's own errors, every RecipeError names the file
+What must hold: no exception other than sparkit's own errors, every variable of a valid plan's
+environment that is not one of its engine's settings named by server.allow_code_env and shown in
+plan.code_env, every RecipeError names the file
 (the mutated one, a file of its chain or a shipped base), a --set error names --set, through the
 CLI no traceback and no "internal error", and no case costs more than MAX_CPU_S of this process's
 CPU time (user + system, all threads: what the machine's load does not change). `pytest
@@ -20,6 +24,7 @@ tests/recipes/test_recipe_fuzz.py -s` prints the tally and the costliest cases.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkit.engines.base import engine_environment
 from sparkit.errors import RecipeError, SparkitError, UsageError
 from sparkit.planning.compile import compile_plan
 from sparkit.recipes.load import display_path, load_recipe, shipped_recipes
@@ -43,7 +49,7 @@ MAX_CPU_S = 5.0  # the most CPU time one run of a case may cost (load and compil
 # (16,000 server.env keys over ling-3.0-flash/tp4-nextn) now takes 2.5 s of it, 3.2 s beside another
 # test worker (shared caches); a bomb takes minutes
 SHAPE_EVERY = 5  # every so many mutations, one of SHAPES instead (in turn)
-SHAPES = ["chain", "huge-number", "surrogate", "long-name", "pipe", "wide", "fifo"]
+SHAPES = ["chain", "huge-number", "surrogate", "long-name", "pipe", "wide", "fifo", "env", "env"]
 CHAIN_LENGTHS = [2, 30, 31, 32, 33, 100, 990]
 HUGE_NUMBERS = ["1e309", "1.0e+309", "-1.0e+309", ".inf", "-.inf", ".nan", "9" * 4000, "9" * 4301, "1" + "0" * 400,
                 "0x" + "f" * 500, "1.0e-400", "-0.0", "18446744073709551617", "2147483648", "1.0e+300"]
@@ -52,6 +58,15 @@ NUMERIC_KEYS = ["server.port", "server.memory_guard.floor_gib", "model.context_l
                 "server.cuda_graph.max_bs_decode", "checks.min_decode_tok_s"]
 SURROGATES = ['description: "\\ud800"', '"\\udc00": 1', 'model: {path: "a\\udfffb"}', 'server: {env: {X: "\\ud800"}}',
               'description: "\\ud83d\\ude00"']  # the last one is a valid pair
+# Environment keys (issue 40, item 3): outside every engine's settings, inside one of them, path-like
+# inside a family, and names or values no environment can hold.
+ENV_NAMES = ["OPENSSL_CONF", "OPENSSL_MODULES", "CUDA_INJECTION64_PATH", "PATH", "HOME", "HF_HOME", "TMPDIR",
+             "TRITON_HOME", "XDG_CACHE_HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP",
+             "NCCL_NET_PLUGIN", "TRITON_CACHE_MANAGER", "SGLANG_HTTP_SERVER_APP_PATH", "SGLANG_EXTERNAL_MODEL_PACKAGE",
+             "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES", "TORCH_LOGS", "OMP_NUM_THREADS", "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
+             "SGLANG_NOT_A_SETTING", "SPARKIT_FP8_TUNE", "HF_HUB_OFFLINE", "FLASHINFER_JIT_DIR", "HUMMING_COMPILER",
+             "LANG", "lower_case", "_", "A=B", "1X", "", "X Y", "é", "K" * 5000, "SGLANG_" + "X" * 300]
+ENV_VALUES = ["/tmp/attacker", "", "1", "provider.so", '"a\\0b"', "'x y'", "9" * 400, "~", "[a]"]
 
 SNIPPETS = [
     "<<: *base",
@@ -178,10 +193,12 @@ def shape_case(kind: str, rng: random.Random, work: Path, source: Path, text: st
         for k in range(1, n):
             (work / f"c{k}.yaml").write_text(f"extends: c{k - 1}.yaml\n")
         return str(work / f"c{n - 1}.yaml"), [], {display_path(work / f"c{k}.yaml") for k in range(n)}, []
-    if kind == "wide":
-        (work / "base.yaml").write_text(f"extends: {source}\nserver:\n  env:\n" + "".join(f"    K{i}: v\n" for i in range(8000)))
-        (work / "child.yaml").write_text("extends: base.yaml\nserver:\n  env:\n" + "".join(f"    J{i}: v\n" for i in range(8000)))
+    if kind == "wide":  # sparkit's own switches: names every engine's allowlist takes, so that the plan compiles
+        (work / "base.yaml").write_text(f"extends: {source}\nserver:\n  env:\n" + "".join(f"    SPARKIT_K{i}: v\n" for i in range(8000)))
+        (work / "child.yaml").write_text("extends: base.yaml\nserver:\n  env:\n" + "".join(f"    SPARKIT_J{i}: v\n" for i in range(8000)))
         return str(work / "child.yaml"), [], {display_path(work / "base.yaml"), display_path(work / "child.yaml")}, []
+    if kind == "env":
+        return env_case(rng, work, source)
     if kind == "huge-number":
         value = rng.choice(HUGE_NUMBERS)
         if rng.random() < 0.5:
@@ -220,6 +237,30 @@ def shape_case(kind: str, rng: random.Random, work: Path, source: Path, text: st
             return str(work / "r.yaml"), [], {display_path(work / "r.yaml")}, []
         return str(fifo), [], {display_path(fifo), str(fifo)}, []
     raise ValueError(kind)
+
+
+def env_case(rng: random.Random, work: Path, source: Path) -> tuple[str, list[str], set[str], list]:
+    """A few environment keys over a shipped recipe, some of them allowed by server.allow_code_env
+    (and a name or two there that the recipe does not set), in the recipe file or by --set."""
+    names = rng.sample(ENV_NAMES, rng.randint(1, 4))
+    values = {name: rng.choice(ENV_VALUES) for name in names}
+    allowed = [n for n in names if rng.random() < 0.5] + rng.sample(ENV_NAMES, rng.choice([0, 0, 1, 2]))
+    if rng.random() < 0.4:
+        env = "{" + ", ".join(f"{json.dumps(n)}: {v}" for n, v in values.items()) + "}"
+        return str(source), [f"server.env={env}", f"server.allow_code_env={json.dumps(allowed)}"], set(), []
+    text = (f"extends: {source}\nserver:\n  allow_code_env: {json.dumps(allowed)}\n  env:\n"
+            + "".join(f"    {json.dumps(n)}: {v}\n" for n, v in values.items()))
+    (work / "r.yaml").write_text(text)
+    return str(work / "r.yaml"), [], {display_path(work / "r.yaml")}, []
+
+
+def env_breaches(plan) -> list[str]:
+    """Variables of a valid plan's environment that are not its engine's settings and are not both
+    allowed by the recipe's server.allow_code_env and shown in plan.code_env."""
+    environment = engine_environment(plan.engine)
+    allowed = set(plan.recipe["server"]["allow_code_env"])
+    return [name for name in plan.env
+            if environment.needs_opt_in(name) and (name not in allowed or name not in plan.code_env)]
 
 
 class Hang(Exception):
@@ -283,8 +324,9 @@ def test_mutated_recipes_are_plans_or_located_errors(recipes, tmp_path, capsys):
             started = cpu_seconds()
             signal.setitimer(signal.ITIMER_REAL, HANG_S)
             try:
-                compile_plan(load_recipe(str(path) if to_close else path, overrides))
+                plan = compile_plan(load_recipe(str(path) if to_close else path, overrides))
                 tally["valid plan"] += 1
+                problems += [f"#{i} {op} {name}: {variable} reaches the engine unannounced" for variable in env_breaches(plan)]
             except UsageError as exc:
                 if overrides and "--set" in str(exc):
                     tally["rejected: --set error naming --set"] += 1

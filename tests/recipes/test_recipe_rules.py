@@ -12,6 +12,8 @@ from sparkit.recipes.load import load_recipe
 
 # (rule, severity, base recipe, overrides that break it, overrides that satisfy it)
 CASES = [
+    # the shipped tiny-ling-v3 build's MLA is 128 + 128 (tiny-ling's is no MLA)
+    ("sglang-triton-mla-widths", "error", "tiny/tiny-sglang", ["model.path=sparkit:tiny-ling-v3"], []),
     ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming-fp8head",
      ["server.extra_args=[--enable-fp32-lm-head]"], ["server.extra_args=[]"]),
     ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming",
@@ -40,20 +42,32 @@ CASES = [
      ["server.api_key_env=MY_SERVER_KEY", "server.env.MY_SERVER_KEY=inline-secret"], ["server.api_key_env=MY_SERVER_KEY"]),
     ("no-secret-in-env", "error", "ling-3.0-flash/spark-baseline",
      ["server.env.HF_TOKEN=hf_inline"], ["server.env.SGLANG_USE_AITER_FP8_PER_TOKEN=1"]),
-    ("no-secret-in-env", "error", "tiny", ["server.env.OPENAI_API_KEY=sk-inline"], ["server.env.OPENAI_BASE_URL=http://x"]),
+    ("no-secret-in-env", "error", "tiny", ["server.env.OPENAI_API_KEY=sk-inline"], ["server.env.HF_HUB_OFFLINE=1"]),
     ("gb10-mem-fraction", "warning", "ling-3.0-flash/spark-optimized",
      ["server.mem_fraction_static=0.8"], ["server.mem_fraction_static=0.68"]),
     ("embedded-moe-backend", "error", "tiny",
      ["stack.moe_backend=humming"], ["stack.moe_backend=embedded-torch"]),
     ("sglang-moe-backend", "error", "ling-3.0-flash/spark-baseline",
      ["stack.moe_backend=embedded-torch"], ["stack.moe_backend=triton"]),
-    ("embedded-speculative-nextn-only", "error", "tiny",
-     ["stack.speculative={method: dspark, draft_model: sparkit:tiny-ling:seed=1}"], ["stack.speculative=none"]),
-    ("embedded-speculative-nextn-only", "error", "tiny", ["stack.tp=2"], ["stack.tp=1"]),
+    ("dspark-needs-draft-model", "error", "tiny", ["stack.speculative=dspark"],
+     ["stack.speculative={method: dspark, draft_model: sparkit:tiny-ling-dspark}"]),
+    ("dspark-takes-no-step-numbers", "error", "tiny/tiny-dspark",
+     ["stack.speculative.num_draft_tokens=9"], ["stack.speculative.block_size=8"]),
+    ("block-size-is-dspark", "error", "tiny", ["stack.speculative.block_size=8"], ["stack.speculative.num_steps=3"]),
+    ("embedded-one-device", "error", "tiny", ["stack.tp=2"], ["stack.tp=1"]),
+    ("embedded-kv-cache-compute-dtype", "error", "tiny", ["stack.kv_cache_dtype=fp8_e4m3"], ["stack.kv_cache_dtype=auto"]),
+    ("embedded-tool-call-parser", "error", "tiny", ["server.tool_call_parser=hermes"], ["server.tool_call_parser=ling3"]),
     ("builtin-layout-is-the-weights", "error", "tiny",
      ["model.path=sparkit:tiny-ling@mxfp4", "stack.weights=fp8"], ["model.path=sparkit:tiny-ling@mxfp4", "stack.weights=mxfp4"]),
     ("code-env-needs-opt-in", "error", "tiny",
      ["server.env.PYTHONPATH=/tmp/x"], ["server.env.PYTHONPATH=/tmp/x", "server.allow_code_env=[PYTHONPATH]"]),
+    ("code-env-needs-opt-in", "error", "ling-3.0-flash/spark-baseline",  # issue 40.3's attack: an OpenSSL provider
+     ["server.env.OPENSSL_CONF=/tmp/evil.cnf"], ["server.env.NCCL_DEBUG=INFO"]),
+    ("code-env-needs-opt-in", "error", "ling-3.0-flash/spark-baseline",  # in SGLang's registry, and an import
+     ["server.env.SGLANG_HTTP_SERVER_APP_PATH=evil:app"], ["server.env.SGLANG_ENABLE_METADATA_GLUE_GRAPH=1"]),
+    ("code-env-needs-opt-in", "error", "tiny",  # Triton's, and where its compiled kernels are read from
+     ["server.env.TRITON_HOME=/tmp/x"], ["server.env.TRITON_PRINT_AUTOTUNING=1"]),
+    ("env-names", "error", "tiny", ["server.env={'A=B': '1'}"], ["server.env={A_B: '1'}", "server.allow_code_env=[A_B]"]),
 ]
 
 
@@ -99,7 +113,7 @@ def test_several_errors_are_all_named():
     with pytest.raises(RecipeError) as info:
         compile_plan(load_recipe("tiny", ["stack.moe_backend=humming", "stack.tp=2"]))
     msg = str(info.value)
-    assert "embedded-moe-backend" in msg and "also:" in msg and "embedded-speculative-nextn-only" in msg
+    assert "embedded-moe-backend" in msg and "also:" in msg and "embedded-one-device" in msg
 
 
 def test_expert_width_from_local_config(tmp_path):
@@ -142,3 +156,19 @@ def test_a_key_in_server_env_is_refused_and_written_nowhere(sparkit_home, tmp_pa
         assert secret not in result.stdout + result.stderr
     leaks = [p for p in sparkit_home.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert leaks == [] and not (sparkit_home / "runs").exists()
+
+
+def test_the_triton_mla_widths_rule_reads_a_local_config(tmp_path):
+    """Ling-3.0's own widths pass, the shipped tiny-ling-v3's fail, a model without MLA is no concern."""
+    import json
+
+    from sparkit.engines.sglang.rules import _triton_mla_widths
+
+    def verdict(config: dict) -> list:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        return _triton_mla_widths(load_recipe("tiny/tiny-sglang", [f"model.path={tmp_path}"]))
+
+    assert verdict({"kv_lora_rank": 512, "qk_rope_head_dim": 64}) == []
+    assert verdict({"kv_lora_rank": 256, "qk_rope_head_dim": 32}) == []
+    assert "= 256," in verdict({"kv_lora_rank": 128, "qk_rope_head_dim": 128})[0][2]
+    assert verdict({"moe_intermediate_size": 192}) == []

@@ -4,12 +4,9 @@ the argv, the managed destinations and the expected server args, all read from i
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from sparkit.contract.flag_table import EXPECTATION_KEYS, SHARED, SPECULATIVE_NUMBERS, managed_dests
-from sparkit.contract.plan import Expectations
+from sparkit.contract.flag_table import SHARED, SPECULATIVE_DEFAULTS, SPECULATIVE_NUMBERS, managed_dests
 from sparkit.engines.embedded import settings as embedded_settings
 from sparkit.engines.embedded.adapter import embedded_arg_parser
 from sparkit.engines.sglang import flags as sglang_flags
@@ -52,13 +49,26 @@ def test_every_embedded_flag_lands_where_the_table_says():
     assert not wrong
 
 
-def test_the_shared_vocabulary_names_real_expectations_and_both_tables_keep_it():
-    names = {f.name for f in dataclasses.fields(Expectations)}
-    assert set(EXPECTATION_KEYS) <= names
+def test_both_tables_keep_the_shared_names_and_labels():
+    """A shared setting is resolved, expected and shown under SHARED's name on every engine."""
     for engine, table in TABLES.items():
         for row in table:
             if row.key in SHARED and row.dest == SHARED[row.key].dest:
-                assert row.expectation == SHARED[row.key].expectation, (engine, row.key)
+                assert row.label == SHARED[row.key].label, (engine, row.key)
+
+
+def test_each_resolved_arg_is_labelled_by_one_declaration():
+    """The label screens show for a resolved arg is declared once: on one engine's row, or on the
+    shared row both engines take up (two engines labelling the same name would be two statements
+    of it, free to drift)."""
+    tables_labelling: dict[str, set[str]] = {}
+    for engine, table in TABLES.items():
+        for row in table:
+            if row.label:
+                tables_labelling.setdefault(row.dest, set()).add(engine)
+    shared_dests = {row.dest for row in SHARED.values()}
+    twice = {dest: engines for dest, engines in tables_labelling.items() if len(engines) > 1 and dest not in shared_dests}
+    assert not twice
 
 
 def test_a_pass_through_flag_that_fights_a_row_is_refused_by_its_key():
@@ -80,4 +90,4 @@ def test_sglangs_speculative_defaults_are_what_it_picks_for_ling():
 
     picked = _auto_choose_speculative_params(types.SimpleNamespace(speculative_algorithm="NEXTN"),
                                              sglang_flags.BAILING_ARCHITECTURE)
-    assert dict(zip(SPECULATIVE_NUMBERS, picked)) == sglang_flags.SPECULATIVE_DEFAULTS
+    assert dict(zip(SPECULATIVE_NUMBERS, picked)) == SPECULATIVE_DEFAULTS

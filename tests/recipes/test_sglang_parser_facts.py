@@ -143,3 +143,71 @@ def test_an_unreadable_record_is_rebuilt_from_the_real_parser(sparkit_home):
     facts.check(["--model-path", "x"])
     facts.save()
     assert parser_facts.load_facts().remembered
+
+
+@pytest.mark.slow
+def test_a_recipe_never_planned_reuses_what_another_taught(tmp_path):
+    """The verdicts were kept per command line, so every new recipe paid SGLang's import again
+    (26-38 s at load); the replica of the parser answers a new one (issue 39 item 5)."""
+    first, imported_first = sparkit(tmp_path, "plan", "ling-3.0-flash/tp4-nextn", "--json")
+    other, imported_other = sparkit(tmp_path, "plan", "ling-3.0-flash/spark-optimized", "--json")
+    assert first.returncode == 0 and other.returncode == 0, first.stderr + other.stderr
+    assert imported_first and "note: importing sglang 0.5.23 to ask its argument parser" in first.stderr
+    assert not imported_other and "note: importing sglang" not in other.stderr
+    fresh, imported_fresh = sparkit(tmp_path / "fresh", "plan", "ling-3.0-flash/spark-optimized", "--json")
+    assert imported_fresh
+    assert without_validation_note(json.loads(other.stdout)) == without_validation_note(json.loads(fresh.stdout))
+
+
+def argv_variants(argv: list[str]) -> list[list[str]]:
+    """A shipped recipe's argv and ways a user can get it wrong or right: an unknown flag, a bad
+    int and float, a bad choice, an ambiguous abbreviation, a value sglang's own types convert."""
+    return [argv, argv + ["--bogus-flag"], argv + ["--tp-size", "two"], argv + ["--mem-fraction-static", "0.5x"],
+            argv + ["--attention-backend", "nope"], argv + ["--cuda-graph-max-bs", "8"], argv + ["--moe-runner"],
+            argv + ["--context-length", "8k"], argv + ["--context-length", "eight"], argv + ["--disable-cuda-graph"],
+            argv + ["--json-model-override-args", "{not json"], argv + ["--port"]]
+
+
+def test_the_replica_gives_the_real_parsers_verdict_and_message(sparkit_home):
+    """Every answer the replica gives is the real parser's, word for word; where only sglang's own
+    code can judge a value it does not answer (and the real parser does)."""
+    from sparkit.planning.compile import compile_plan
+    from sparkit.recipes.load import load_recipe, shipped_recipes
+
+    adapter.parser_facts.cache_clear()
+    facts = adapter.parser_facts()  # learnt from the real parser: the replica's rows
+    real = facts.real_parser()
+    argvs = [compile_plan(load_recipe(path), port=31234).argv[3:] for _, path in shipped_recipes()
+             if load_recipe(path).recipe.engine == "sglang"]
+    replayed = deferred = 0
+    for argv in {json.dumps(v): v for a in argvs for v in argv_variants(a)}.values():
+        try:
+            real.parse_args(argv)
+            truth = None
+        except parser_facts.ParserRejected as exc:
+            truth = str(exc)
+        answer = facts._replayed(argv)
+        if answer is parser_facts._NOT_REPLAYED:
+            deferred += 1
+        else:
+            replayed += 1
+            assert answer == truth, argv
+    assert replayed > 2 * deferred > 0  # 4 of the 12 variants use an option of sglang's own type or action
+    adapter.parser_facts.cache_clear()
+
+
+def test_a_value_only_sglangs_code_can_judge_asks_the_real_parser_once(sparkit_home):
+    from sparkit.planning.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    adapter.parser_facts.cache_clear()
+    facts = adapter.parser_facts()
+    argv = compile_plan(load_recipe("tiny/tiny-sglang"), port=31234).argv[3:] + ["--context-length", "4k"]
+    assert facts._replayed(argv) is parser_facts._NOT_REPLAYED  # human_readable_int: sglang's own code
+    facts.check(argv)  # the real parser takes it, and the value is kept
+    other = argv + ["--tp-size", "1"]
+    assert facts._replayed(other) is None  # the same value again: the replica answers
+    facts.save()
+    adapter.parser_facts.cache_clear()
+    assert adapter.parser_facts().remembered and adapter.parser_facts()._replayed(other) is None
+    adapter.parser_facts.cache_clear()

@@ -139,3 +139,29 @@ def test_a_figure_stored_before_loads_were_recorded_says_so(sparkit_home):
     save_measurement(stored(6.0, load_avg_1m=0.4, others_cpu_cores=0.05, cpu_count=8))
     detail = resolve_bandwidth("cpu", "cpu", 1, Host()).detail
     assert "at load 0.4, other processes using 0.1 of 8 cores" in detail and "busy" not in detail
+
+
+def test_the_h200_recipe_reads_the_h200s_figure_not_the_hopper_reference_part(sparkit_home):
+    """tp4-nextn-h200 runs on four H200s: planned on a host without them, its estimate used the
+    hopper profile's reference part (H100 SXM, 3,350 GB/s) until the recipe could name its part."""
+    from sparkit.recipes.load import load_recipe
+    from sparkit.roofline.estimate import estimate
+
+    assert resolve_bandwidth("hopper", "gpu", 4, Host()).gb_s == 3350.0  # the profile alone: its reference part
+    named = resolve_bandwidth("hopper", "gpu", 4, Host(), "H200")
+    assert (named.gb_s, named.devices) == (4800.0, 4) and "H200" in named.detail
+    recipe = load_recipe("ling-3.0-flash/tp4-nextn-h200").recipe
+    assert recipe.target_gpu == "H200"
+    assert "4800 GB/s per GPU: NVIDIA H200" in estimate(recipe, host=Host()).bandwidth.detail
+
+
+def test_an_unknown_target_gpu_is_refused_naming_the_file_line_and_key(tmp_path):
+    from sparkit.errors import RecipeError
+    from sparkit.recipes.load import load_recipe
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("extends: ling-3.0-flash/tp4-nextn-h200\ntarget_gpu: H300\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(str(path))
+    text = str(err.value)
+    assert f"{path}:2" in text and "target_gpu" in text and "H300" in text and "H200" in text

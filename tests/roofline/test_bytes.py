@@ -162,7 +162,7 @@ def test_expected_distinct_experts_is_the_mean_union_of_independent_top_k_choice
 
 
 def _tiny_header():
-    from sparkit.engines.embedded.builder import builtin_model_dir
+    from sparkit.models.builder import builtin_model_dir
 
     path = builtin_model_dir("tiny-ling", 0) / "model.safetensors"
     raw = path.read_bytes()

@@ -23,7 +23,7 @@ def _bytes_by_role(layout) -> dict:
 
 @pytest.mark.parametrize("weights", ["fp8", "mxfp4"])
 def test_the_declared_export_layout_is_what_the_export_holds(sparkit_home, tiny_model_dir, weights):
-    from sparkit.engines.embedded.checkpoint import ensure_hf_export, hf_export_dir
+    from sparkit.models.checkpoint import ensure_hf_export, hf_export_dir
 
     declared = resolve_layout(f"sparkit:tiny-ling@{weights}", weights)
     assert declared.source == "declared export" and "not written yet" in declared.source_detail

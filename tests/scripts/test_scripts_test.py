@@ -32,6 +32,7 @@ if [ "$1 $2" = "-m pip" ]; then
   exit 0
 fi
 if [ "$1 $2" = "-m pytest" ]; then echo "pytest ran: $*"; exit 0; fi
+if [ "$1" = "-c" ]; then echo "${FAKE_TORCH:-2.13.0+cpu}"; fi
 exit 0
 """
 

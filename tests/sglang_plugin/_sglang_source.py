@@ -92,16 +92,16 @@ def resolve(dotted: str):
 
 
 def exec_functions(module: str, names: list[str], namespace: dict) -> dict:
-    """Exec the named top-level functions/assignments of a module's source in namespace."""
+    """Exec the named top-level functions, classes and assignments of a module's source in namespace."""
     tree = module_ast(module)
     wanted = []
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
             wanted.append(node)
         elif isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id in names for t in node.targets):
             wanted.append(node)
-    found = {n.name if isinstance(n, ast.FunctionDef) else n.targets[0].id for n in wanted}
+    found = {n.name if isinstance(n, (ast.FunctionDef, ast.ClassDef)) else n.targets[0].id for n in wanted}
     missing = set(names) - found
     assert not missing, f"{module}: {sorted(missing)} not found"
     exec(compile(ast.Module(body=wanted, type_ignores=[]), str(module_path(module)), "exec"), namespace)

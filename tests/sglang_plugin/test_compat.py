@@ -266,7 +266,11 @@ def test_a_humming_that_needs_no_fix_gets_no_adapter(tmp_path, monkeypatch):
                                                             "has_global_scale: bool = False,", 1))
     monkeypatch.syspath_prepend(path[0])
     plan = plan_of("tiny/tiny-sglang-humming", "stack.lm_head=bf16")
-    assert plugin.HUMMING_KEYWORDS_ENV not in plan.env and plugin.ENABLE_ENV not in plan.env
+    assert plugin.HUMMING_KEYWORDS_ENV not in plan.env
+    assert not any(p.optimisation == "humming_keywords=adapted" for p in plan.provisions)
+    # the plugin is on only to report the recipe's SGLANG_HUMMING_ONLINE_QUANT_CONFIG (check_engine_switches)
+    assert plan.env[plugin.FP8_ENV] == "0"
+    assert [p.optimisation for p in plan.provisions if p.provider == "sparkit-plugin"] == ["engine_switches=reported"]
 
 
 @needs_humming
@@ -372,3 +376,48 @@ def test_the_plugins_translation_must_be_a_value_humming_admits(tmp_path):
     assert finding.status == compat.FAIL
     assert any("the plugin would pass weight_scale_2_type='tensor', which it does not admit" in e
                for e in finding.evidence), finding.evidence
+
+
+def test_dspark_gets_triton_for_the_draft_where_sgl_kernel_has_no_fa3(tmp_path):
+    """The H200 kit's trimmed sgl_kernel (no flash_ops.abi3.so): SGLang's DSpark draft runner dies
+    importing FA3 unless both backends are named; sparkit names triton for both and says why."""
+    path = fake_provider(tmp_path, "sgl_kernel", sgl_kernel_names(), "0.4.10")
+    pick = compat.dspark_attention_backends(compat.Stack.detect(path))
+    assert (pick.target, pick.draft, pick.runs) == ("triton", "triton", True)
+    assert "has no FA3 (flash_ops*.so absent" in pick.reason
+    assert compat.dspark_attention_backends(compat.Stack.detect(path), recipe_backend="trtllm_mla").target == "trtllm_mla"
+
+
+def test_dspark_keeps_sglangs_backends_where_sgl_kernel_has_fa3(tmp_path):
+    path = fake_provider(tmp_path, "sgl_kernel", sgl_kernel_names(), "0.4.10")
+    (tmp_path / "sgl_kernel" / "flash_ops.abi3.so").write_bytes(b"")
+    pick = compat.dspark_attention_backends(compat.Stack.detect(path))
+    assert (pick.target, pick.draft) == (None, None) and "has FA3" in pick.reason
+
+
+def test_where_sgl_kernel_is_not_installed_dspark_plans_sglangs_choice_and_says_why(monkeypatch):
+    """Planning on a machine without sgl_kernel (this one) leaves the backends to SGLang: the
+    serving host's plan decides (what `sparkit up` compiles there)."""
+    assert locate("sgl_kernel") is None
+    pick = compat.dspark_attention_backends()
+    assert (pick.target, pick.draft) == (None, None) and "cannot be told" in pick.reason
+    from sparkit.planning.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-dspark"))
+    assert "--speculative-draft-attention-backend" not in plan.argv
+    assert any(p.optimisation == "draft_attention=sglang-default" and "cannot be told" in p.detail for p in plan.provisions)
+
+
+def test_a_dspark_plan_on_a_host_without_fa3_passes_triton_for_both(tmp_path, monkeypatch):
+    path = fake_provider(tmp_path, "sgl_kernel", sgl_kernel_names(), "0.4.10")
+    real_detect = compat.Stack.detect
+    monkeypatch.setattr(compat.Stack, "detect", classmethod(lambda cls, search_path=None: real_detect(path)))
+    from sparkit.planning.compile import compile_plan
+    from sparkit.recipes.load import load_recipe
+
+    plan = compile_plan(load_recipe("ling-3.0-flash/tp4-dspark", ["stack.attention_backend=null"]))
+    args = plan.argv
+    assert args[args.index("--attention-backend") + 1] == "triton"
+    assert args[args.index("--speculative-draft-attention-backend") + 1] == "triton"
+    assert plan.expectations.server_args["speculative_draft_attention_backend"] == "triton"

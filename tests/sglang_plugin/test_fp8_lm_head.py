@@ -12,13 +12,22 @@ and check the attribute structure the plugin relies on against the same source.
 
 from __future__ import annotations
 
+import ast
 import json
 import types
 from typing import Optional
 
 import pytest
 
-from _sglang_source import bind_method, exec_functions, find_class, find_function, method_source, module_ast
+from _sglang_source import (
+    bind_method,
+    exec_functions,
+    find_class,
+    find_function,
+    method_source,
+    module_ast,
+    module_path,
+)
 from _shared import near_tie_states
 
 torch = pytest.importorskip("torch")
@@ -443,3 +452,43 @@ def test_online_humming_experts_report_the_format_their_weight_schema_names():
     assert (moe.quant_method, moe.runner, moe.expert_weight_format) == ("HummingMoEMethod", "humming", "mxfp4")
     schema.b_dtype = "float8e4m3"
     assert report.moe_report(layer).expert_weight_format == "fp8"
+
+
+DSPARK = "sglang.srt.models.dspark"
+# LingDSparkModel with SGLang's own attach_shared_modules (models/dspark.py DSparkDraftMixin): what
+# DSparkWorkerV2.__init__ calls with the target's embedding and lm_head modules.
+LingDSparkBase = type("LingDSparkModel", (torch.nn.Module,), {
+    "attach_shared_modules": bind_method(DSPARK, "DSparkDraftMixin", "attach_shared_modules", _sglang_namespace()),
+    "supports_vocab_parallel_draft_logits": False, "is_nemotron_35_draft": False, "gamma": 8})
+
+
+def test_the_dspark_hook_reports_the_draft_on_the_targets_fp8_head_and_embedding(plugin_state):
+    """SGLang gives a DSpark draft the target's modules itself; after the plugin converted the head
+    to FP8, the draft holds that same FP8 module, and the report says so with the block size
+    SGLang's DSpark worker drafts (speculative_num_draft_tokens - 1)."""
+    plugin, tmp_path = plugin_state
+    target, _ = _make_models()
+    target_runner = _runner(target)
+    target_runner.server_args = types.SimpleNamespace(
+        speculative_algorithm="DSPARK", speculative_num_steps=1, speculative_eagle_topk=1,
+        speculative_num_draft_tokens=9, speculative_draft_model_path="/d")
+    plugin.after_load_model(None, target_runner)
+    draft = LingDSparkBase()
+    plugin.after_load_model(None, _runner(draft, draft=True))  # the draft runner loads it first
+    draft.attach_shared_modules(embed_tokens=target.model.word_embeddings, lm_head=target.lm_head)
+    plugin.after_attach_shared_modules(None, draft)
+    rep = _read(tmp_path)
+    assert rep.draft.model_class == "LingDSparkModel"
+    assert rep.draft.lm_head.shared_with_target and rep.draft.lm_head.weight_dtype == "float8_e4m3fn"
+    assert rep.draft.embed_tokens.shared_with_target is True
+    assert (rep.speculative.algorithm, rep.speculative.block_size) == ("DSPARK", 8)
+
+
+def test_dspark_hook_target_is_the_method_the_dspark_worker_calls():
+    from sparkit.engines.sglang import plugin
+
+    assert plugin.DSPARK_ATTACH_TARGET in [t for t, _ in plugin.hook_targets()]
+    worker = find_class(module_ast("sglang.srt.speculative.dspark_components.dspark_worker_v2"), "DSparkWorkerV2")
+    init = ast.get_source_segment(module_path("sglang.srt.speculative.dspark_components.dspark_worker_v2").read_text(),
+                                  find_function(worker.body, "__init__"))
+    assert "self.draft_model.attach_shared_modules(" in init and "lm_head=lm_head" in init

@@ -63,6 +63,7 @@ def test_with_sparkits_variable_every_target_gets_an_after_hook(registry, monkey
     "sglang.srt.model_executor.model_runner.ModelRunner.load_model",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head",
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker.init_lm_head",
+    "sglang.srt.models.dspark.DSparkDraftMixin.attach_shared_modules",
 ])
 def test_every_hook_target_resolves_in_the_installed_sglang(target):
     from sparkit.engines.sglang import plugin

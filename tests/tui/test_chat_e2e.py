@@ -134,7 +134,16 @@ def test_sparkit_chat_exits_0_on_ctrl_c(embedded_server, tmp_path):
                 drawn += os.read(master, 65536)
         assert b"online" in drawn, drawn[-2000:]
         os.write(master, b"\x03")
-        code = proc.wait(timeout=30)
+        # Read what it draws while it ends: a terminal nobody reads fills up and blocks the app's last
+        # writes (restoring the screen), so it never exits (CI saw the old `wait(timeout=30)` expire).
+        deadline = time.monotonic() + WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    drawn += os.read(master, 65536)
+                except OSError:  # EIO: the app closed its end
+                    break
+        code = proc.wait(timeout=WAIT_S)
         assert code == 0, drawn[-2000:]
     finally:
         if proc.poll() is None:
@@ -271,3 +280,32 @@ async def test_a_server_killed_mid_reply_keeps_the_partial_text_and_reconnects(s
         await type_and_send(pilot, "are you back?")
         await wait_until(pilot, lambda: app.reply_finished.is_set(), what="a reply after reconnecting")
         assert app.message_views()[-1].status == "complete"
+
+
+@run_async
+async def test_a_stopped_replys_late_chunks_never_reach_the_next_reply(start_embedded_server, tmp_path):
+    """The reader is a thread worker posting typed messages; one that arrives after its reply was
+    stopped (the worker's last chunks race the stop) belongs to that reply, not to the one the user
+    started since. 20 ms per engine step: each reply streams for seconds on any machine."""
+    from sparkit.client import StreamChunk
+    from sparkit.tui.app import ReplyChunk
+
+    server = start_embedded_server(debug_step_delay_ms=20)
+    app = create_app(server.url, store_path=tmp_path / "chat.sqlite3",
+                     settings=ChatSettings(temperature=0.0, max_tokens=400))
+    app.request_extra = {"ignore_eos": True}
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.connection_state == "online", what="connection")
+        await type_and_send(pilot, "tell me a story")
+        await wait_until(pilot, lambda: app._reply is not None and app._reply.output_tokens >= 2, what="first tokens")
+        first = app._stream
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.reply_finished.is_set(), what="the stop")
+        app.reply_finished.clear()
+        await type_and_send(pilot, "count: one two three")
+        await wait_until(pilot, lambda: app._stream is not None and app._stream is not first
+                         and app._reply.output_tokens >= 2, what="the second reply's first tokens")
+        app.post_message(ReplyChunk(first, StreamChunk(time.perf_counter(), " LATE CHUNK", 1, 99)))
+        await wait_until(pilot, lambda: app.reply_finished.is_set(), what="the second reply")
+        second = app.message_views()[-1]
+        assert second.status == "complete" and second.content and "LATE CHUNK" not in second.content

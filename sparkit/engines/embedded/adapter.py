@@ -1,6 +1,6 @@
 """Embedded-engine adapter: a recipe -> `python -m sparkit.engines.embedded ...` and what it needs.
 
-Built-in models (`sparkit:tiny-ling[:seed=N][:steps=S]`) are planned through
+Built-in models (`sparkit:tiny-ling[:seed=N][:steps=S]`, `sparkit:tiny-ling-v3...`) are planned through
 sparkit.engines.builtin_models and built before the launch. The engine writes SGLang's startup
 lines, so its log reads as SGLang's (SGLangLogAdapter).
 """
@@ -17,7 +17,15 @@ from typing import Any
 from sparkit._version import __version__
 from sparkit.contract.checks import CheckResult, Status
 from sparkit.contract.engine import EngineInfo, EngineLaunch
-from sparkit.contract.flag_table import command_line, passed
+from sparkit.contract.environment import (
+    CUDA_ENV,
+    HUGGING_FACE_ENV,
+    SPARKIT_ENV,
+    TORCH_ENV,
+    TRITON_ENV,
+    EngineEnvironment,
+)
+from sparkit.contract.flag_table import command_line, flag_provisions, passed
 from sparkit.contract.plan import Provision
 from sparkit.contract.reading import DTYPE_BYTES, ReadRules
 from sparkit.contract.rules import Rule
@@ -28,8 +36,7 @@ from sparkit.engines.base import (
     package_version,
     packages_check,
 )
-from sparkit.engines.builtin_models import parse_builtin, plan_builtin_model, prepare_builds
-from sparkit.engines.embedded.formats import recognise, recognise_config
+from sparkit.engines.builtin_models import draft_block_size, parse_builtin, plan_builtin_model, prepare_builds
 from sparkit.engines.embedded.settings import (
     API_KEY_ENV,
     SETTINGS,
@@ -39,10 +46,12 @@ from sparkit.engines.embedded.settings import (
     server_args,
     validate_args,
 )
+from sparkit.engines.embedded.tool_calls import TOOL_CALL_PARSERS
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.errors import SparkitError
 from sparkit.hub.refs import model_hub_ref
 from sparkit.hub.remote import remote_checkpoint
+from sparkit.models.formats import recognise, recognise_config
 
 
 def embedded_arg_parser() -> argparse.ArgumentParser:
@@ -67,8 +76,6 @@ def _moe_backend_rule(loaded):
 def _limits_rule(loaded):
     r = loaded.recipe
     out = []
-    if r.stack.speculative.method == "dspark":
-        out.append(("error", "stack.speculative.method", "dspark is not available on the embedded engine"))
     if r.stack.tp != 1 or r.stack.ep != 1:
         out.append(("error", "stack.tp" if r.stack.tp != 1 else "stack.ep", "the embedded engine runs on one device (tp 1, ep 1)"))
     if r.target not in ("cpu", "auto"):
@@ -77,11 +84,32 @@ def _limits_rule(loaded):
     return out
 
 
+def _kv_cache_rule(loaded):
+    dtype = loaded.recipe.stack.kv_cache_dtype
+    if dtype != "auto":
+        return [("error", "stack.kv_cache_dtype", f"kv_cache_dtype {dtype!r} is not available on the embedded engine, "
+                 "which keeps its KV cache in the compute dtype (auto only)")]
+    return []
+
+
+def _tool_call_parser_rule(loaded):
+    parser = loaded.recipe.server.tool_call_parser
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        return [("error", "server.tool_call_parser", f"{parser!r}: the embedded engine parses tool calls in "
+                 f"{', '.join(TOOL_CALL_PARSERS)} only (tiny-ling's chat template writes ling3)")]
+    return []
+
+
 RULES = [
     Rule("embedded-moe-backend", "the embedded engine has one MoE implementation (PyTorch); sglang's kernels do not exist there",
          "use stack.moe_backend: auto (or embedded-torch) with engine: embedded", _moe_backend_rule),
-    Rule("embedded-speculative-nextn-only", "the embedded engine implements NEXTN MTP only, on one device",
-         "use speculative.method: nextn (or none), tp 1 and ep 1 with engine: embedded", _limits_rule),
+    Rule("embedded-one-device", "the embedded engine runs on one device (no tensor or expert parallelism)",
+         "use tp 1 and ep 1 with engine: embedded", _limits_rule),
+    Rule("embedded-kv-cache-compute-dtype", "the embedded engine keeps its KV cache in the compute dtype",
+         "use stack.kv_cache_dtype: auto with engine: embedded (SGLang serves an FP8 KV cache)", _kv_cache_rule),
+    Rule("embedded-tool-call-parser", "the embedded engine reads one tool-call format, the one its chat template writes",
+         f"use server.tool_call_parser: {TOOL_CALL_PARSERS[0]} (or leave it unset) with engine: embedded",
+         _tool_call_parser_rule),
 ]
 
 
@@ -91,6 +119,7 @@ class EmbeddedAdapter(SGLangLogAdapter):
     packages = ("torch", "safetensors", "transformers")
     install_hint = "pip install 'sparkit[embedded]'"
     validation_hint = ""  # its parser ships with sparkit: a plan is always validated
+    settings = SETTINGS
     memory_model = "host_process"  # holds what it loads, in host memory (sparkit.memory.fit)
     exact_speculative = True  # its verify pass replays one-token decoding's arithmetic (tests/bench/test_verify_e2e.py)
     secret_files = ()
@@ -102,6 +131,11 @@ class EmbeddedAdapter(SGLangLogAdapter):
         extras = {pkg: package_version(pkg) for pkg in ("torch", "safetensors", "transformers", "uvicorn")}
         detail = "" if not missing else "missing " + ", ".join(missing) + ": pip install 'sparkit[embedded]'"
         return EngineInfo("embedded", not missing, __version__, detail, extras)
+
+    def environment(self) -> EngineEnvironment:
+        """The embedded engine is PyTorch (and Triton for its CUDA FP8 head) under sparkit's switches."""
+        return EngineEnvironment((TORCH_ENV, CUDA_ENV, TRITON_ENV, HUGGING_FACE_ENV, SPARKIT_ENV),
+                                 source="the embedded engine's: PyTorch, CUDA, Triton, sparkit")
 
     def rules(self) -> list[Rule]:
         return RULES
@@ -193,9 +227,10 @@ class EmbeddedAdapter(SGLangLogAdapter):
         parsed = parse_builtin(r.model.path)
         served = r.model.served_name or (parsed[0] if parsed else pulls[0]["repo"] if pulls else Path(model_dir).name)
         draft_dir = None
-        if spec.method == "nextn" and spec.draft_model:
+        if spec.enabled and spec.draft_model:
             draft_dir = self._model_dir(loaded, "stack.speculative.draft_model", "draft", spec.draft_model, builds, pulls)
-        planned = Planned(r, port, model_dir, served, draft_dir)
+        planned = Planned(r, port, model_dir, served, draft_dir,
+                          draft_block_size(spec.draft_model, draft_dir) if spec.method == "dspark" else None)
         args = command_line(SETTINGS, planned)
 
         parser = embedded_arg_parser()
@@ -230,26 +265,13 @@ class EmbeddedAdapter(SGLangLogAdapter):
 
         # The recipe asks for a shared head and the check verifies it (and catches
         # --draft-lm-head-sharing tensor).
-        expected = server_args(planned)
-        expectations: dict[str, Any] = {"speculative_algorithm_reported": expected.get("speculative_algorithm")}
+        expectations: dict[str, Any] = {"server_args": server_args(planned)}
         if draft_dir:
             expectations["draft_model"] = draft_dir
-        expectations["server_args"] = expected
+        if spec.method == "dspark":
+            expectations["draft_block_size"] = planned.draft_block_size
 
-        provisions = [
-            Provision(f"weights={stack.weights}", "embedded", f"{passed(SETTINGS, 'expert_weights', planned)} (quantised at load)"),
-            Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
-            Provision(f"lm_head={stack.lm_head}", "embedded", passed(SETTINGS, "lm_head_dtype", planned)),
-        ]
-        if stack.lm_head == "fp8":
-            provisions.append(Provision(f"lm_head_exact_top_k={stack.lm_head_exact_top_k}", "embedded",
-                                        passed(SETTINGS, "lm_head_exact_top_k", planned)))
-        provisions += hub_provisions
-        if spec.method == "nextn":
-            provisions.append(Provision("speculative=nextn", "embedded", passed(SETTINGS, "speculative_algorithm", planned)))
-            if stack.lm_head == "fp8":
-                provisions.append(Provision("draft_lm_head=shared", "embedded",
-                                            f"--draft-lm-head-sharing {sharing or 'module'}"))
+        provisions = _provisions(planned, sharing) + hub_provisions
 
         # -P (3.11's safe path): `-m` would put the working directory first on sys.path, and a
         # `sparkit/` folder there (a checkout, a project named so) would be imported instead of the
@@ -259,6 +281,27 @@ class EmbeddedAdapter(SGLangLogAdapter):
             provisions=provisions, warnings=warnings, expectations=expectations, model_builds=builds,
             model_pulls=pulls, validated_by="the embedded server's own argument parser and flag rules",
         )
+
+
+def _provisions(planned: Planned, sharing: str | None) -> list[Provision]:
+    """Which path provides each optimisation (all of them: the embedded engine itself)."""
+    stack, spec = planned.recipe.stack, planned.spec
+    provisions = [
+        Provision(f"weights={stack.weights}", "embedded", f"{passed(SETTINGS, 'expert_weights', planned)} (quantised at load)"),
+        Provision(f"moe_backend={stack.moe_backend}", "embedded", "PyTorch MoE of the embedded engine"),
+        *flag_provisions(SETTINGS, planned, "embedded"),  # the lm_head and its exact re-scoring
+    ]
+    if spec.method == "nextn":
+        provisions.append(Provision("speculative=nextn", "embedded", passed(SETTINGS, "speculative_algorithm", planned)))
+        if stack.lm_head == "fp8":
+            provisions.append(Provision("draft_lm_head=shared", "embedded", f"--draft-lm-head-sharing {sharing or 'module'}"))
+    elif spec.method == "dspark":
+        provisions.append(Provision("speculative=dspark", "embedded",
+                                    f"{passed(SETTINGS, 'speculative_algorithm', planned)}, block "
+                                    f"{planned.block_size or 'of the draft config'}, draft {spec.draft_model}"))
+        provisions.append(Provision("draft_lm_head=shared", "embedded",
+                                    "the draft computes with the target's embedding and lm_head modules"))
+    return provisions
 
 
 # What the embedded engine serves, in the words every message about it uses.

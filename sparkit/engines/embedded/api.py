@@ -20,7 +20,6 @@ Log lines (stdout, one per line, SGLang's wording so that one parser reads both 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,38 +95,6 @@ class StepOutput:
     # first step the prompt's (LogprobRequest.input_start on)
     logprobs: TokenLogprobs | None = None
     input_logprobs: TokenLogprobs | None = None
-
-
-class EngineProtocol(Protocol):
-    """What engine.EmbeddedEngine provides to the server."""
-
-    tokenizer: object  # a transformers PreTrainedTokenizerFast (apply_chat_template, decode, encode)
-    context_length: int
-    model_name: str  # served model name
-
-    def generate(self, input_ids: list[int], params: SamplingParams, cancelled: CancelFlag,
-                 logprobs: LogprobRequest | None = None) -> Iterator[StepOutput]:
-        """Prefill then decode. Yields one StepOutput per step; the last has finished=True.
-
-        The request's penalties, min_new_tokens, grammar and logit_bias (logits.py) shape the
-        logits each token is chosen from. Logprobs are the target model's, whatever drafted the
-        tokens: log_softmax of those logits (divided by the temperature when sampling, as SGLang's
-        sampler returns them); prompt logprobs are of the raw logits (SGLang's input logprobs).
-
-        Stops early (finish_reason {"type": "abort"}) as soon as `cancelled()` is true,
-        freeing all per-request state (KV cache) before returning.
-        Stop strings are matched by the server on decoded text; stop_token_ids and EOS by the engine.
-        """
-        ...
-
-    def server_args(self) -> dict:
-        """Resolved args in SGLang's key names (speculative_algorithm, speculative_num_steps, ...,
-        moe_runner_backend, quantization, tp_size, ep_size, dtype, device, context_length, ...)."""
-        ...
-
-    def activation_report(self) -> object:
-        """A sparkit.engines.activation_report.ActivationReport built by inspecting the live modules."""
-        ...
 
 
 class CancelFlag(Protocol):

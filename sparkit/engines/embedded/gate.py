@@ -12,7 +12,8 @@ for every endpoint, whatever its handler does.
   unless it is the server's own or allowed (--allowed-origins / SPARKIT_ALLOWED_ORIGINS, like
   OLLAMA_ORIGINS), and an allowed one gets CORS headers; a request body must be JSON
   (`Content-Type: application/json`: a page's form or text/plain post, which browsers send
-  cross-origin without asking, is refused).
+  cross-origin without asking, is refused), or have no Content-Type at all from a client that
+  is no browser (no Origin, no Sec-Fetch-* headers), as litellm's Ollama providers send it.
 - `BodyGate` (ASGI, after authentication): the body is read whole within --body-timeout seconds
   and --max-request-bytes, and the counts that make a request's cost (messages, stop strings
   and their length, stop token ids) are bounded before any handler parses it; a large body is
@@ -347,7 +348,8 @@ class RequestGate:
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 asked = headers.get(b"access-control-request-headers", b"authorization, content-type")
                 return await self._preflight(send, cors, asked)
-        if scope["method"] in ("POST", "PUT", "PATCH") and _has_body(headers) and not _is_json(headers):
+        if (scope["method"] in ("POST", "PUT", "PATCH") and _has_body(headers) and not _is_json(headers)
+                and not _from_no_browser(headers)):
             shown = headers.get(b"content-type", b"").decode("latin-1")[:80] or "none"
             return await _refuse(send, 415, f"the request body must be JSON, sent with 'Content-Type: application/json' "
                                  f"(got {shown})", kind="UnsupportedMediaType", extra=cors)
@@ -381,6 +383,15 @@ class RequestGate:
 def _has_body(headers: dict[bytes, bytes]) -> bool:
     length = headers.get(b"content-length", b"").strip()
     return (length.isdigit() and int(length) > 0) or b"transfer-encoding" in headers
+
+
+def _from_no_browser(headers: dict[bytes, bytes]) -> bool:
+    """A body with no Content-Type at all, from a client that is no browser: litellm's Ollama
+    providers send JSON so, as real Ollama and SGLang's /api/* accept it. A browser sends an
+    Origin with every POST (a page's no-cors fetch of a typeless Blob included) and Sec-Fetch-*
+    headers; a request with either still needs the JSON type."""
+    return (b"content-type" not in headers and b"origin" not in headers
+            and not any(name.startswith(b"sec-fetch-") for name in headers))
 
 
 def _is_json(headers: dict[bytes, bytes]) -> bool:

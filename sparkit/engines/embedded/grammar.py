@@ -9,7 +9,9 @@ json_schema_validation.validate_xgrammar_json_schema, ported below); the model's
 grammar's stop token, so a request ends when its grammar is complete and the model closes it.
 
 xgrammar is imported lazily (a request without a grammar never loads it). Compiling is pure CPU
-work; routes run it off the event loop.
+work whose time grows faster than the grammar's size (a 200 KB alternation regex takes 10 s, a
+1.1 MB one most of an hour): the server bounds the size first (`check_size`) and compiles in child
+processes it can kill (grammar_pool.py).
 """
 
 from __future__ import annotations
@@ -21,10 +23,38 @@ from typing import Any
 
 ANY_JSON = "$$ANY$$"
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
+# The largest grammar the server compiles: a 64 Ki-character regex of 7,000 alternatives compiles in
+# under a second here, and no schema a client derives from a type (a Pydantic model, a function
+# signature) comes near 1,024 subschemas. SGLang has no bound; past these, compile time and memory
+# grow without one (issue 40: 1.1 MB of regex, 20,000 properties).
+MAX_GRAMMAR_CHARS = 64 * 1024
+MAX_SCHEMA_NODES = 1024
 
 
 class GrammarError(ValueError):
     """A grammar the request gave cannot be used; str() is SGLang's message for it."""
+
+
+def check_size(kind: str, source: str, max_chars: int = MAX_GRAMMAR_CHARS) -> None:
+    """Refuse a grammar too large to compile in bounded time (GrammarError naming the field)."""
+    if len(source) > max_chars:
+        raise GrammarError(f"{kind}: {len(source)} characters; this server compiles grammars of at most "
+                           f"{max_chars} characters (--grammar-max-chars: compile time grows faster than a "
+                           "grammar's size)")
+    if kind != "json_schema" or source == ANY_JSON:
+        return
+    try:
+        schema = json.loads(source)
+        for nodes, _ in enumerate(_iter_subschemas(schema), start=1):
+            if nodes > MAX_SCHEMA_NODES:
+                raise GrammarError(f"json_schema: more than {MAX_SCHEMA_NODES} subschemas (properties, items, "
+                                   "definitions...); this server compiles schemas of at most that many")
+    except RecursionError:
+        raise GrammarError("json_schema: nested too deep to compile") from None
+    except GrammarError:
+        raise
+    except ValueError:
+        return  # not JSON: the compile names what is wrong with it
 
 
 @dataclass
@@ -46,11 +76,12 @@ class GrammarCompiler:
     grammar that comes back, as every request of an eval does, free)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_id: int, *, any_whitespace: bool = True,
-                 max_whitespace_cnt: int | None = None) -> None:
+                 max_whitespace_cnt: int | None = None, info: Any = None) -> None:
         import xgrammar
 
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[eos_token_id])
-        self._compiler = xgrammar.GrammarCompiler(info)
+        self.info = info if info is not None else tokenizer_info(tokenizer, vocab_size, eos_token_id)
+        # one thread: a compile runs beside the engine, and xgrammar's default of 8 would take every core
+        self._compiler = xgrammar.GrammarCompiler(self.info, max_threads=1)
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace  # SGLang: not --constrained-json-disable-any-whitespace
         self.max_whitespace_cnt = max_whitespace_cnt
@@ -73,6 +104,13 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
             raise GrammarError(f"Failed to compile {label} grammar: {exc}") from None
         return Grammar(kind, source, compiled)
+
+
+def tokenizer_info(tokenizer: Any, vocab_size: int, eos_token_id: int) -> Any:
+    """xgrammar's view of the vocabulary (the model's EOS is the grammar's stop token)."""
+    import xgrammar
+
+    return xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[eos_token_id])
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> Any:

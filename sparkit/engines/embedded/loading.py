@@ -70,9 +70,11 @@ def load_engine(args: argparse.Namespace, served_name: str, parameters: int = 0)
 
     config = engine_config(args, served_name)
     log(f"Load weight begin. model_path={args.model_path}, device={args.device}, expert_weights={args.expert_weights}, lm_head_dtype={args.lm_head_dtype}")
-    engine = EmbeddedEngine(config)
     threads = args.torch_threads or auto_torch_threads(parameters)
-    torch.set_num_threads(threads)  # in the worker thread, which runs every forward
+    # in the worker thread, which runs every forward; before the engine loads, whose batching
+    # check measures the kernels with the threads they will run with
+    torch.set_num_threads(threads)
+    engine = EmbeddedEngine(config)
     log(f"torch intra-op threads: {threads} ({'--torch-threads' if args.torch_threads else 'auto'}, "
         f"{parameters / 1e6:.1f}M parameters, {os.cpu_count()} CPUs)")
     for line in load_weight_end_lines(engine):

@@ -46,6 +46,12 @@ MAX_TEMPERATURE = 100.0
 # item is a queued job. SGLang has neither bound; no client of either API comes near them.
 MAX_N = 128
 MAX_BATCH_ITEMS = 512
+# float32 holds logits: a bias past this (3.5e38 overflowed the cast and was a 500) can only mean
+# "always" or "never", which +-1e10 already means at any temperature. OpenAI's bound is 100.
+MAX_LOGIT_BIAS = 1e10
+# SGLang takes any repetition_penalty in (0, 2]; dividing a logit by 1e-308 gives infinity (then
+# NaN probabilities). At 1e-6 a logit of 100 becomes 1e8, still finite and far past any other.
+MIN_REPETITION_PENALTY = 1e-6
 
 
 class ApiError(Exception):
@@ -67,12 +73,16 @@ class ApiError(Exception):
 
 # A NEUTRAL entry whose every value is harmless here (routing hints, labels, cache salts...).
 ANY = "any"
+# A NEUTRAL entry that stock SGLang accepts and that means nothing for this engine's model (a
+# reasoning effort for a model that does not reason, a storage or service-tier hint): any value is
+# accepted, and one that is not "off" is named in x-sparkit-ignored-fields (issue 37, item 5).
+IGNORED = "ignored"
 
 
 def is_neutral(value: Any, allowed: Any) -> bool:
     """None and empty containers are always "off"; else one of the declared values (a bool is
     not taken for 0 or 1)."""
-    if allowed == ANY or value is None or (isinstance(value, (list, dict)) and not value):
+    if allowed in (ANY, IGNORED) or value is None or (isinstance(value, (list, dict)) and not value):
         return True
     return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
 
@@ -105,6 +115,8 @@ class _Request(BaseModel):
             elif key in cls.NEUTRAL:
                 if not is_neutral(value, cls.NEUTRAL[key]):
                     problems.append(_neutral_problem(key, value, cls.NEUTRAL[key]))
+                elif cls.NEUTRAL[key] == IGNORED and value not in (None, False, "", [], {}) and isinstance(info.context, dict):
+                    info.context.setdefault("ignored", []).append(key)
             elif cls.UNKNOWN == "ignore":
                 if isinstance(info.context, dict):
                     info.context.setdefault("ignored", []).append(key)
@@ -136,7 +148,7 @@ class _SamplingFields(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    repetition_penalty: float | None = Field(None, ge=MIN_REPETITION_PENALTY, le=2.0)
     n: int | None = Field(None, ge=1, le=MAX_N)
     logit_bias: dict[str, float] | None = None
     regex: str | None = None
@@ -157,11 +169,14 @@ class _SamplingFields(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key in value or {}:
+        for key, bias in (value or {}).items():
             try:
                 int(key)
             except ValueError:
-                raise ValueError(f"logit_bias keys are token ids, not {key!r}") from None
+                raise ValueError(f"logit_bias keys are token ids, not {key[:40]!r}") from None
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be within [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] (a bias of "
+                                 f"{MAX_LOGIT_BIAS:g} already makes a token certain or impossible), got {bias:g}")
         return value
 
     def stop_list(self) -> list[str]:
@@ -177,6 +192,11 @@ class _SamplingFields(BaseModel):
     def grammar_fields(self) -> dict[str, str | None]:
         """The request's grammar constraint by SGLang's sampling name (at most one may be set)."""
         return {"json_schema": getattr(self, "json_schema", None), "regex": self.regex, "ebnf": self.ebnf}
+
+    def constraint_field(self) -> str:
+        """The request field that set the constraint (what a grammar error names)."""
+        given = self.constraint()
+        return given[0] if given else "json_schema"
 
     def constraint(self) -> tuple[str, str] | None:
         """(kind, source) of the output constraint, or None. SGLang: an empty string is unset."""
@@ -375,19 +395,83 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Lenient):
+    """A call in an assistant message of the history: its arguments JSON text (OpenAI) or an
+    object (Ollama, and SGLang takes either)."""
+
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+    def argument_object(self, where: str) -> dict[str, Any]:
+        """The arguments as the chat template renders them (SGLang's parse_tool_call_arguments)."""
+        if self.arguments is None or isinstance(self.arguments, dict):
+            return self.arguments or {}
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            raise ApiError(400, f"{where}: Assistant tool call function.arguments must be valid JSON.",
+                           param=where) from None
+        if not isinstance(value, dict):
+            raise ApiError(400, f"{where}: Assistant tool call function.arguments must be a JSON object.", param=where)
+        return value
+
+
+class ToolCallIn(_Lenient):
+    id: str | None = None
+    type: str = "function"
+    index: int | None = None
+    function: FunctionCall
+
+
+class FunctionDef(_Lenient):
+    NEUTRAL: ClassVar[dict[str, Any]] = {"defer_loading": ANY}
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefIn(_Lenient):
+    """A tool of the request (SGLang's Tool)."""
+
+    NEUTRAL: ClassVar[dict[str, Any]] = {"defer_loading": ANY}
+    type: str = "function"
+    function: FunctionDef
+
+    def template_form(self) -> dict[str, Any]:
+        """What the chat template renders: the tool as the client sent it, unset keys left out."""
+        return self.model_dump(exclude_unset=True)
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    """tool_choice naming one function: {"type": "function", "function": {"name": ...}}."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatMessage(_Lenient):
-    NEUTRAL: ClassVar[dict[str, Any]] = {"tool_calls": (), "tool_call_id": (), "function_call": (),
-                                         "reasoning_content": (), "refusal": (), "audio": ()}
-    role: Literal["system", "developer", "user", "assistant"]
+    NEUTRAL: ClassVar[dict[str, Any]] = {"function_call": (), "reasoning_content": (), "refusal": (), "audio": ()}
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        # SGLang's normalize_tool_content joins a tool result's text parts with spaces
+        return (" " if self.role == "tool" else "").join(part.text for part in self.content)
+
+    def calls(self) -> list[FunctionCall]:
+        return [call.function for call in self.tool_calls or []]
 
 
 class StreamOptions(_Lenient):
@@ -399,11 +483,14 @@ class StreamOptions(_Lenient):
 _OPENAI_NEUTRAL: dict[str, Any] = {
     **_SAMPLING_NEUTRAL,
     "custom_logit_processor": (),
-    "bootstrap_host": (), "bootstrap_port": (), "bootstrap_room": (),
+    # disaggregation's bootstrap server: SGLang reads these only in prefill/decode mode
+    "bootstrap_host": IGNORED, "bootstrap_port": IGNORED, "bootstrap_room": IGNORED,
     "routed_dp_rank": (0,), "data_parallel_rank": (0,), "disagg_prefill_dp_rank": (0,),
     "return_hidden_states": (False,), "return_routed_experts": (False,), "routed_experts_start_len": (0,),
     "return_cached_tokens_details": (False,), "return_token_ids": (False,),
-    "lora_path": (), "session_id": (), "session_params": (), "images_config": (), "mm_processor_kwargs": (),
+    "lora_path": (), "session_id": (), "session_params": (),
+    # a multimodal processor's settings: there are no images for them to act on
+    "images_config": IGNORED, "mm_processor_kwargs": IGNORED,
     "extra_key": ANY, "cache_salt": ANY, "priority": ANY,
 }
 
@@ -467,6 +554,11 @@ class _OpenAIRequest(_SamplingFields, _Lenient):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def constraint_field(self) -> str:
+        if self.response_format is not None and self.response_format.json_schema_source() is not None:
+            return "response_format"
+        return super().constraint_field()
+
     def grammar_fields(self) -> dict[str, str | None]:
         fields = super().grammar_fields()
         from_format = self.response_format.json_schema_source() if self.response_format else None
@@ -478,21 +570,25 @@ class _OpenAIRequest(_SamplingFields, _Lenient):
 class ChatCompletionRequest(_OpenAIRequest):
     NEUTRAL: ClassVar[dict[str, Any]] = {
         **_OPENAI_NEUTRAL,
-        # no tools: with none given, "auto"/"none" and either parallel setting change nothing
-        "tools": (), "tool_choice": ("auto", "none"), "parallel_tool_calls": (True, False),
+        # OpenAI's deprecated form of tools: SGLang does not read it either
         "functions": (), "function_call": ("auto", "none"),
-        "continue_final_message": (False,), "reasoning_effort": ("none",), "thinking": (), "task": (),
+        "continue_final_message": (False,),
+        # tiny-ling does not reason: SGLang hands these to a reasoning model's template, here there is none
+        "reasoning_effort": IGNORED, "thinking": IGNORED, "task": IGNORED,
         "stream_reasoning": ANY,  # tiny-ling does not reason: nothing to separate or stream
         "separate_reasoning": ANY,
         "return_prompt_token_ids": (False,), "return_meta_info": (False,), "return_input_ids_in_sglext": (False,),
         "return_output_ids_in_sglext": (False,), "return_sampling_mask": (False,),
         "sampling_logprobs_mode": ("selected",), "return_flat_raw_output_top_logprobs": (False,),
         "return_flat_raw_top_logprobs_b64": ANY,
-        "max_dynamic_patch": (), "min_dynamic_patch": (), "use_audio_in_video": (False,), "video_config": (),
-        "audio": (), "modalities": (["text"],), "prediction": (), "verbosity": (), "web_search_options": (),
-        # OpenAI-only: storage, moderation, caching hints, service tiers
-        "metadata": ANY, "store": (False,), "prompt_cache_key": ANY, "prompt_cache_options": ANY,
-        "prompt_cache_retention": ANY, "safety_identifier": ANY, "service_tier": ("auto", "default"),
+        "max_dynamic_patch": IGNORED, "min_dynamic_patch": IGNORED, "use_audio_in_video": IGNORED,
+        "video_config": IGNORED,
+        "audio": (), "modalities": (["text"],), "web_search_options": (),
+        # OpenAI-only hints this server has nothing to do with: a predicted output (a speed hint),
+        # a verbosity level for models trained on one, storage, caching, service tiers
+        "prediction": IGNORED, "verbosity": IGNORED, "store": IGNORED, "service_tier": IGNORED,
+        "metadata": ANY, "prompt_cache_key": ANY, "prompt_cache_options": ANY,
+        "prompt_cache_retention": ANY, "safety_identifier": ANY,
         "moderation": (),
     }
 
@@ -502,6 +598,45 @@ class ChatCompletionRequest(_OpenAIRequest):
     top_logprobs: int | None = Field(None, ge=0)
     chat_template_kwargs: dict[str, Any] | None = None
     input_ids: list[int] | None = None  # SGLang's extension: the prompt's ids, the template skipped
+    tools: list[ToolDefIn] | None = None
+    # SGLang's default: "none" without tools, else "auto"
+    tool_choice: Literal["auto", "required", "none"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        """SGLang's checks (serving_chat._validate_request, protocol.to_sampling_params), its messages."""
+        if self.tool_choice is None:
+            self.tool_choice = "auto" if self.tools else "none"
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("Tools cannot be empty if tool choice is set to required.")
+        named = self.named_tool
+        if named is not None:
+            if not self.tools:
+                raise ValueError("Tools cannot be empty if tool choice is set to a specific tool.")
+            if all(tool.function.name != named for tool in self.tools):
+                raise ValueError(f"Tool '{named}' not found in tools list.")
+        if self.forces_a_call and (self.response_format and self.response_format.type != "text" or self.regex
+                                   or self.ebnf):
+            raise ValueError("tool_choice 'required' or a named tool cannot be combined with response_format, regex, "
+                             "or ebnf: the tool-call constraint and the output constraint cannot both be honored.")
+        return self
+
+    @property
+    def named_tool(self) -> str | None:
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    @property
+    def forces_a_call(self) -> bool:
+        """tool_choice "required" or a named function: the reply must be a call."""
+        return bool(self.tools) and (self.tool_choice == "required" or self.named_tool is not None)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template shows (SGLang: none under "none", only the named one)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        named = self.named_tool
+        return [tool.template_form() for tool in self.tools if named is None or tool.function.name == named] or None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -727,24 +862,36 @@ def _model_in(annotation: Any) -> Any:
 
 # -- Ollama's API as SGLang 0.5.23 serves it (sglang/srt/entrypoints/ollama/) ---------------------------
 
-# Ollama option -> SGLang sampling parameter: SGLang's mapping, less "seed", which it forwards
-# under a name its SamplingParams does not have (the request then fails with a 500).
+# Ollama option -> SGLang sampling parameter: SGLang's mapping, with "seed" under the name its
+# SamplingParams has (SGLang forwards it as "seed", which fails the request with a 500).
 OLLAMA_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "num_predict": "max_new_tokens",
-                  "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+                  "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "seed": "sampling_seed"}
+# Ollama's "json" format: llama.cpp's JSON grammar, whose root is an object.
+OLLAMA_JSON_FORMAT = '{"type": "object"}'
 # SGLang's max_new_tokens when num_predict is not given ("Ollama users typically expect longer
 # responses"); more than tiny-ling's context holds, so such a request is a 400 there as here.
 OLLAMA_DEFAULT_NUM_PREDICT = 2048
 # Fields SGLang's Ollama models accept and its handlers never read.
-OLLAMA_UNREAD = ("format", "keep_alive", "think", "images", "suffix", "template", "context", "raw")
+OLLAMA_UNREAD = ("keep_alive", "think", "images", "suffix", "template", "context", "raw")
+
+
+class OllamaToolCall(_Lenient):
+    function: FunctionCall
 
 
 class OllamaMessage(_Lenient):
     role: str
-    content: str
+    content: str = ""
     images: list[str] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None  # a tool result's tool (Ollama's name for it)
 
     def text(self) -> str:
         return self.content
+
+    def calls(self) -> list[FunctionCall]:
+        return [call.function for call in self.tool_calls or []]
 
 
 class _OllamaRequest(_Lenient):
@@ -754,10 +901,22 @@ class _OllamaRequest(_Lenient):
     format: Any = None
     keep_alive: float | str | None = None
 
+    def format_schema(self) -> str | None:
+        """`format` as the json_schema constraint it stands for: "json" any JSON object, a dict
+        that schema (Ollama's structured outputs); "" or null none."""
+        if self.format in (None, ""):
+            return None
+        if self.format == "json":
+            return OLLAMA_JSON_FORMAT
+        if isinstance(self.format, dict):
+            return json.dumps(self.format)
+        shown = json.dumps(self.format)[:60]
+        raise ApiError(400, f'format: "json" or a JSON schema (an object), not {shown}', param="format")
+
     def unread(self) -> list[str]:
         """What SGLang accepts and ignores here (named in x-sparkit-ignored-fields)."""
         names = [name for name in OLLAMA_UNREAD if getattr(self, name, None) not in (None, False, [])]
-        names += [f"options.{key}" for key in (self.options or {}) if key not in OLLAMA_OPTIONS and key != "seed"]
+        names += [f"options.{key}" for key in (self.options or {}) if key not in OLLAMA_OPTIONS]
         if isinstance(self, OllamaChatRequest):
             names += [f"messages.{i}.images" for i, m in enumerate(self.messages) if m.images]
         return names
@@ -765,12 +924,11 @@ class _OllamaRequest(_Lenient):
     def sampling_params(self) -> GenerateSamplingParams:
         """options -> SGLang's sampling parameters, checked as /generate's (errors name the option)."""
         options = dict(self.options or {})
-        if "seed" in options:
-            raise ApiError(400, "options.seed is not supported: SGLang 0.5.23 passes it on as a sampling parameter its "
-                           "SamplingParams does not define and fails the request; use /v1/chat/completions with seed",
-                           param="options.seed")
         mapped = {OLLAMA_OPTIONS[key]: value for key, value in options.items() if key in OLLAMA_OPTIONS}
         mapped.setdefault("max_new_tokens", OLLAMA_DEFAULT_NUM_PREDICT)
+        schema = self.format_schema()
+        if schema is not None:
+            mapped["json_schema"] = schema
         try:
             return GenerateSamplingParams.model_validate(mapped)
         except ValidationError as exc:
@@ -785,6 +943,10 @@ class _OllamaRequest(_Lenient):
 class OllamaChatRequest(_OllamaRequest):
     messages: list[OllamaMessage]
     think: bool | str | None = None
+    tools: list[ToolDefIn] | None = None  # Ollama has no tool_choice: a call is the model's choice ("auto")
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [tool.template_form() for tool in self.tools] if self.tools else None
 
 
 class OllamaGenerateRequest(_OllamaRequest):

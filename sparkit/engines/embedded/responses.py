@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from sparkit.engines.embedded.api import TokenLogprobs
+from sparkit.engines.embedded.tool_calls import ToolCallItem, new_call_id
 
 
 def error_body(status: int, message: str, *, type: str = "BadRequestError", param: str | None = None,
@@ -227,20 +228,43 @@ def sglext_of(results: list[RequestProgress], want_spec: bool, n: int) -> dict[s
     return {"spec_tokens_details": details if n > 1 else details[0]}
 
 
-def chat_choice(progress: RequestProgress, index: int, *, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_tool_calls(calls: list[ToolCallItem]) -> list[dict[str, Any]]:
+    """A reply's parsed calls as the message's tool_calls (SGLang's ToolCall: a fresh id each, the
+    call's ordinal as its index, the arguments as JSON text)."""
+    return [{"id": new_call_id(), "index": i, "type": "function", "function": {"name": c.name, "arguments": c.parameters}}
+            for i, c in enumerate(calls)]
+
+
+def tool_call_delta(item: ToolCallItem) -> dict[str, Any]:
+    """One streamed piece of a call: its id and name with its first piece, then argument text."""
+    return {"tool_calls": [{"id": new_call_id() if item.name else None, "index": item.tool_index, "type": "function",
+                            "function": {"name": item.name, "arguments": item.parameters}}]}
+
+
+def chat_finish_reason(finish: dict | None, called: bool) -> str | None:
+    """SGLang turns a reply that stopped on its own after a parsed call into "tool_calls"."""
+    reason = openai_finish_reason(finish)
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def chat_choice(progress: RequestProgress, index: int, *, logprobs: dict[str, Any] | None = None,
+                tools: tuple[str, list[ToolCallItem]] | None = None) -> dict[str, Any]:
+    """`tools`: (content, calls) as the tool-call parser read the reply (None: the text as it is)."""
+    content, calls = tools if tools is not None else (progress.text, [])
     return {
         "index": index,
-        "message": {"role": "assistant", "content": progress.text, "reasoning_content": None, "tool_calls": None},
+        "message": {"role": "assistant", "content": content, "reasoning_content": None,
+                    "tool_calls": chat_tool_calls(calls) if calls else None},
         "logprobs": logprobs,
-        "finish_reason": openai_finish_reason(progress.finish_reason),
-        "matched_stop": matched_stop(progress.finish_reason),
+        "finish_reason": chat_finish_reason(progress.finish_reason, bool(calls)),
+        "matched_stop": None if calls else matched_stop(progress.finish_reason),
     }
 
 
 def chat_stream_choice(index: int, delta: dict[str, Any], finish: dict | None = None, *,
-                       logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": openai_finish_reason(finish),
-            "matched_stop": matched_stop(finish)}
+                       logprobs: dict[str, Any] | None = None, called: bool = False) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": chat_finish_reason(finish, called),
+            "matched_stop": None if called else matched_stop(finish)}
 
 
 def completion_choice(progress: RequestProgress, index: int, *, echo: str = "",
@@ -277,21 +301,48 @@ def ollama_timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
+def ollama_done_reason(progress: RequestProgress | None) -> str:
+    """Ollama's done_reason: "length" when num_predict cut the reply (SGLang says "stop" always)."""
+    finish = (progress.finish_reason or {}) if progress is not None else {}
+    return "length" if finish.get("type") == "length" else "stop"
+
+
+def ollama_timings(progress: RequestProgress | None, total_ns: int | None) -> dict[str, Any]:
+    """The final line's counts and durations (nanoseconds), the figures Ollama front-ends show
+    as tokens per second: the prompt's evaluation is the time to the first token, the output's
+    the rest."""
+    first = progress.first_token_latency if progress is not None else None
+    e2e = progress.e2e_latency if progress is not None else None
+    return {"total_duration": total_ns, "load_duration": 0 if progress is not None else None,
+            "prompt_eval_count": progress.prompt_tokens if progress else None,
+            "prompt_eval_duration": int(first * 1e9) if first is not None else None,
+            "eval_count": progress.completion_tokens if progress else None,
+            "eval_duration": int((e2e - first) * 1e9) if first is not None and e2e is not None else None}
+
+
+def ollama_tool_calls(calls: list[ToolCallItem]) -> list[dict[str, Any]]:
+    """Parsed calls in Ollama's shape: each function's arguments an object, not JSON text."""
+    return [{"function": {"index": c.tool_index, "name": c.name, "arguments": json.loads(c.parameters)}} for c in calls]
+
+
 def ollama_reply(kind: Literal["chat", "generate"], model: str, text: str, *, done: bool, whole: bool = False,
-                 progress: RequestProgress | None = None, total_ns: int | None = None) -> dict[str, Any]:
+                 progress: RequestProgress | None = None, total_ns: int | None = None,
+                 calls: list[ToolCallItem] | None = None) -> dict[str, Any]:
     """An /api/chat or /api/generate body or stream line, SGLang's fields (pydantic's dump of its
-    Ollama*Response models: every field, None included). SGLang's done_reason is always "stop"."""
+    Ollama*Response models: every field, None included); the last line of a stream (done) carries
+    the counts and durations too, as Ollama's does. `calls`: the tool calls read from the reply,
+    in the message as Ollama puts them."""
     body: dict[str, Any] = {"model": model, "created_at": ollama_timestamp()}
     if kind == "chat":
         body["message"] = {"role": "assistant", "content": text, "images": None}
+        if calls:
+            body["message"]["tool_calls"] = ollama_tool_calls(calls)
     else:
         body["response"] = text
     body["done"] = done
-    body["done_reason"] = "stop" if done else None
-    if whole:  # a non-streamed reply
-        if kind == "generate":
-            body["context"] = None
-        body.update({"total_duration": total_ns, "load_duration": None,
-                     "prompt_eval_count": progress.prompt_tokens if progress else None, "prompt_eval_duration": None,
-                     "eval_count": progress.completion_tokens if progress else None, "eval_duration": None})
+    body["done_reason"] = ollama_done_reason(progress) if done else None
+    if whole and kind == "generate":  # a non-streamed reply
+        body["context"] = None
+    if whole or (done and progress is not None):
+        body.update(ollama_timings(progress, total_ns))
     return body

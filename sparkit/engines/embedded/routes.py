@@ -7,11 +7,14 @@ import argparse
 import asyncio
 import inspect
 import json
+import os
 import shlex
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ from sparkit.engines.embedded.api import LogprobRequest, SamplingParams
 from sparkit.engines.embedded.gate import OFF_LOOP_BYTES
 from sparkit.engines.embedded.server_metrics import ServerMetrics
 from sparkit.engines.embedded.settings import API_KEY_ENV, engine_config, redacted_argv
-from sparkit.engines.embedded.worker import EngineWorker, Job
+from sparkit.engines.embedded.tool_calls import ToolCallItem, ToolDef, ToolUse
+from sparkit.engines.embedded.worker import EngineWorker, Job, RequestLimits
 
 # -- HTTP -----------------------------------------------------------------------------------------------
 
@@ -58,6 +62,9 @@ class ServerState:
         self.max_request_bytes = args.max_request_bytes
         self.allow_request_chat_template = args.allow_request_chat_template
         self.live_jobs: dict[str, Job] = {}  # by rid, for /abort_request
+        self.max_new_tokens_limit: int | None = args.max_new_tokens_limit
+        self._grammar_pool: Any = None
+        self._grammar_pool_lock = threading.Lock()
         self._token_texts: Any = None
         self._longest_token: int | None = None
 
@@ -68,7 +75,7 @@ class ServerState:
     @property
     def token_texts(self) -> Any:
         if self._token_texts is None:
-            from sparkit.engines.embedded.tokenizer import TokenTexts
+            from sparkit.models.tiny_ling.tokenizer import TokenTexts
 
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
@@ -80,6 +87,40 @@ class ServerState:
         if self._longest_token is None:
             self._longest_token = max((len(piece) for piece in self.tokenizer.get_vocab()), default=1)
         return self._longest_token
+
+    def request_limits(self) -> RequestLimits:
+        """A new request's time limits (--request-running-timeout, --request-waiting-timeout)."""
+        return RequestLimits(running_s=self.args.request_running_timeout, waiting_s=self.args.request_waiting_timeout)
+
+    def grammar_pool(self) -> Any:
+        """The grammar compiles' child processes (grammar_pool.py), made once the engine has loaded."""
+        with self._grammar_pool_lock:
+            if self._grammar_pool is None:
+                from sparkit.engines.embedded.grammar import tokenizer_info
+                from sparkit.engines.embedded.grammar_pool import GrammarPool, default_workers
+
+                engine, a = self.engine, self.args
+                self._grammar_pool = GrammarPool(
+                    tokenizer_info(engine.tokenizer, engine.vocab_limit, engine.model_config.eos_token_id),
+                    workers=a.grammar_compile_workers or default_workers(), timeout_s=a.grammar_compile_timeout,
+                    max_chars=a.grammar_max_chars, any_whitespace=not self.config.constrained_json_disable_any_whitespace,
+                    max_whitespace_cnt=self.config.constrained_json_max_whitespace_cnt, on_event=self.note)
+            return self._grammar_pool
+
+    def close_grammar_pool(self) -> None:
+        """Kill the idle compile processes (at shutdown; a running one dies with the forkserver)."""
+        with self._grammar_pool_lock:
+            pool, self._grammar_pool = self._grammar_pool, None
+        if pool is not None:
+            pool.close()
+
+    def note(self, line: str) -> None:
+        """A server event worth one log line per cause (the gate's Causes when main set it)."""
+        causes = getattr(self, "causes", None)
+        if causes is not None:
+            causes.note(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     def submit(self, job: Job) -> None:
         self.submit_all([job])
@@ -122,7 +163,13 @@ class ServerState:
             "enable_metrics": True,
             "max_queued_requests": a.max_queued_requests,
             "api_key": "<redacted>" if self.api_key else None,
-            "max_running_requests": 1,
+            "decode_log_interval": a.decode_log_interval,
+            "max_new_tokens_limit": a.max_new_tokens_limit,
+            "request_running_timeout": a.request_running_timeout,
+            "request_waiting_timeout": a.request_waiting_timeout,
+            "grammar_compile_timeout": a.grammar_compile_timeout,
+            "grammar_max_chars": a.grammar_max_chars,
+            "tool_call_parser": a.tool_call_parser,
         }
         if self.engine is not None:
             resolved.update(self.engine.server_args())
@@ -168,8 +215,12 @@ class JobStream(StreamingResponse):
             for job in self.jobs:
                 job.cancel.set()
 
-def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool, rid: str | None, internal: bool = False, logprobs: LogprobRequest | None = None) -> Job:
+def new_job(ids: list[int], params: SamplingParams, stops: list[str], *, no_stop_trim: bool, skip_special: bool, stream: bool,
+            rid: str | None, internal: bool = False, logprobs: LogprobRequest | None = None, group: str | None = None,
+            limits: RequestLimits | None = None) -> Job:
     return Job(
+        group=group,
+        limits=limits,
         logprobs=logprobs,
         rid=rid or responses.new_request_id(),
         input_ids=ids,
@@ -268,10 +319,35 @@ async def parse(request: Request, state: ServerState, model: Any, where: str, ig
     return requests.parse_body(raw, model, where, ignored)
 
 
+IGNORED_HEADER_CHARS = 1000
+IGNORED_NAME_CHARS = 100
+
+
+def header_safe(name: str) -> str:
+    """A field name as header text: printable ASCII kept, anything else (and ',' and the
+    backslash) as a \\uXXXX escape, at most IGNORED_NAME_CHARS characters. A header is latin-1
+    without control characters: an unknown field named "é一" was a 500, one holding CR LF or NUL
+    a dropped connection."""
+    escaped = "".join(c if " " <= c <= "~" and c not in ",\\" else f"\\u{ord(c):04x}" for c in name[:IGNORED_NAME_CHARS])
+    return escaped + ("..." if len(name) > IGNORED_NAME_CHARS else "")
+
+
 def with_ignored(response: Response, ignored: list[str]) -> Response:
-    """Keys no request type defines are ignored, as SGLang ignores them; the response names them."""
-    if ignored:
-        response.headers["x-sparkit-ignored-fields"] = ",".join(sorted(set(ignored)))[:1000]
+    """Keys no request type defines are ignored, as SGLang ignores them; the response names them
+    (each escaped and shortened, the list cut at IGNORED_HEADER_CHARS with a count of the rest)."""
+    if not ignored:
+        return response
+    names = sorted(set(ignored))
+    shown: list[str] = []
+    size = 0
+    for i, name in enumerate(names):
+        text = header_safe(name)
+        if size + len(text) + 1 > IGNORED_HEADER_CHARS:
+            shown.append(f"...{len(names) - i} more")
+            break
+        shown.append(text)
+        size += len(text) + 1
+    response.headers["x-sparkit-ignored-fields"] = ",".join(shown)
     return response
 
 
@@ -314,6 +390,10 @@ def check_prompt(state: ServerState, ids: list[int], requested_max: int | None, 
             f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).",
         )
     room = context - len(ids) if context else None
+    limit = state.max_new_tokens_limit
+    if limit is not None:  # SGLang's SGLANG_MAX_NEW_TOKENS_LIMIT: a larger ask is capped, not refused
+        requested_max = min(requested_max, limit) if requested_max is not None else None
+        default_max = min(default_max, limit) if default_max is not None else limit
     if requested_max is not None:
         if room is not None and requested_max > room:
             raise requests.ApiError(
@@ -347,22 +427,30 @@ def sample_seed(seed: int | None, sample: int) -> int | None:
     return None if seed is None else seed + sample
 
 
-async def compile_grammar(state: ServerState, req: requests._SamplingFields, cache: dict | None = None) -> Any:
-    """The request's grammar (regex / json_schema / ebnf / response_format), compiled off the
-    event loop; one that does not compile is a 400 with SGLang's message, before any work."""
-    constraint = req.constraint()
+async def compile_grammar(state: ServerState, req: requests._SamplingFields, request: Request,
+                          cache: dict | None = None, *, field: str | None = None,
+                          constraint: tuple[str, str] | None = None) -> Any:
+    """The request's grammar (regex / json_schema / ebnf / response_format, or `constraint` when
+    given), compiled in the server's grammar pool (bounded in size, time and number, abandoned when
+    the client leaves); one that does not compile is a 400 with SGLang's message, before any work."""
+    constraint = constraint or req.constraint()
     if constraint is None:
         return None
     if cache is not None and constraint in cache:
         return cache[constraint]
     kind, source = constraint
     from sparkit.engines.embedded.grammar import GrammarError
+    from sparkit.engines.embedded.grammar_pool import ClientLeft, GrammarPoolBusy
 
-    engine = require_ready(state).engine
+    require_ready(state)
     try:
-        grammar = await asyncio.to_thread(lambda: engine.grammar_compiler.compile(kind, source))
+        grammar = await state.grammar_pool().compile(kind, source, request.is_disconnected)
     except GrammarError as exc:
-        raise requests.ApiError(400, str(exc), param=kind) from None
+        raise requests.ApiError(400, str(exc), param=field or req.constraint_field()) from None
+    except GrammarPoolBusy as exc:
+        raise requests.ApiError(503, str(exc), type="ServiceUnavailableError") from None
+    except ClientLeft:
+        raise requests.ApiError(499, "client disconnected", type="ClientClosedRequest") from None
     except ImportError:
         raise requests.ApiError(400, f"{kind}: constrained decoding needs the xgrammar package, which this server "
                                 "does not have (pip install 'sparkit[embedded]')", param=kind) from None
@@ -372,12 +460,25 @@ async def compile_grammar(state: ServerState, req: requests._SamplingFields, cac
 
 # -- routes (one function per endpoint, as SGLang's serving_* files; the shared state is the app's)
 
+# /health waits this long for the default executor, which tokenises and templates every request.
+HEALTH_EXECUTOR_TIMEOUT_S = 5.0
+
+
 async def health(request: Request) -> Response:
+    """200 when a request would be served: the engine is ready, its thread alive, and the executor
+    every request is tokenised and templated in runs a no-op within HEALTH_EXECUTOR_TIMEOUT_S
+    (issue 40: eight grammar compiles held that executor, and /health said OK while every chat
+    timed out)."""
     state = _state(request)
     worker = state.worker
-    if worker is not None and worker.ready:
-        return Response(status_code=200)
-    return Response(status_code=503)
+    if worker is None or not worker.ready or not worker.thread.is_alive():
+        return Response(status_code=503)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), HEALTH_EXECUTOR_TIMEOUT_S)
+    except TimeoutError:
+        state.note(f"health: 503 while the request executor ran nothing for {HEALTH_EXECUTOR_TIMEOUT_S:g} s")
+        return Response(status_code=503)
+    return Response(status_code=200)
 
 async def health_generate(request: Request) -> Response:
     state = _state(request)
@@ -406,6 +507,8 @@ async def generate(request: Request) -> Response:
     prompt_ids: dict[int, list[int]] = {}
     grammars: dict = {}
     jobs, views = [], []
+    limits = state.request_limits()
+    group = req.rid if isinstance(req.rid, str) else None
     for item in items:
         ids = prompt_ids.get(item.prompt_index)
         if ids is None:
@@ -420,9 +523,10 @@ async def generate(request: Request) -> Response:
         views.append(responses.LogprobView(item.top_logprobs_num, state.token_texts if req.return_text_in_logprobs else None)
                      if logprobs else None)
         params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=sp.min_new_tokens or 0,
-                          seed=sample_seed(sp.sampling_seed, item.sample), grammar=await compile_grammar(state, sp, grammars))
+                          seed=sample_seed(sp.sampling_seed, item.sample),
+                          grammar=await compile_grammar(state, sp, request, grammars))
         jobs.append(new_job(ids, params, sp.stop_list(), no_stop_trim=sp.no_stop_trim, skip_special=sp.skip_special_tokens,
-                            stream=req.stream, rid=item.rid, logprobs=logprobs))
+                            stream=req.stream, rid=item.rid, logprobs=logprobs, group=group, limits=limits))
     if not req.stream:
         results = await run_all(state, jobs, request)
         bodies = [responses.generate_response(progress, logprobs=view) for progress, view in zip(results, views)]
@@ -467,15 +571,31 @@ def template_kwargs(state: ServerState, kwargs: dict[str, Any] | None) -> dict[s
     return kwargs
 
 
+def template_message(message: Any, i: int) -> dict[str, Any]:
+    """A request's message as the chat template reads it: its role and text, an assistant's calls
+    with their arguments as objects (SGLang's normalize_assistant_tool_call_arguments)."""
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
+    calls = message.calls()
+    if calls:
+        out["tool_calls"] = [{"type": "function", "function": {
+            "name": call.name, "arguments": call.argument_object(f"messages.{i}.tool_calls.{j}.function.arguments")}}
+            for j, call in enumerate(calls)]
+    return out
+
+
 async def render_chat(state: ServerState, messages_in: list[Any], chat_template_kwargs: Any, *,
-                      add_generation_prompt: bool) -> list[int]:
-    """A chat's prompt ids through the model's template: each message bounded first, the
-    template and the tokenizer off the event loop (/health and other clients go on meanwhile),
-    a template error a 400 (the request's fault)."""
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages_in]
+                      add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A chat's prompt ids through the model's template (`tools` shown to the model when given):
+    each message bounded first, the template and the tokenizer off the event loop (/health and
+    other clients go on meanwhile), a template error a 400 (the request's fault)."""
+    messages = [template_message(m, i) for i, m in enumerate(messages_in)]
     for i, m in enumerate(messages):
         check_text_fits(state, m["content"], f"messages.{i}.content")
+    if tools:
+        check_text_fits(state, json.dumps(tools), "tools")
     kwargs = template_kwargs(state, chat_template_kwargs)
+    if tools:
+        kwargs["tools"] = tools
     tokenizer = state.tokenizer
 
     def render() -> list[int]:
@@ -503,6 +623,8 @@ class OpenAIRun:
     rid: str
     created: int
     model: str
+    tools: ToolUse = field(default_factory=ToolUse)  # what the chat's tools mean for its reply
+    streams: dict[int, StreamState] = field(default_factory=dict)  # what a stream has sent, per choice
 
     @property
     def n(self) -> int:
@@ -528,7 +650,7 @@ class OpenAIServing:
         req = await parse(request, state, self.request_model, self.path, ignored)
         check_model(state, req.model)
         require_ready(state)
-        run = await self.plan(state, req)
+        run = await self.plan(state, req, request)
         if req.stream:
             state.submit_all(run.jobs)
             return with_ignored(JobStream(self.stream(state, run), run.jobs), ignored)
@@ -544,11 +666,17 @@ class OpenAIServing:
     def logprob_request(self, state: ServerState, req: Any, ids: list[int]) -> LogprobRequest | None:
         raise NotImplementedError
 
-    async def plan(self, state: ServerState, req: Any) -> OpenAIRun:
+    def tool_use(self, state: ServerState, req: Any) -> ToolUse:
+        return ToolUse()
+
+    async def plan(self, state: ServerState, req: Any, request: Request) -> OpenAIRun:
         prompts = await self.prompt_ids(state, req)
-        grammar = await compile_grammar(state, req)
+        tools = self.tool_use(state, req)
+        grammar = await compile_grammar(state, req, request, constraint=tools.constraint(),
+                                        field="tools" if tools.forced else None)
         rid = req.rid or self.id_prefix + responses.new_request_id()
         jobs, logprobs = [], []
+        limits = state.request_limits()
         for i, ids in enumerate(prompts):
             max_new = check_prompt(state, ids, self.requested_max_tokens(req), self.default_max_tokens)
             want = self.logprob_request(state, req, ids)
@@ -557,9 +685,10 @@ class OpenAIServing:
                                   seed=sample_seed(req.seed, j), grammar=grammar)
                 job_rid = rid if len(prompts) * req.samples == 1 else f"{rid}_{i * req.samples + j}"
                 jobs.append(new_job(ids, params, req.stop_list(), no_stop_trim=req.no_stop_trim,
-                                    skip_special=req.skip_special_tokens, stream=req.stream, rid=job_rid, logprobs=want))
+                                    skip_special=req.skip_special_tokens, stream=req.stream, rid=job_rid, logprobs=want,
+                                    group=rid, limits=limits))
                 logprobs.append(want)
-        return OpenAIRun(req, prompts, jobs, logprobs, rid, responses.now_created(), state.served_name)
+        return OpenAIRun(req, prompts, jobs, logprobs, rid, responses.now_created(), state.served_name, tools)
 
     # -- the whole response
     def response(self, state: ServerState, run: OpenAIRun, results: list[responses.RequestProgress]) -> dict[str, Any]:
@@ -582,7 +711,7 @@ class OpenAIServing:
         # stream_options.continuous_usage_stats: SGLang puts the choice's cumulative usage on
         # every chunk, which is how a client counts the several tokens of a speculative chunk.
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        sent: dict[int, StreamState] = {}
+        sent = run.streams
         finished: dict[int, responses.RequestProgress] = {}
         try:
             async for index, progress in updates_of_all(state, run.jobs):
@@ -644,6 +773,8 @@ class StreamState:
     text: str = ""
     logprobs: int = 0
     started: bool = False
+    tools: Any = None  # chat with tool parsing on: the choice's stream parser (tool_calls.Ling3Stream, RequiredStream)
+    called: bool = False  # a tool call was sent
 
 
 class ChatServing(OpenAIServing):
@@ -659,7 +790,17 @@ class ChatServing(OpenAIServing):
     async def prompt_ids(self, state: ServerState, req: Any) -> list[list[int]]:
         if req.input_ids is not None:  # SGLang's extension: the prompt's ids, the template skipped
             return [list(req.input_ids)]
-        return [await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=True)]
+        return [await render_chat(state, req.messages, req.chat_template_kwargs, add_generation_prompt=True,
+                                  tools=req.template_tools())]
+
+    def tool_use(self, state: ServerState, req: Any) -> ToolUse:
+        """The request's tools: read with the server's parser unless tool_choice is "none" or the
+        answer is JSON (response_format), forced under a grammar for "required" and named."""
+        parsing = bool(req.tools) and req.tool_choice != "none" and not (
+            req.response_format is not None and req.response_format.json_schema_source() is not None)
+        return ToolUse([ToolDef(t.function.name, t.function.parameters) for t in req.tools or []],
+                       state.args.tool_call_parser if parsing else None, req.forces_a_call, req.named_tool,
+                       req.parallel_tool_calls)
 
     def requested_max_tokens(self, req: Any) -> int | None:
         return req.requested_max_tokens()
@@ -674,24 +815,44 @@ class ChatServing(OpenAIServing):
         return responses.chat_logprobs(part, state.token_texts, run.logprobs[index].top)
 
     def choice(self, state, run, index, progress):
-        return responses.chat_choice(progress, index, logprobs=self.shaped_logprobs(state, run, index, progress, 0, None))
+        return responses.chat_choice(progress, index, logprobs=self.shaped_logprobs(state, run, index, progress, 0, None),
+                                     tools=run.tools.read(progress.text) if progress.finished else None)
 
     def stream_chunks(self, state, run, index, progress, track):
         chunks = []
         if not track.started:
             chunks.append(self._chunk(run, [responses.chat_stream_choice(index, {"role": "assistant", "content": ""})]))
+            track.tools = run.tools.stream()
         shown = self.new_logprobs(state, run, index, progress, track)
         track.started = True
         delta = progress.text[len(track.text):] if progress.text.startswith(track.text) else ""
         track.text = progress.text if delta else track.text
-        if delta or shown:
-            chunks.append(self._chunk(run, [responses.chat_stream_choice(index, {"content": delta}, logprobs=shown)]))
+        deltas = [{"content": delta}] if delta else []
+        if track.tools is not None:
+            deltas = self.tool_deltas(track, delta, progress)
+        for i, shaped in enumerate(deltas or ([{"content": ""}] if shown else [])):
+            chunks.append(self._chunk(run, [responses.chat_stream_choice(index, shaped, logprobs=shown if i == 0 else None)]))
         return chunks
+
+    @staticmethod
+    def tool_deltas(track: StreamState, delta: str, progress: responses.RequestProgress) -> list[dict[str, Any]]:
+        """A step's text through the choice's tool-call parser: content, then each call piece
+        (SGLang's _process_tool_call_stream; at the end the parser is flushed and the arguments
+        it parsed but did not stream are sent, as its _check_for_unstreamed_tool_args)."""
+        content, calls = track.tools.feed(delta)
+        if progress.finished and (progress.finish_reason or {}).get("type") != "abort":
+            more, end_calls = track.tools.end()
+            content, calls = content + more, calls + end_calls
+            rest = track.tools.unstreamed()
+            calls += [rest] if rest is not None else []
+        track.called = track.called or bool(calls)
+        return ([{"content": content}] if content else []) + [responses.tool_call_delta(c) for c in calls]
 
     def closing(self, run, results):
         """SGLang sends every choice's finish_reason after the last one finished, then the rest."""
-        finishes = [self._chunk(run, [responses.chat_stream_choice(k, {}, progress.finish_reason)])
-                    for k, progress in enumerate(results)]
+        finishes = [self._chunk(run, [responses.chat_stream_choice(
+            k, {}, progress.finish_reason, called=run.streams[k].called if k in run.streams else False)])
+            for k, progress in enumerate(results)]
         return finishes + super().closing(run, results)
 
 
@@ -785,12 +946,22 @@ async def abort_request(request: Request) -> Response:
         raise requests.ApiError(403, "abort_all stops every client's requests: only a holder of the server's API key may "
                                 f"(start it with ${API_KEY_ENV} set); abort your own request by its rid", type="ForbiddenError",
                                 param="abort_all")
-    # SGLang's scheduler aborts every request whose rid starts with the one given: a batch's rid_i
-    # and a prompt's samples go together (an empty rid aborts nothing here, not everything)
-    targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and rid.startswith(body.rid))]
+    targets = [job for rid, job in state.live_jobs.items() if body.abort_all or (body.rid and aborts(state, body.rid, job))]
     for job in targets:
         job.cancel.set()
     return Response(status_code=200)
+
+
+def aborts(state: ServerState, given: str, job: Job) -> bool:
+    """Whether aborting `given` aborts `job`. SGLang's scheduler aborts every request whose rid
+    starts with the one given; on a server without a key anyone may call this, and a prefix
+    ("chatcmpl-") would stop every other client's requests. There, a caller aborts only what it
+    can name: a request's own rid (all its prompts and samples) or one job's, exactly; the rids
+    the server makes are random (uuid4), so only the client that got one can name it. A holder of
+    the server's key (every caller, when it has one) aborts by prefix, as in SGLang."""
+    if state.api_key:
+        return job.rid.startswith(given)
+    return given in (job.rid, job.group)
 
 
 async def tokenize(request: Request) -> Response:
@@ -842,6 +1013,7 @@ async def server_info(request: Request) -> Response:
     internal: dict[str, Any] = {
         "#running-req": state.metrics.num_running_reqs,
         "#queue-req": state.metrics.num_queue_reqs,
+        "effective_max_running_requests_per_dp": state.engine.max_running if state.engine is not None else None,
         "last_gen_throughput": state.metrics.gen_throughput,
         "engine_state": state.worker.state if state.worker else "loading",
     }
@@ -897,16 +1069,30 @@ async def _profile_body(request: Request, state: ServerState) -> dict[str, Any]:
     return body
 
 
+PROFILE_DIR_HEADER = "x-sparkit-profile-dir"
+
+
 async def start_profile(request: Request) -> Response:
     """SGLang's /start_profile: a torch.profiler trace of the next forward passes
-    (sparkit.engines.embedded.profiling)."""
-    from sparkit.engines.embedded.profiling import ProfileRequest
+    (sparkit.engines.embedded.profiling), written in the server's profile directory, never where
+    the request says (its output_dir is ignored and named so); the directory is in a header."""
+    from sparkit.engines.embedded.profiling import ProfileRequest, profile_dir
 
     state = _state(request)
     worker = require_ready(state)
-    worker.profile.start(ProfileRequest.from_body(await _profile_body(request, state)))
+    body = await _profile_body(request, state)
+    req = ProfileRequest.from_body(body)
+    try:
+        where = await asyncio.to_thread(profile_dir)
+    except OSError as exc:
+        raise requests.ApiError(500, f"the server's profile directory is unusable: {exc}", type="InternalServerError") from None
+    worker.profile.start(req)
     worker.wake()
-    return PlainTextResponse("Start profiling.\n")
+    response = PlainTextResponse("Start profiling.\n")
+    # the whole path, percent-encoded (a header is latin-1 without controls; a path is any bytes and
+    # can be long): header_safe shortened a long one and the client waited on a directory that is not there
+    response.headers[PROFILE_DIR_HEADER] = urllib.parse.quote(os.fsencode(where), safe="/")
+    return with_ignored(response, ["output_dir"] if body.get("output_dir") else [])
 
 
 async def stop_profile(request: Request) -> Response:
@@ -924,19 +1110,42 @@ async def stop_profile(request: Request) -> Response:
 # -- Ollama's API, as SGLang 0.5.23 serves it (sglang/srt/entrypoints/ollama/serving.py) -------------
 
 
+def check_ollama_model(state: ServerState, name: str) -> None:
+    """Ollama answers a model it does not have with a 404 and {"error": ...}; "NAME:latest" is NAME."""
+    if not (state.accepts_model(name) or (name.endswith(":latest") and state.accepts_model(name[: -len(":latest")]))):
+        raise OllamaError(404, f'model "{name}" not found, try pulling it first (this server serves "{state.served_name}")')
+
+
+class OllamaError(Exception):
+    """An error Ollama's way: {"error": message} with a status (what the ollama client reads)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def ollama_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, OllamaError)
+    return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
 async def ollama_chat(request: Request) -> Response:
     state = _state(request)
     ignored: list[str] = []
     req: requests.OllamaChatRequest = await parse(request, state, requests.OllamaChatRequest, "/api/chat", ignored)
+    check_ollama_model(state, req.model)
     require_ready(state)
-    ids = await render_chat(state, req.messages, None, add_generation_prompt=True)
-    return with_ignored(await ollama_respond(state, "chat", req, ids, request), ignored + req.unread())
+    ids = await render_chat(state, req.messages, None, add_generation_prompt=True, tools=req.template_tools())
+    tools = ToolUse([ToolDef(t.function.name, t.function.parameters) for t in req.tools or []],
+                    state.args.tool_call_parser if req.tools else None)
+    return with_ignored(await ollama_respond(state, "chat", req, ids, request, tools), ignored + req.unread())
 
 
 async def ollama_generate(request: Request) -> Response:
     state = _state(request)
     ignored: list[str] = []
     req: requests.OllamaGenerateRequest = await parse(request, state, requests.OllamaGenerateRequest, "/api/generate", ignored)
+    check_ollama_model(state, req.model)
     require_ready(state)
     prompt = f"{req.system}\n\n{req.prompt}" if req.system else req.prompt
     if not prompt.strip():  # SGLang: the Ollama CLI sends an empty request when it starts; done at once
@@ -948,35 +1157,80 @@ async def ollama_generate(request: Request) -> Response:
     return with_ignored(await ollama_respond(state, "generate", req, ids, request), ignored + req.unread())
 
 
-async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int], request: Request) -> Response:
+async def ollama_respond(state: ServerState, kind: str, req: Any, ids: list[int], request: Request,
+                         tools: ToolUse | None = None) -> Response:
+    """An /api/chat or /api/generate reply, whole or streamed; with `tools` (a chat's), the calls
+    the server's parser reads go in the message's tool_calls, Ollama's shape."""
+    started = time.time_ns()
+    tools = tools or ToolUse()
     sp = req.sampling_params()
     max_new = check_prompt(state, ids, sp.max_new_tokens, None, field="options.num_predict")
-    params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=0, seed=None)
-    job = new_job(ids, params, sp.stop_list(), no_stop_trim=False, skip_special=True, stream=req.stream, rid=None)
+    grammar = await compile_grammar(state, sp, request, field="format")
+    params = sampling(state, sp, max_new_tokens=max_new, min_new_tokens=0, seed=sp.sampling_seed, grammar=grammar)
+    job = new_job(ids, params, sp.stop_list(), no_stop_trim=False, skip_special=True, stream=req.stream, rid=None,
+                  limits=state.request_limits())
     model = state.served_name
-    started = time.time_ns()
     if not req.stream:
         progress = await run_to_end(state, job, request)
-        return JSONResponse(responses.ollama_reply(kind, model, progress.text, done=True, whole=True, progress=progress,
-                                                   total_ns=time.time_ns() - started))
+        content, calls = tools.read(progress.text) or (progress.text, [])
+        calls = [ToolCallItem(i, call.name, call.parameters) for i, call in enumerate(calls)]  # Ollama's index: the ordinal
+        return JSONResponse(responses.ollama_reply(kind, model, content, done=True, whole=True, progress=progress,
+                                                   total_ns=time.time_ns() - started, calls=calls))
     state.submit(job)
 
     async def body():
         sent = ""
+        calls = OllamaCalls(tools.stream())
         try:
             async for progress in updates(state, job):
                 delta = progress.text[len(sent):] if progress.text.startswith(sent) else ""
                 sent = progress.text if delta else sent
                 # SGLang's last line is `done` with no text, dropping the final step's delta; it
                 # goes in a line of its own here, so that the streamed text is the whole reply
-                if delta:
-                    yield (json.dumps(responses.ollama_reply(kind, model, delta, done=False)) + "\n").encode()
+                delta, complete = calls.feed(delta, progress.finished)
+                if delta or complete:
+                    line = responses.ollama_reply(kind, model, delta, done=False, calls=complete)
+                    yield (json.dumps(line) + "\n").encode()
                 if progress.finished:
-                    yield (json.dumps(responses.ollama_reply(kind, model, "", done=True)) + "\n").encode()
+                    final = responses.ollama_reply(kind, model, "", done=True, progress=progress,
+                                                   total_ns=time.time_ns() - started)
+                    yield (json.dumps(final) + "\n").encode()
         except requests.ApiError as exc:
             yield (json.dumps({"error": exc.message}) + "\n").encode()
 
     return JobStream(body(), job, media_type="application/x-ndjson")
+
+
+@dataclass
+class OllamaCalls:
+    """A streamed Ollama chat through the tool-call parser: content as it comes, each call whole
+    once its closing tag is in (Ollama sends a call in one line, never in pieces), with the
+    arguments and the tools a whole reply's parse gives (a call left open, or of a tool the request
+    does not have, is dropped, as there)."""
+
+    parser: Any  # tool_calls.Ling3Stream or None (no parsing)
+    sent: int = 0  # calls the parser closed that went out (or were dropped)
+    kept: int = 0  # calls that went out: the next one's index
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallItem]]:
+        if self.parser is None:
+            return delta, []
+        content, _ = self.parser.feed(delta)
+        closed = -1
+        while self.parser.tool_id != closed:  # it closes one call per chunk; the chunk may hold more
+            closed = self.parser.tool_id
+            content += self.parser.feed("")[0]
+        if finished:
+            content += self.parser.end()[0]
+        names = {tool.name for tool in self.parser.tools}
+        closed = []
+        while self.sent < self.parser.tool_id:
+            call = self.parser.prev_calls[self.sent]
+            if call.get("name") in names:
+                closed.append(ToolCallItem(self.kept, call["name"], json.dumps(call.get("arguments") or {}, ensure_ascii=False)))
+                self.kept += 1
+            self.sent += 1
+        return content, closed
 
 
 OLLAMA_DIGEST = "sha256:sglang0000000000000000000000000000000000000000000000000000000000"
@@ -991,10 +1245,33 @@ async def ollama_tags(request: Request) -> Response:
                                      "details": {"format": "sglang", "family": family, "parameter_size": "unknown"}}]})
 
 
+async def ollama_version(request: Request) -> Response:
+    """Ollama's /api/version (SGLang 0.5.23 has none): this server's version, which is sparkit's."""
+    from sparkit._version import __version__
+
+    return JSONResponse({"version": __version__})
+
+
+async def ollama_ps(request: Request) -> Response:
+    """Ollama's /api/ps: the models loaded now, the served one (never unloaded: it expires never)."""
+    state = _state(request)
+    worker = state.worker
+    if worker is None or not worker.ready:
+        return JSONResponse({"models": []})
+    name = state.served_name
+    return JSONResponse({"models": [{
+        "name": name, "model": name, "size": 0, "digest": OLLAMA_DIGEST,
+        "details": {"parent_model": "", "format": "sglang", "family": name.split("/")[-1], "families": [name.split("/")[-1]],
+                    "parameter_size": "unknown", "quantization_level": ""},
+        "expires_at": "2318-01-01T00:00:00Z", "size_vram": 0, "context_length": state.context_length}]})
+
+
 async def ollama_show(request: Request) -> Response:
-    """SGLang's /api/show: whatever model is named, described by the served one's context length."""
+    """SGLang's /api/show, described by the served model's context length; another model is
+    Ollama's 404 (SGLang's describes whatever model is named)."""
     state = _state(request)
     req: requests.OllamaShowRequest = await parse(request, state, requests.OllamaShowRequest, "/api/show", [])
+    check_ollama_model(state, req.model)
     family = req.model.split("/")[-1]
     for suffix in ("-Instruct", "-Chat", "-Base"):
         if family.endswith(suffix):
@@ -1054,6 +1331,8 @@ ROUTES = [
     Route("/api/generate", ollama_generate, methods=["POST"]),
     Route("/api/tags", ollama_tags, methods=["GET"]),
     Route("/api/show", ollama_show, methods=["POST"]),
+    Route("/api/version", ollama_version, methods=["GET"]),
+    Route("/api/ps", ollama_ps, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/abort_request", abort_request, methods=["POST"]),
@@ -1067,9 +1346,11 @@ ROUTES = [
     Route("/model_info", model_info, methods=["GET"]),
     Route("/get_model_info", model_info, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
-    Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
-    Route("/start_profile", start_profile, methods=["GET", "POST"]),
-    Route("/stop_profile", stop_profile, methods=["GET", "POST"]),
+    # SGLang 0.5.23 takes GET too for these three; a GET is what a web page's <img> or no-cors fetch
+    # sends without an Origin header, so here each is POST only (issue 40, item 4)
+    Route("/flush_cache", flush_cache, methods=["POST"]),
+    Route("/start_profile", start_profile, methods=["POST"]),
+    Route("/stop_profile", stop_profile, methods=["POST"]),
 ]
 
 
@@ -1141,8 +1422,8 @@ def create_app(state: ServerState, inner: Any = None) -> Any:
     wraps it inside the authentication (main puts the body gate there: sparkit.engines.embedded.gate)."""
     app = Starlette(
         routes=ROUTES,
-        exception_handlers={requests.ApiError: api_error, HTTPException: http_error, ClientDisconnect: client_gone,
-                            Exception: internal_error},
+        exception_handlers={requests.ApiError: api_error, OllamaError: ollama_error, HTTPException: http_error,
+                            ClientDisconnect: client_gone, Exception: internal_error},
     )
     app.state.sparkit = state
     served = inner(app) if inner is not None else app

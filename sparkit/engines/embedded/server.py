@@ -20,6 +20,7 @@ and a message naming the file.
 
 Modules: settings.py (flags, validation), loading.py (checkpoint checks, engine loading),
 worker.py (the worker thread), metrics.py (counters), routes.py (the app and its handlers),
+grammar_pool.py (grammar compiles in child processes of a forkserver, killed past their time),
 requests.py (request parsing), responses.py (response shapes); this module keeps `main`.
 """
 
@@ -89,6 +90,7 @@ def build_server(argv: list[str]) -> ServerState:
         metrics=state.metrics,
         max_queued=args.max_queued_requests,
         step_delay_s=args.debug_step_delay_ms / 1000.0,
+        decode_log_interval=args.decode_log_interval,
         on_loaded=on_loaded,
         on_ready=on_ready,
         on_failed=on_failed,
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     header_timeout_s=options.header_timeout, body_timeout_s=options.body_timeout,
                     max_request_bytes=options.max_request_bytes, allowed_hosts=options.hosts(),
                     allowed_origins=options.origins(), causes=Causes(emit=log))
+    state.causes = limits.causes
     app = RequestGate(create_app(state, inner=lambda inner: BodyGate(inner, limits, lambda: state.context_length)), limits)
     config = uvicorn.Config(
         app,
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if state.worker is not None:
             state.worker.stop()
             state.worker.thread.join(timeout=5) if state.worker.thread.is_alive() else None
+        state.close_grammar_pool()
     for line in limits.causes.summary():
         log(line)
     if state.exit_code == 0 and not server.started:

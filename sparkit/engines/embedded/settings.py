@@ -16,18 +16,34 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from sparkit.api_key import KEY_ENV as API_KEY_ENV  # the variable the engine reads its key from
-from sparkit.contract.flag_table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, shared
+from sparkit.contract.flag_table import (
+    ALIASES,
+    DEFAULT_PORT,
+    SPECULATIVE_DEFAULTS,
+    SPECULATIVE_NUMBERS,
+    Setting,
+    chain_draft_tokens,
+    expected_args,
+    shared,
+)
+from sparkit.engines.embedded.grammar import MAX_GRAMMAR_CHARS
+from sparkit.engines.embedded.tool_calls import TOOL_CALL_PARSERS
 from sparkit.kernels.rescoring import DEFAULT_EXACT_TOP_K
+from sparkit.models.formats import EXPERT_FORMATS, LM_HEAD_DTYPES  # what the model loads in
 
 ORIGINS_ENV = "SPARKIT_ALLOWED_ORIGINS"  # like OLLAMA_ORIGINS
 HOSTS_ENV = "SPARKIT_ALLOWED_HOSTS"
 
-EXPERT_FORMATS = ("fp32", "bf16", "fp8", "mxfp4")  # fp32: keep the trained weights as they are
-LM_HEAD_DTYPES = ("fp32", "bf16", "fp8")
-SPECULATIVE_ALGORITHMS = ("NEXTN", ALIASES["NEXTN"])  # EAGLE is an alias of NEXTN, as in SGLang
+SPECULATIVE_ALGORITHMS = ("NEXTN", ALIASES["NEXTN"], "DSPARK")  # EAGLE is an alias of NEXTN, as in SGLang
 LM_HEAD_SHARING = ("module", "tensor")
 EXPERT_DEQUANT = ("load", "forward")
-DEFAULT_NUM_STEPS = 3
+# Requests decoded together. On a 2-core CPU, 8 concurrent tiny-ling requests decode 3-4x the
+# aggregate tok/s of 8 sequential ones and 16 a little more, at a longer step for each
+# (benchmarks/embedded_batching.py); each slot's KV cache is context-length tokens.
+DEFAULT_MAX_RUNNING_REQUESTS = 16
+# Prompt tokens prefilled per scheduler step: a longer prompt is prefilled in chunks this long,
+# each followed by a decode step of the running requests (SGLang's chunked prefill).
+DEFAULT_CHUNKED_PREFILL_SIZE = 256
 
 
 def setting(default: Any = MISSING, help: str = "", *, flag: bool = True, choices: tuple | None = None,
@@ -74,14 +90,24 @@ class EngineConfig:
                                        "exactly from a kept bf16 copy (0 = off)", type=int, metavar="K")
     speculative_algorithm: str | None = setting(None, "EAGLE is an alias of NEXTN; omitted = no speculation",
                                                 choices=SPECULATIVE_ALGORITHMS, upper=True)
-    speculative_num_steps: int = setting(DEFAULT_NUM_STEPS, type=int, flag_default=None)
-    speculative_eagle_topk: int = setting(1, type=int, flag_default=None)
+    speculative_num_steps: int = setting(SPECULATIVE_DEFAULTS["num_steps"], type=int, flag_default=None)
+    speculative_eagle_topk: int = setting(SPECULATIVE_DEFAULTS["eagle_topk"], type=int, flag_default=None)
     speculative_num_draft_tokens: int | None = setting(None, "unset = num steps + 1", type=int)
-    speculative_draft_model_path: str | None = setting(None, "take the NextN layer from another checkpoint")
+    speculative_draft_model_path: str | None = setting(None, "NEXTN: take the NextN layer from another checkpoint; "
+                                                       "DSPARK: the block draft (a LingDSparkModel checkpoint), required")
+    # SGLang's flag: the tokens a DSpark block drafts (gamma); unset = the draft config's block_size
+    speculative_dspark_block_size: int | None = setting(None, "DSPARK: tokens drafted per block (unset = the draft "
+                                                        "config's block_size)", type=int, metavar="N")
     draft_lm_head_sharing: str = setting(
         "module", "how the NextN draft uses the target's lm_head: the same module (default) or a copy of its "
         "tensor (reproduces SGLang 0.5.23's shared-head trap)", choices=LM_HEAD_SHARING, flag_default=None)
     context_length: int | None = setting(None, "unset = the model's max_position_embeddings", type=int)
+    max_running_requests: int = setting(DEFAULT_MAX_RUNNING_REQUESTS, "requests decoded together (one KV cache each); "
+                                        "more wait in the queue, first come first served; 1 serves one at a time "
+                                        "with the batch-1 kernels", type=int, metavar="N")
+    chunked_prefill_size: int = setting(DEFAULT_CHUNKED_PREFILL_SIZE, "prompt tokens prefilled per scheduler step: a "
+                                        "longer prompt is prefilled in chunks of N, a decode step of the running "
+                                        "requests after each (-1: a prompt in one piece)", type=int, metavar="N")
     seed: int = setting(0, type=int)
     # SGLang's JSON-constraint knobs (xgrammar backend): a model that likes whitespace can pad a
     # constrained JSON answer with it until max_tokens; these bound it, as they do in SGLang.
@@ -101,31 +127,55 @@ class EngineConfig:
         return self.speculative_algorithm is not None
 
     @property
+    def dspark(self) -> bool:
+        return self.speculative and self.speculative_algorithm.upper() == "DSPARK"
+
+    @property
     def num_draft_tokens(self) -> int:
         """Tokens verified per step: with eagle topk 1 (a chain), the steps plus the bonus token."""
-        return self.speculative_num_draft_tokens or self.speculative_num_steps + 1
+        return self.speculative_num_draft_tokens or chain_draft_tokens(self.speculative_num_steps)
 
     def problems(self, name: Callable[[str], str] = lambda setting: setting) -> list[str]:
         """Every reason this configuration cannot run (empty = fine), naming each setting as
         `name` spells it (its field name; `flag_name` for a command line)."""
         out = _choice_problems(self, name)
-        if self.speculative:
+        if self.dspark:
+            out += self._dspark_problems(name)
+        elif self.speculative:
             if self.speculative_num_steps < 1:
                 out.append(f"{name('speculative_num_steps')} must be >= 1")
             if self.speculative_eagle_topk != 1:
                 out.append(f"{name('speculative_eagle_topk')}: the embedded engine supports only 1")
-            elif self.speculative_num_draft_tokens not in (None, self.speculative_num_steps + 1):
+            elif self.speculative_num_draft_tokens not in (None, chain_draft_tokens(self.speculative_num_steps)):
                 out.append(f"{name('speculative_num_draft_tokens')} must be {name('speculative_num_steps')} + 1 "
                            "with eagle topk 1")
         if not isinstance(self.lm_head_exact_top_k, int) or self.lm_head_exact_top_k < 0:
             out.append(f"{name('lm_head_exact_top_k')} must be an integer >= 0")
         if self.context_length is not None and self.context_length < 2:
             out.append(f"{name('context_length')} must be >= 2")
+        if not isinstance(self.max_running_requests, int) or self.max_running_requests < 1:
+            out.append(f"{name('max_running_requests')} must be an integer >= 1")
+        if not isinstance(self.chunked_prefill_size, int) or not (self.chunked_prefill_size >= 1 or self.chunked_prefill_size == -1):
+            out.append(f"{name('chunked_prefill_size')} must be >= 1, or -1 (no chunking)")
         if self.constrained_json_max_whitespace_cnt is not None and self.constrained_json_max_whitespace_cnt < 0:
             out.append(f"{name('constrained_json_max_whitespace_cnt')} must be >= 0")
         if self.debug_corrupt_expert_dequant and self.expert_weights != "fp8":
             out.append(f"{name('debug_corrupt_expert_dequant')} corrupts fp8 expert decoding: it needs "
                        f"{name('expert_weights')} fp8")
+        return out
+
+    def _dspark_problems(self, name: Callable[[str], str]) -> list[str]:
+        """SGLang's rules for DSpark (arg_groups/speculative_hook.py _handle_dspark): a draft model,
+        a positive block size, and draft tokens = block size + 1 when both are given."""
+        out = []
+        if not self.speculative_draft_model_path:
+            out.append(f"{name('speculative_algorithm')} DSPARK needs {name('speculative_draft_model_path')}")
+        block = self.speculative_dspark_block_size
+        if block is not None and block < 1:
+            out.append(f"{name('speculative_dspark_block_size')} must be >= 1")
+        elif block is not None and self.speculative_num_draft_tokens not in (None, block + 1):
+            out.append(f"{name('speculative_num_draft_tokens')} must be {name('speculative_dspark_block_size')} + 1 "
+                       "under DSPARK (the anchor and the drafted tokens)")
         return out
 
     def resolved(self) -> dict[str, Any]:
@@ -149,11 +199,15 @@ class EngineConfig:
             "ep_size": 1,
             "dp_size": 1,
             "random_seed": self.seed,
+            "max_running_requests": self.max_running_requests,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "schedule_policy": "fcfs",
             "speculative_algorithm": self.speculative_algorithm.upper() if spec else None,
             "speculative_num_steps": self.speculative_num_steps if spec else None,
             "speculative_eagle_topk": self.speculative_eagle_topk if spec else None,
             "speculative_num_draft_tokens": self.num_draft_tokens if spec else None,
             "speculative_draft_model_path": self.speculative_draft_model_path if spec else None,
+            "speculative_dspark_block_size": self.speculative_dspark_block_size if self.dspark else None,
             "draft_lm_head_sharing": self.draft_lm_head_sharing if spec else None,
             "debug_corrupt_expert_dequant": self.debug_corrupt_expert_dequant,
             "grammar_backend": "xgrammar",
@@ -167,10 +221,12 @@ class ServerOptions:
     """What the HTTP server around the engine uses."""
 
     host: str = setting("127.0.0.1")
-    port: int = setting(30000, type=int)
+    port: int = setting(DEFAULT_PORT, type=int)
     api_key: str | None = setting(None, f"require 'Authorization: Bearer KEY' (everything but /health); env {API_KEY_ENV} also works")
     enable_metrics: bool = setting(False, "accepted for SGLang parity; /metrics is always on", store_true=True)
     max_queued_requests: int | None = setting(None, "queued requests beyond this get HTTP 503", type=int)
+    decode_log_interval: int = setting(40, "decode steps between 'Decode batch.' log lines (and gauge updates)",
+                                       type=int, metavar="N")
     debug_step_delay_ms: float = setting(0.0, "sleep this long after every decode step (tests of streaming and "
                                          "aborts: an upper bound on the engine's speed that no machine load can "
                                          "lift)", type=float, metavar="MS")
@@ -181,6 +237,31 @@ class ServerOptions:
     # A template in a request is code the server runs: off unless the operator says so.
     allow_request_chat_template: bool = setting(False, "let chat_template_kwargs.chat_template replace the model's "
                                                 "chat template for one request", store_true=True)
+    # One client's share of the server (issue 40, items 2 and 9). SGLang's names where it has one:
+    # SGLANG_MAX_NEW_TOKENS_LIMIT, SGLANG_REQ_RUNNING_TIMEOUT and SGLANG_REQ_WAITING_TIMEOUT are its
+    # environment variables for the same caps (its running timeout is the request's: all of its n
+    # samples and prompts together, from the start of the first).
+    max_new_tokens_limit: int | None = setting(None, "cap every generation's max_new_tokens / max_tokens / "
+                                               "num_predict at N (it then ends with finish_reason length); "
+                                               "SGLang's SGLANG_MAX_NEW_TOKENS_LIMIT", type=int, metavar="N")
+    request_running_timeout: float | None = setting(None, "abort a request still generating this many seconds after "
+                                                    "it started (all its prompts and n samples together; 503 "
+                                                    "'Request running timeout reached.', as SGLang's "
+                                                    "SGLANG_REQ_RUNNING_TIMEOUT)", type=float, metavar="SECONDS")
+    request_waiting_timeout: float | None = setting(None, "abort a request that waited this many seconds in the queue "
+                                                    "without starting (503, as SGLang's SGLANG_REQ_WAITING_TIMEOUT)",
+                                                    type=float, metavar="SECONDS")
+    grammar_compile_workers: int = setting(0, "grammars compiled at once, each in a child process (0 = auto: one per "
+                                           "four cores)", type=int, metavar="N")
+    grammar_compile_timeout: float = setting(30.0, "kill a grammar compile still running after this many seconds; "
+                                             "the request gets 'Grammar preprocessing timed out'", type=float,
+                                             metavar="SECONDS")
+    grammar_max_chars: int = setting(MAX_GRAMMAR_CHARS, "refuse a regex, ebnf or json_schema longer than this (400)",
+                                     type=int, metavar="N")
+    # SGLang's --tool-call-parser: the format the model's tool calls are read in (tool_calls.py).
+    tool_call_parser: str | None = setting(None, "parse the model's tool calls in this format into the API's "
+                                           "tool_calls (SGLang's flag; unset: a tools request gets the text as "
+                                           "content)", choices=TOOL_CALL_PARSERS)
     # The gate in front of every endpoint (sparkit.engines.embedded.gate).
     max_connections: int = setting(1024, "open connections beyond this get a 503 and are closed at once (kept under "
                                    "the process's file limit)", type=int, metavar="N")
@@ -200,6 +281,8 @@ class ServerOptions:
             out.append("--max-queued-requests must be >= 1")
         if self.debug_step_delay_ms < 0:
             out.append("--debug-step-delay-ms must be >= 0")
+        if self.decode_log_interval < 1:
+            out.append("--decode-log-interval must be >= 1")
         if self.torch_threads < 0:
             out.append("--torch-threads must be >= 0 (0 = auto)")
         if self.max_request_bytes < 1024:
@@ -208,6 +291,16 @@ class ServerOptions:
             out.append("--max-connections must be >= 1")
         if not 0 < self.header_timeout <= 3600 or not 0 < self.body_timeout <= 3600:
             out.append("--header-timeout and --body-timeout must be above 0 and at most 3600 seconds")
+        if self.max_new_tokens_limit is not None and self.max_new_tokens_limit < 1:
+            out.append("--max-new-tokens-limit must be >= 1")
+        for name in ("request_running_timeout", "request_waiting_timeout", "grammar_compile_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                out.append(f"{flag_name(name)} must be above 0 seconds")
+        if self.grammar_compile_workers < 0:
+            out.append("--grammar-compile-workers must be >= 0 (0 = auto)")
+        if self.grammar_max_chars < 1:
+            out.append("--grammar-max-chars must be >= 1")
         return out
 
     def origins(self) -> tuple[str, ...]:
@@ -290,8 +383,10 @@ def validate_args(args: argparse.Namespace) -> list[str]:
     """Every problem with parsed flags (empty = fine): the flags' own rule, then the settings'."""
     problems = []
     numbers = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
-    if args.speculative_algorithm is None and (any(v is not None for v in numbers) or args.speculative_draft_model_path):
-        problems.append("--speculative-* numbers or --speculative-draft-model-path given without --speculative-algorithm")
+    if args.speculative_algorithm is None and (any(v is not None for v in numbers) or args.speculative_draft_model_path
+                                               or args.speculative_dspark_block_size is not None):
+        problems.append("--speculative-* numbers, --speculative-draft-model-path or --speculative-dspark-block-size "
+                        "given without --speculative-algorithm")
     return problems + engine_config(args).problems(flag_name) + server_options(args).problems()
 
 
@@ -326,6 +421,7 @@ class Planned:
     model_dir: str  # a built-in model's build, a pulled snapshot, or the directory as written
     served_name: str
     draft_dir: str | None = None
+    draft_block_size: int | None = None  # DSpark: the draft config's block_size (None: unreadable at plan time)
 
     @property
     def spec(self) -> Any:
@@ -333,38 +429,72 @@ class Planned:
 
     @property
     def nextn(self) -> bool:
-        return self.spec.method == "nextn"  # the only method the engine has (rule embedded-speculative-nextn-only)
+        return self.spec.method == "nextn"
+
+    @property
+    def dspark(self) -> bool:
+        return self.spec.method == "dspark"
+
+    @property
+    def block_size(self) -> int | None:
+        """DSpark: the block size the engine will draft with (the recipe's, else the draft's)."""
+        return (self.spec.block_size or self.draft_block_size) if self.dspark else None
 
 
 def _row(key: str, name: str, **kw: Any) -> Setting:
     return Setting(key, name, flag=flag_name(name), **kw)
 
 
+def _dspark_number(name: str, planned: Planned) -> int | None:
+    """What a DSpark launch resolves each NEXTN number to (SGLang's _handle_dspark): one step, topk
+    1, the block and its anchor verified."""
+    if name == "num_draft_tokens":
+        return planned.block_size + 1 if planned.block_size else None
+    return 1
+
+
 def _speculative_row(name: str) -> Setting:
     return shared(f"stack.speculative.{name}", flag=flag_name(f"speculative_{name}"),
                   arg=lambda p: getattr(p.spec, name) if p.nextn and p.spec.num_steps is not None else None,
-                  expect=lambda p: getattr(p.spec, name) if p.nextn else None)
+                  expect=lambda p: getattr(p.spec, name) if p.nextn else _dspark_number(name, p) if p.dspark else None)
+
+
+def _algorithm(planned: Planned) -> str | None:
+    return "NEXTN" if planned.nextn else "DSPARK" if planned.dspark else None
 
 
 SETTINGS: tuple[Setting, ...] = (
-    _row("model.path", "model_path", arg=lambda p: p.model_dir),
-    _row("model.served_name", "served_model_name", arg=lambda p: p.served_name),
+    shared("model.path", flag=flag_name("model_path"), arg=lambda p: p.model_dir),
+    shared("model.served_name", flag=flag_name("served_model_name"), arg=lambda p: p.served_name),
     _row("server.host", "host", arg=lambda p: p.recipe.server.host),
     _row("server.port", "port", arg=lambda p: p.port),
-    _row("target", "device", arg=lambda p: {"cpu": "cpu", "auto": "auto"}.get(p.recipe.target, "cuda")),
-    _row("stack.weights", "expert_weights", arg=lambda p: p.recipe.stack.weights),
-    _row("stack.lm_head", "lm_head_dtype", arg=lambda p: p.recipe.stack.lm_head),
+    _row("target", "device", arg=lambda p: {"cpu": "cpu", "auto": "auto"}.get(p.recipe.target, "cuda"), label="device"),
+    _row("stack.weights", "expert_weights", arg=lambda p: p.recipe.stack.weights, label="expert weights"),
+    _row("stack.lm_head", "lm_head_dtype", arg=lambda p: p.recipe.stack.lm_head, label="lm_head", provides="lm_head"),
     _row("stack.lm_head_exact_top_k", "lm_head_exact_top_k",
-             arg=lambda p: p.recipe.stack.lm_head_exact_top_k if p.recipe.stack.lm_head == "fp8" else None),
-    _row("model.dtype", "dtype", arg=lambda p: p.recipe.model.dtype if p.recipe.model.dtype in ("bfloat16", "float32") else None),
+         arg=lambda p: p.recipe.stack.lm_head_exact_top_k if p.recipe.stack.lm_head == "fp8" else None,
+         label="exact top-k", provides="lm_head_exact_top_k"),
+    shared("model.dtype", flag=flag_name("dtype"),
+           arg=lambda p: p.recipe.model.dtype if p.recipe.model.dtype in ("bfloat16", "float32") else None),
     # The engine reports NEXTN as NEXTN (it takes EAGLE as an alias of it).
-    shared("stack.speculative.method", flag=flag_name("speculative_algorithm"),
-           arg=lambda p: "NEXTN" if p.nextn else None, expect=lambda p: "NEXTN" if p.nextn else None),
+    shared("stack.speculative.method", flag=flag_name("speculative_algorithm"), arg=_algorithm, expect=_algorithm),
     *(_speculative_row(name) for name in SPECULATIVE_NUMBERS),
     shared("stack.speculative.draft_model", flag=flag_name("speculative_draft_model_path"),
-           arg=lambda p: p.draft_dir if p.nextn else None),
+           arg=lambda p: p.draft_dir if p.spec.enabled else None),
+    _row("stack.speculative.block_size", "speculative_dspark_block_size",
+         arg=lambda p: p.spec.block_size if p.dspark else None, expect=lambda p: p.block_size),
     _row("model.context_length", "context_length", arg=lambda p: p.recipe.model.context_length or None),
+    _row("server.max_running_requests", "max_running_requests", arg=lambda p: p.recipe.server.max_running_requests),
     _row("server.enable_metrics", "enable_metrics", arg=lambda p: p.recipe.server.enable_metrics),
+    # SGLang's own flags, so the same recipe keys mean the same on both engines; asserted when set.
+    _row("server.constrained_json.disable_any_whitespace", "constrained_json_disable_any_whitespace",
+         arg=lambda p: p.recipe.server.constrained_json.disable_any_whitespace,
+         expect=lambda p: p.recipe.server.constrained_json.disable_any_whitespace or None),
+    _row("server.constrained_json.max_whitespace_cnt", "constrained_json_max_whitespace_cnt",
+         arg=lambda p: p.recipe.server.constrained_json.max_whitespace_cnt,
+         expect=lambda p: p.recipe.server.constrained_json.max_whitespace_cnt),
+    _row("server.tool_call_parser", "tool_call_parser", arg=lambda p: p.recipe.server.tool_call_parser,
+         expect=lambda p: p.recipe.server.tool_call_parser),
     # One device: no flag, and the check expects what the engine reports.
     shared("stack.tp", expect=lambda p: 1),
     shared("stack.ep", expect=lambda p: 1),

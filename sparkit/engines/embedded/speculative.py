@@ -90,11 +90,12 @@ def verify_rejection(draft_tokens: list[int], draft_probs, target_probs, generat
 
 
 class NextnDrafter:
-    """Drafts with a NextN layer (TinyLingForCausalLMNextN) over its own KV cache."""
+    """One sequence's NextN draft state: its own KV cache, and the MTP hidden state and logits at
+    its last committed position (where the next round's chain starts)."""
 
     def __init__(self, draft, num_steps: int, cache):
         self.draft, self.num_steps, self.cache = draft, num_steps, cache
-        self.next_hidden = None  # MTP hidden at the last committed position (chain start)
+        self.next_hidden = None  # [1, H]: MTP hidden at the last committed position (chain start)
         self.next_logits = None  # its logits: the distribution of d_1
 
     def reset(self) -> None:
@@ -103,30 +104,128 @@ class NextnDrafter:
 
     def extend(self, target_hidden, next_ids, start: int) -> None:
         """Run the NextN layer over committed positions start.. with the target's hidden states
-        [1, n, H] and the ids of the tokens that follow them [1, n]."""
+        [1, n, H] and the ids of the tokens that follow them [1, n] (a prefill chunk: alone)."""
         self.cache.truncate(min(self.cache.length, start))
         out = self.draft.forward_hidden(target_hidden, next_ids, self.cache, start, last_only=True)
         self.cache.length = start + next_ids.shape[1]
-        self.next_hidden = out[:, -1:]
-        self.next_logits = self.draft.logits(self.next_hidden)[0, -1]
+        self.next_hidden = out[0, -1:]
+        self.next_logits = self.draft.logits(out[:, -1:])[0, -1]
 
-    def propose(self, pick, vocab_limit: int) -> tuple[list[int], list]:
-        """k draft tokens (and the per-step logits they were picked from). `pick(logits)` chooses
-        a token (argmax or a sample). The chain's cache entries are scratch: the next `extend`
-        truncates them away."""
-        tokens, logits_list = [], []
-        logits, hidden = self.next_logits, self.next_hidden
-        pos = self.cache.length
-        for step in range(self.num_steps):
-            logits = logits[..., :vocab_limit]  # ids past the tokenizer's vocabulary are never proposed
-            token = pick(logits)
-            tokens.append(token)
-            logits_list.append(logits)
-            if step + 1 == self.num_steps:
-                break
-            ids = torch.tensor([[token]], device=hidden.device)
-            hidden = self.draft.forward_hidden(hidden, ids, self.cache, pos)
-            pos += 1
-            logits = self.draft.logits(hidden)[0, -1]
-        return tokens, logits_list
 
+# -- a speculative round over several sequences ----------------------------------------------------
+#
+# The engine's decode step under NEXTN. The method's own part is `propose` (k drafts per sequence,
+# and the logits each was picked from) and `extend_drafts` (the draft state over what was
+# committed); `decode_round` verifies with the target and commits, whatever proposed. Every forward
+# goes through the engine (EmbeddedEngine.draft_forward / target_forward / *_logits), which runs
+# the sequences together or one by one and gives each the bits it gets alone.
+
+
+def decode_round(engine, seqs: list) -> list:
+    """One speculative round for each sequence (api.StepOutput each, in order)."""
+    from sparkit.engines.embedded.api import StepOutput  # noqa: F401 (the type of what comes back)
+
+    k = engine.num_steps
+    outs: dict[int, object] = {}
+    live = []
+    for i, seq in enumerate(seqs):
+        if len(seq.seq) - 1 + k + 1 > engine.context_length:  # no room for the verify step's k + 1 positions
+            outs[i] = seq.ended({"type": "length", "length": seq.generated})
+        else:
+            live.append(i)
+    if live:
+        for i, out in zip(live, _verify(engine, [seqs[i] for i in live])):
+            outs[i] = out
+    return [outs[i] for i in range(len(seqs))]
+
+
+def _verify(engine, seqs: list) -> list:
+    from sparkit.engines.embedded.api import StepOutput
+
+    k = engine.num_steps
+    starts = [len(seq.seq) - 1 for seq in seqs]  # the last committed token, not yet in the target cache
+    drafts, draft_logits = propose(engine, seqs)
+    hidden = engine.target_forward([seq.target_cache for seq in seqs], starts,
+                                   [[seq.seq[-1]] + d for seq, d in zip(seqs, drafts)])
+    # [k+1, V] each: row j as plain decoding would see it after drafts[:j] (logits.py)
+    logits = [seq.rules.rows(rows, d) for seq, rows, d in zip(seqs, engine.target_logits(hidden), drafts)]
+    best = _argmax_rows([rows for seq, rows in zip(seqs, logits) if seq.greedy])
+    outs, extend = [], []
+    for i, seq in enumerate(seqs):
+        if seq.greedy:
+            accepted, bonus = verify_greedy(drafts[i], best.pop(0))
+        else:
+            q = logits_to_probs(torch.stack(draft_logits[i]), seq.params)
+            p = logits_to_probs(logits[i], seq.params)
+            accepted, bonus = verify_rejection(drafts[i], q, p, seq.generator)
+        new_tokens = drafts[i][:accepted] + [bonus]
+        seq.target_cache.length = starts[i] + accepted + 1
+        committed, finish = seq.commit(new_tokens)
+        engine.total_verify_steps += 1
+        engine.total_committed_in_verify += len(committed)
+        # the logprobs of what was committed are the target's verify logits at those positions
+        # (row j chose token j), never the draft's
+        outs.append(StepOutput(committed, verify_step=True, num_accepted_drafts=len(committed) - 1 if finish else accepted,
+                               num_proposed_drafts=k, finished=finish is not None, finish_reason=finish,
+                               logprobs=seq.output_logprobs(logits[i], committed)))
+        if finish is None:
+            extend.append((seq, hidden[i][: accepted + 1], new_tokens, starts[i]))
+    if extend:
+        extend_drafts(engine, extend)
+    return outs
+
+
+def propose(engine, seqs: list) -> tuple[list[list[int]], list[list]]:
+    """k draft tokens per sequence and the logits each was picked from: d_1 from the state the
+    last extension left, then each next one chained on the draft's own hidden state (one forward of
+    every sequence per step). The chain's cache entries are scratch: the next extension truncates
+    them away."""
+    k, vocab = engine.num_steps, engine.vocab_limit
+    tokens: list[list[int]] = [[] for _ in seqs]
+    picked_from: list[list] = [[] for _ in seqs]
+    logits = [seq.drafter.next_logits for seq in seqs]
+    hidden = [seq.drafter.next_hidden for seq in seqs]
+    positions = [seq.drafter.cache.length for seq in seqs]
+    caches = [seq.drafter.cache for seq in seqs]
+    for step in range(k):
+        rows = [lg[..., :vocab] for lg in logits]  # ids past the tokenizer's vocabulary are never proposed
+        greedy = _argmax_rows([row[None] for seq, row in zip(seqs, rows) if seq.greedy])
+        for i, seq in enumerate(seqs):
+            tokens[i].append(greedy.pop(0)[0] if seq.greedy else seq.pick_from_draft(rows[i]))
+            picked_from[i].append(rows[i])
+        if step + 1 == k:
+            break
+        hidden = engine.draft_forward(caches, positions, hidden, [[t[-1]] for t in tokens])
+        positions = [p + 1 for p in positions]
+        logits = [lg[-1] for lg in engine.draft_logits(hidden)]
+    return tokens, picked_from
+
+
+def extend_drafts(engine, items: list) -> None:
+    """items: (sequence, the target's hidden rows [n, H] at its newly committed positions, the n
+    tokens that follow them, the first position). Runs the draft over them for every sequence at
+    once (K/V for all, the output for the last: d_1 of the next round)."""
+    for seq, _, _, start in items:
+        seq.drafter.cache.truncate(min(seq.drafter.cache.length, start))
+    out = engine.draft_forward([seq.drafter.cache for seq, *_ in items], [start for *_, start in items],
+                               [h for _, h, _, _ in items], [t for _, _, t, _ in items], last_only=True)
+    logits = engine.draft_logits(out)
+    for (seq, _, tokens, start), hidden, rows in zip(items, out, logits):
+        seq.drafter.cache.length = start + len(tokens)
+        seq.drafter.next_hidden = hidden
+        seq.drafter.next_logits = rows[-1]
+
+
+def _argmax_rows(rows: list) -> list[list[int]]:
+    """The argmax of every row of each [n_i, V] tensor, in one op: a list of lists."""
+    if not rows:
+        return []
+    from sparkit.models.profiler_spans import span
+
+    with span("sampling"):
+        flat = torch.cat(rows).argmax(dim=-1).tolist()
+    out, at = [], 0
+    for r in rows:
+        out.append(flat[at : at + r.shape[0]])
+        at += r.shape[0]
+    return out

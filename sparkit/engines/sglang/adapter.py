@@ -17,7 +17,17 @@ from typing import Any
 
 from sparkit.contract.checks import CheckResult, Status
 from sparkit.contract.engine import EngineInfo, EngineLaunch
-from sparkit.contract.flag_table import ALIASES, command_line, passed, recipe_value
+from sparkit.contract.environment import (
+    CUDA_ENV,
+    HUGGING_FACE_ENV,
+    NCCL_ENV,
+    SPARKIT_ENV,
+    TORCH_ENV,
+    TRITON_ENV,
+    EngineEnvironment,
+    EnvFamily,
+)
+from sparkit.contract.flag_table import ALIASES, DEFAULT_PORT, command_line, flag_provisions, passed, recipe_value
 from sparkit.contract.plan import Provision
 from sparkit.contract.reading import DTYPE_BYTES, ReadRules
 from sparkit.contract.rules import Rule
@@ -28,9 +38,9 @@ from sparkit.engines.base import (
     package_version,
     packages_check,
 )
-from sparkit.engines.builtin_models import plan_builtin_model, prepare_builds
+from sparkit.engines.builtin_models import draft_block_size, parse_builtin, plan_builtin_model, prepare_builds
 from sparkit.engines.sglang import compat
-from sparkit.engines.sglang.flags import MANAGED_DESTS, MANAGED_FLAGS, SETTINGS, Planned, server_args
+from sparkit.engines.sglang.flags import FP8_LM_HEAD_ENV, MANAGED_DESTS, MANAGED_FLAGS, SETTINGS, Planned, server_args
 from sparkit.engines.sglang.log import SGLangLogAdapter
 from sparkit.engines.sglang.parser_facts import OptionFact, ParserFacts, ParserRejected, load_facts
 from sparkit.engines.sglang.plugin import (
@@ -43,23 +53,55 @@ from sparkit.engines.sglang.plugin import (
     PLUGINS_ENV,
     SHARE_ENV,
 )
+from sparkit.engines.sglang.report import SWITCH_PREFIX
 from sparkit.engines.sglang.rules import SGLANG_RULES
 from sparkit.env_switch import truthy
+from sparkit.models.formats import ARCHITECTURES
 
-# The Ling patch's own FP8 head switch (in the registry of a patched sglang, absent from 0.5.23).
-FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
 SECRETS_FILE = "secrets.yaml"
+
+# The names sglang 0.5.23's registry (sglang.srt.environ.envs) holds beside its SGLANG_* ones: its
+# allowlist where sglang does not import (tests/recipes/test_engine_environment.py keeps it equal to
+# the installed registry's).
+REGISTRY_OTHER_NAMES = frozenset({
+    "ASCEND_NPU_PHY_ID", "DEEP_NORMAL_MODE_USE_INT8_QUANT", "DISABLE_OPENAPI_DOC", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE",
+    "EXA_API_KEY", "FLASHINFER_NVFP4_4OVER6", "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256", "HF_HUB_DISABLE_XET", "IS_H200",
+    "MOONCAKE_CHECK_SERVER", "MOONCAKE_CLIENT", "MOONCAKE_DEVICE", "MOONCAKE_ENABLE_SSD_OFFLOAD",
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE", "MOONCAKE_LOCAL_HOSTNAME", "MOONCAKE_MASTER", "MOONCAKE_MASTER_METRICS_PORT",
+    "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MOONCAKE_PROTOCOL", "MOONCAKE_STANDALONE_STORAGE", "MOONCAKE_TENANT_ID",
+    "MOONCAKE_TE_META_DATA_SERVER", "USE_ROCM_AITER_ROPE_BACKEND", "USE_TRITON_W8A8_FP8_KERNEL",
+})
+# Settings of SGLang's registry through which it imports code.
+SGLANG_CODE_ENV = {
+    "SGLANG_HTTP_SERVER_APP_PATH": "SGLang imports this module:attribute as its HTTP app",
+    "SGLANG_EXTERNAL_MODEL_PACKAGE": "SGLang imports this package's model classes",
+    "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE": "SGLang imports this package's multimodal processors",
+    "SGLANG_TEST_SCRIPTED_RUNTIME_SYS_PATH_ENTRY": "SGLang's scripted test runtime imports from this directory",
+}
+# The kernel libraries SGLang runs beside torch's.
+FLASHINFER_ENV = EnvFamily("FlashInfer", ("FLASHINFER_",))
+HUMMING_ENV = EnvFamily("Humming", ("HUMMING_",))
+
+
+
+def _environment(registry: frozenset[str], source: str) -> EngineEnvironment:
+    sglang = EnvFamily("SGLang", ("SGLANG_",), frozenset(registry))
+    families = (sglang, TORCH_ENV, CUDA_ENV, NCCL_ENV, TRITON_ENV, FLASHINFER_ENV, HUMMING_ENV, HUGGING_FACE_ENV,
+                SPARKIT_ENV)
+    return EngineEnvironment(families, code=SGLANG_CODE_ENV, source=source)
+
 
 # The table's rows whose recipe values are checked against the installed parser's choices, in order.
 CHOICE_ROWS = tuple(next(row for row in SETTINGS if row.dest == dest)
-                    for dest in ("moe_runner_backend", "attention_backend", "quantization"))
-# How to get the validation on a machine without a GPU (sglang-facts.md §1).
+                    for dest in ("moe_runner_backend", "attention_backend", "quantization", "kv_cache_dtype",
+                                 "tool_call_parser"))
+# How to get the validation on a machine without a GPU (docs/sglang-facts.md §1).
 PARSER_INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 plus its parser's pure-Python imports "
                        "(torch numpy orjson psutil pybase64 requests packaging pillow starlette msgspec "
                        "pydantic pyzmq tqdm IPython aiohttp triton), or plan on the machine that serves")
 # A plan's own port is any free one (tune and verify pick a new one each time); the parser's
 # verdict does not depend on which (an int), so the verdicts are remembered for this one.
-_PORT_FOR_VERDICTS = "30000"
+_PORT_FOR_VERDICTS = str(DEFAULT_PORT)
 
 
 @functools.cache
@@ -115,6 +157,7 @@ class SGLangAdapter(SGLangLogAdapter):
     packages = ("sglang",)
     install_hint = "pip install sglang"
     validation_hint = PARSER_INSTALL_HINT
+    settings = SETTINGS
     memory_model = "mem_fraction_static"  # a static pool sized at start (sparkit.memory.fit)
     # The target verifies num_draft_tokens positions in one forward, whose kernels round differently
     # from one-token decode: NEXTN vs plain greedy on the H200 gave 4/8 byte-identical 256-token
@@ -131,6 +174,21 @@ class SGLangAdapter(SGLangLogAdapter):
         extras = {pkg: package_version(pkg) for pkg in ("humming-kernels", "flashinfer-python", "sgl-kernel", "torch")}
         detail = "" if importable else "pip install sglang (GPU machine) to serve real models"
         return EngineInfo("sglang", importable, version, detail, extras)
+
+    def environment(self) -> EngineEnvironment:
+        """SGLang's settings (`SGLANG_*` and the other names of its registry: the installed one's,
+        else 0.5.23's as sparkit knows them), and those of the libraries it runs."""
+        if parser_unavailable() is not None:
+            return self.static_environment()
+        registry = env_registry()
+        return _environment(registry, f"sglang {installed_version()}'s registry (sglang.srt.environ.envs, "
+                                      f"{len(registry)} names)")
+
+    @staticmethod
+    def static_environment() -> EngineEnvironment:
+        """The allowlist where sglang does not import: 0.5.23's registry as sparkit knows it."""
+        return _environment(REGISTRY_OTHER_NAMES, "sglang 0.5.23's registry as sparkit knows it (sglang does not "
+                                                  "import here)")
 
     def rules(self) -> list[Rule]:
         return SGLANG_RULES + RULES
@@ -214,6 +272,7 @@ class SGLangAdapter(SGLangLogAdapter):
                 raise loaded.error("stack", f"sglang {installed_version()} rejects the compiled command: {exc}") from None
             warnings += self._check_env(loaded)
         warnings += self._switch_warnings(loaded)
+        warnings += self._dspark_warnings(loaded, planned)
         env, provisions, head_env = self._environment(loaded, planned, unavailable, warnings)
         launch = EngineLaunch(
             argv=[sys.executable, "-m", "sglang.launch_server", *args], env=env,
@@ -248,11 +307,39 @@ class SGLangAdapter(SGLangLogAdapter):
             planned.draft_path, planned.draft_revision = (
                 (plan_builtin_model(loaded, key, draft, planned.builds, export_dtype="bfloat16"), None)
                 if draft.startswith("sparkit:") else hub_model_path(key, "draft", draft, planned.pulls))
+        if r.stack.speculative.method == "dspark":
+            self._plan_dspark(loaded, planned)
         planned.served_name = r.model.served_name
         if planned.served_name is None and any(p["role"] == "target" and p["local"] for p in planned.pulls):
             # its name, had SGLang downloaded it
             planned.served_name = next(p["repo"] for p in planned.pulls if p["role"] == "target")
         return planned
+
+    def _plan_dspark(self, loaded, planned: Planned) -> None:
+        """A DSpark launch: the draft's block size (its config.json, where it is here) and the
+        attention backends the installed kernels run for the target and the draft, unless the
+        recipe passes --speculative-draft-attention-backend itself."""
+        r = loaded.recipe
+        planned.draft_block_size = draft_block_size(r.stack.speculative.draft_model, planned.draft_path)
+        if flag_value(list(r.server.extra_args), "--speculative-draft-attention-backend") is not None:
+            return
+        pick = compat.dspark_attention_backends(recipe_backend=r.stack.attention_backend)
+        planned.attention_backend, planned.draft_attention_backend = pick.target, pick.draft
+        planned.attention_note = pick.reason
+
+    def _dspark_warnings(self, loaded, planned: Planned) -> list[str]:
+        """A DSpark target SGLang cannot take hidden states from: its DSpark worker needs the target
+        class to define set_dspark_layers_to_capture (read from the installed source)."""
+        if not planned.dspark:
+            return []
+        capable = compat.dspark_capture_architectures()
+        architecture = target_architecture(loaded.recipe.model.path, planned.model_path)
+        if capable is None or architecture is None or architecture in capable:
+            return []
+        return [f"stack.speculative.method: dspark on {architecture}: sglang {installed_version() or ''} captures a "
+                f"target's layers for a DSpark draft only in {', '.join(sorted(capable))} "
+                "(set_dspark_layers_to_capture), so this launch will fail; a Ling-3.0-shaped target "
+                "(BailingMoeV3ForCausalLM) is what DSpark needs"]
 
     def _checked(self, loaded, unavailable: str | None) -> list[str]:
         """The pass-through flags checked against the installed sglang (or, without its parser,
@@ -290,13 +377,30 @@ class SGLangAdapter(SGLangLogAdapter):
                                 "plugin's fix for the keyword sglang passes and the installed humming renamed: the "
                                 "preflight fails on that pair")
         env = {**server.env, **head_env, **fix_env}
+        provisions += self._switch_report(loaded, env)
         provisions += local_model_provisions(planned.pulls, env)
         return env, provisions, head_env
 
+    def _switch_report(self, loaded, env: dict[str, str]) -> list[Provision]:
+        """The recipe's own SGLANG_* switches are reported by sparkit's plugin from inside the
+        engine, as SGLang reads them, for the startup checks (check_engine_switches): the plugin is
+        enabled for that alone (the lm_head left as loaded) when nothing else enables it. `env` is
+        completed in place."""
+        switches = sorted(n for n in loaded.recipe.server.env if n.startswith(SWITCH_PREFIX) and n != PLUGINS_ENV)
+        if not switches:
+            return []
+        if env.get(ENABLE_ENV) != "1":
+            env[ENABLE_ENV] = "1"
+            env[FP8_ENV] = "0"
+        plugins = [p for p in env.get(PLUGINS_ENV, "").split(",") if p]
+        env[PLUGINS_ENV] = ",".join(plugins + ([PLUGIN_NAME] if PLUGIN_NAME not in plugins else []))
+        return [Provision("engine_switches=reported", "sparkit-plugin",
+                          f"{PLUGIN_ENTRY_POINT} reports {', '.join(switches)} as the engine reads them")]
+
     def _expectations(self, loaded, planned: Planned, head_env: dict[str, str], warnings: list[str]) -> dict[str, Any]:
-        """What only SGLang can state of the live server: the resolved args (the table's), the
-        algorithm /server_info reports, the draft it loads, and no exact re-scoring from SGLang's
-        own FP8 head (the Ling patch's keeps no bf16 copy and writes no report)."""
+        """What only SGLang can state of the live server: the resolved args (the table's: the
+        algorithm /server_info reports among them), the draft it loads, and no exact re-scoring from
+        SGLang's own FP8 head (the Ling patch's keeps no bf16 copy and writes no report)."""
         stack = loaded.recipe.stack
         expectations: dict[str, Any] = {}
         if stack.lm_head == "fp8" and FP8_LM_HEAD_ENV in head_env:
@@ -306,9 +410,10 @@ class SGLangAdapter(SGLangLogAdapter):
                                 f"own FP8 lm_head ({FP8_LM_HEAD_ENV}) has no exact re-scoring, so near-ties may "
                                 "pick a different token than the bf16 head")
         expected = server_args(planned)
-        expectations["speculative_algorithm_reported"] = expected.get("speculative_algorithm")
         if "speculative_draft_model_path" in expected:
             expectations["draft_model"] = expected["speculative_draft_model_path"]
+        if planned.dspark:
+            expectations["draft_block_size"] = planned.draft_block_size
         expectations["server_args"] = expected
         return expectations
 
@@ -442,8 +547,32 @@ class SGLangAdapter(SGLangLogAdapter):
                                  f"{passed(SETTINGS, 'speculative_algorithm', planned)} (an alias of {ALIASES['NEXTN']}; "
                                  f"/server_info reports {ALIASES['NEXTN']})"))
         elif spec.method == "dspark":
-            out.append(Provision("speculative=dspark", "sglang-flag", f"{passed(SETTINGS, 'speculative_algorithm', planned)}, draft {spec.draft_model}"))
-        return out, env
+            block = planned.block_size or "of the draft config"
+            out.append(Provision("speculative=dspark", "sglang-flag", f"{passed(SETTINGS, 'speculative_algorithm', planned)}, "
+                                 f"block {block}, draft {spec.draft_model}"))
+            out.append(Provision("draft_lm_head=shared", "sglang", "the DSpark worker attaches the target's embedding and "
+                                 "lm_head modules to the draft (attach_shared_modules)"))
+            if planned.draft_attention_backend:
+                out.append(Provision(f"draft_attention={planned.draft_attention_backend}", "sglang-flag",
+                                     f"{passed(SETTINGS, 'speculative_draft_attention_backend', planned)}: "
+                                     f"{planned.attention_note}"))
+            elif planned.attention_note:
+                out.append(Provision("draft_attention=sglang-default", "sglang-default", planned.attention_note))
+        return out + flag_provisions(SETTINGS, planned, "sglang-flag"), env
+
+
+def target_architecture(model: str, model_path: str) -> str | None:
+    """The architecture SGLang will load for the target: its config.json's (where it is here), a
+    built-in model's export's (tiny-ling: BailingMoeV2ForCausalLM, tiny-ling-v3: BailingMoeV3ForCausalLM);
+    None when unknown."""
+    try:
+        names = json.loads((Path(model_path) / "config.json").read_text()).get("architectures") or []
+        if names:
+            return str(names[0])
+    except (OSError, ValueError, AttributeError):
+        pass
+    parsed = parse_builtin(model)
+    return ARCHITECTURES[parsed[0]][1] if parsed is not None and parsed[0] in ARCHITECTURES else None
 
 
 def compat_check(finding, plan_env: dict[str, str] | None = None):

@@ -160,7 +160,10 @@ class Installed:
 
     @property
     def label(self) -> str:
-        return f"{self.distribution} {self.version or 'not installed'}"
+        if self.version:
+            return f"{self.distribution} {self.version}"
+        # a source tree on sys.path with no install metadata (`python -m sparkit` in a bare checkout)
+        return f"{self.distribution} (source, no install metadata)" if self.package else f"{self.distribution} not installed"
 
 
 @dataclass
@@ -468,3 +471,68 @@ def _judge_torch_abi(need: Need, stack: Stack, probe: bool) -> Finding:
                        "installed: its compiled ops may not load (`sparkit doctor` imports it to tell)",
                        evidence=evidence, fix=install_torch, fix_kind="install")
     return Finding(need.name, pair, need.feature, OK, "declared torch matches (not imported here)", evidence=evidence)
+
+
+# ------------------------------------------------------------------ DSpark's attention backends
+
+# sgl_kernel's compiled FA3 (sgl_kernel/flash_attn.py loads it): the SGLang H200 kit's trimmed
+# sgl_kernel drops it (1.1 GB), and SGLang 0.5.23's DSpark draft runner then dies importing FA3
+# unless its backend is named (seen on the H200: `--attention-backend triton
+# --speculative-draft-attention-backend triton` serves, decode CUDA graphs on).
+FA3_EXTENSION = "flash_ops"
+
+
+@dataclass(frozen=True)
+class AttentionPick:
+    """The attention backends a DSpark launch passes (None: SGLang's own choice) and why."""
+
+    target: str | None
+    draft: str | None
+    reason: str
+    runs: bool = True  # False: the installed kernels can run no DSpark draft (reason says why)
+
+
+def dspark_attention_backends(stack: Stack | None = None, recipe_backend: str | None = None) -> AttentionPick:
+    """What the installed sgl_kernel can run for a DSpark target and its draft: its FA3 when it
+    has one (SGLang's defaults), else triton for both (Triton kernels ship with sglang); the
+    recipe's own stack.attention_backend is kept for the target."""
+    stack = stack or Stack.detect()
+    kernel, triton = stack["sgl_kernel"], stack["triton"]
+    if kernel.package is not None and kernel.package.root.is_dir() and any(kernel.package.root.glob(f"{FA3_EXTENSION}*.so")):
+        return AttentionPick(recipe_backend, None, f"the installed sgl_kernel {kernel.version} has FA3 "
+                             f"({FA3_EXTENSION}): SGLang picks the draft's backend")
+    if kernel.package is None:
+        return AttentionPick(recipe_backend, None, "sgl_kernel is not installed here, so whether it has FA3 cannot be "
+                             "told: SGLang's own choice is planned (where FA3 is missing, its DSpark draft runner dies "
+                             "importing it: plan on the serving host, which passes triton then)")
+    why = (f"the installed sgl_kernel {kernel.version} has no FA3 ({FA3_EXTENSION}*.so absent in "
+           f"{kernel.package.root}): SGLang's DSpark draft runner would die importing it")
+    if triton.package is None:
+        return AttentionPick(None, None, why + "; and triton is not installed either: no attention backend the "
+                             "installed kernels provide can run the draft (pip install triton, or an sgl_kernel with FA3)",
+                             runs=False)
+    return AttentionPick(recipe_backend or "triton", "triton", why)
+
+
+@functools.lru_cache(maxsize=4)
+def dspark_capture_architectures(search_path: tuple[str, ...] = ()) -> frozenset[str] | None:
+    """The model classes of the installed sglang that define set_dspark_layers_to_capture (the
+    targets its DSpark worker can take hidden states from: BailingMoeV3ForCausalLM, ...), read from
+    its source; None when sglang is not installed."""
+    import ast
+
+    package = locate("sglang", list(search_path) or None)
+    models = package.root / "srt" / "models" if package is not None else None
+    if models is None or not models.is_dir():
+        return None
+    found = set()
+    for path in sorted(models.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "set_dspark_layers_to_capture"
+                                                      for f in node.body):
+                found.add(node.name)
+    return frozenset(found)

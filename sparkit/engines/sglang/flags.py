@@ -12,12 +12,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkit.contract.flag_table import ALIASES, SPECULATIVE_NUMBERS, Setting, expected_args, managed_dests, shared
+from sparkit.contract.flag_table import (
+    ALIASES,
+    SPECULATIVE_NUMBERS,
+    Setting,
+    expected_args,
+    managed_dests,
+    shared,
+)
 
-# The NEXTN numbers SGLang 0.5.23 picks for a Bailing (Ling) model when the recipe gives none
-# (sglang.srt.arg_groups.speculative_hook._auto_choose_speculative_params).
-SPECULATIVE_DEFAULTS = {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+# The architecture SGLANG's NEXTN defaults (SPECULATIVE_DEFAULTS) are pinned for (a test asks the
+# installed SGLang what it picks for it).
 BAILING_ARCHITECTURE = "BailingMoeV2ForCausalLM"
+# The Ling patch's own FP8 head switch (in the registry of a patched sglang, absent from 0.5.23).
+FP8_LM_HEAD_ENV = "SGLANG_ENABLE_FP8_LM_HEAD"
 
 
 @dataclass
@@ -34,10 +42,35 @@ class Planned:
     draft_revision: str | None = None
     builds: list[dict[str, Any]] = field(default_factory=list)  # built-in models (sparkit.engines.builtin_models)
     pulls: list[dict[str, Any]] = field(default_factory=list)  # hub models (sparkit.hub.cache.plan_hub_model)
+    # DSpark: the draft config's block_size (None: not readable at plan time), and the attention
+    # backends the installed kernels run for the target and the draft (None: SGLang's choice)
+    draft_block_size: int | None = None
+    attention_backend: str | None = None
+    draft_attention_backend: str | None = None
+    attention_note: str = ""  # why those backends (compat.AttentionPick.reason)
 
     @property
     def spec(self) -> Any:
         return self.recipe.stack.speculative
+
+    @property
+    def dspark(self) -> bool:
+        return self.spec.method == "dspark"
+
+    @property
+    def block_size(self) -> int | None:
+        """DSpark: the block the server drafts (the recipe's, else the draft's)."""
+        return (self.spec.block_size or self.draft_block_size) if self.dspark else None
+
+
+def _expected_number(name: str, p: Planned) -> int | None:
+    """NEXTN: the recipe's number; DSpark: SGLang's resolution (_handle_dspark: 1 step, topk 1,
+    block_size + 1 draft tokens)."""
+    if not p.dspark:
+        return getattr(p.spec, name) if p.spec.enabled else None
+    if name == "num_draft_tokens":
+        return p.block_size + 1 if p.block_size else None
+    return 1
 
 
 def _speculative_number(name: str) -> Setting:
@@ -45,7 +78,7 @@ def _speculative_number(name: str) -> Setting:
     # without them SGLang picks the model's defaults.
     return shared(f"stack.speculative.{name}", flag="--speculative-" + name.replace("_", "-"),
                   arg=lambda p: getattr(p.spec, name) if p.spec.method == "nextn" and p.spec.num_steps is not None else None,
-                  expect=lambda p: getattr(p.spec, name) if p.spec.enabled else None)
+                  expect=lambda p: _expected_number(name, p))
 
 
 def _not_auto(value: str) -> str | None:
@@ -53,24 +86,29 @@ def _not_auto(value: str) -> str | None:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("model.path", "model_path", flag="--model-path", arg=lambda p: p.model_path),
+    shared("model.path", flag="--model-path", arg=lambda p: p.model_path),
     Setting("model.path", "revision", flag="--revision", arg=lambda p: p.model_revision or None),
-    Setting("model.served_name", "served_model_name", flag="--served-model-name",
-            arg=lambda p: p.served_name or None, expect=lambda p: p.served_name or None),
+    shared("model.served_name", flag="--served-model-name",
+           arg=lambda p: p.served_name or None, expect=lambda p: p.served_name or None),
     # sparkit's built-in tiny-ling reaches SGLang as its Hugging Face BailingMoeV2 export, whose
     # configuration class travels with it.
     Setting("model.trust_remote_code", "trust_remote_code", flag="--trust-remote-code",
             arg=lambda p: p.recipe.model.trust_remote_code or bool(p.builds)),
     Setting("model.context_length", "context_length", flag="--context-length",
             arg=lambda p: p.recipe.model.context_length or None),
-    Setting("model.dtype", "dtype", flag="--dtype", arg=lambda p: _not_auto(p.recipe.model.dtype)),
+    shared("model.dtype", flag="--dtype", arg=lambda p: _not_auto(p.recipe.model.dtype)),
     Setting("model.overrides", "json_model_override_args", flag="--json-model-override-args",
             arg=lambda p: json.dumps(p.recipe.model.overrides, separators=(",", ":")) if p.recipe.model.overrides else None),
-    Setting("stack.quantization", "quantization", flag="--quantization", arg=lambda p: p.recipe.stack.quantization or None),
+    Setting("stack.quantization", "quantization", flag="--quantization", arg=lambda p: p.recipe.stack.quantization or None,
+            label="quantization"),
     shared("stack.moe_backend", flag="--moe-runner-backend", arg=lambda p: _not_auto(p.recipe.stack.moe_backend),
            expect=lambda p: _not_auto(p.recipe.stack.moe_backend)),
     Setting("stack.lm_head", "enable_fp32_lm_head", flag="--enable-fp32-lm-head",
-            arg=lambda p: p.recipe.stack.lm_head == "fp32", expect=lambda p: p.recipe.stack.lm_head == "fp32"),
+            arg=lambda p: p.recipe.stack.lm_head == "fp32", expect=lambda p: p.recipe.stack.lm_head == "fp32",
+            label="fp32 lm_head"),
+    Setting("stack.kv_cache_dtype", "kv_cache_dtype", flag="--kv-cache-dtype",
+            arg=lambda p: _not_auto(p.recipe.stack.kv_cache_dtype), expect=lambda p: _not_auto(p.recipe.stack.kv_cache_dtype),
+            label="KV cache", provides="kv_cache_dtype"),
     # NEXTN runs as EAGLE, and /server_info says so (ALIASES).
     shared("stack.speculative.method", flag="--speculative-algorithm",
            arg=lambda p: p.spec.method.upper() if p.spec.enabled else None,
@@ -80,8 +118,14 @@ SETTINGS: tuple[Setting, ...] = (
            arg=lambda p: p.draft_path if p.spec.enabled else None, expect=lambda p: p.draft_path if p.spec.enabled else None),
     Setting("stack.speculative.draft_model", "speculative_draft_model_revision", flag="--speculative-draft-model-revision",
             arg=lambda p: p.draft_revision if p.draft_path else None),
-    shared("stack.attention_backend", flag="--attention-backend", arg=lambda p: p.recipe.stack.attention_backend or None,
-           expect=lambda p: p.recipe.stack.attention_backend or None),
+    Setting("stack.speculative.block_size", "speculative_dspark_block_size", flag="--speculative-dspark-block-size",
+            arg=lambda p: p.spec.block_size if p.dspark else None),
+    # DSpark: the backend the installed sgl_kernel runs (compat.dspark_attention_backends), else the recipe's
+    shared("stack.attention_backend", flag="--attention-backend",
+           arg=lambda p: p.attention_backend or p.recipe.stack.attention_backend or None,
+           expect=lambda p: p.attention_backend or p.recipe.stack.attention_backend or None),
+    Setting("stack.attention_backend", "speculative_draft_attention_backend", flag="--speculative-draft-attention-backend",
+            arg=lambda p: p.draft_attention_backend, expect=lambda p: p.draft_attention_backend),
     shared("stack.tp", flag="--tp-size", arg=lambda p: p.recipe.stack.tp if p.recipe.stack.tp != 1 else None,
            expect=lambda p: p.recipe.stack.tp),
     shared("stack.ep", flag="--ep-size", arg=lambda p: p.recipe.stack.ep if p.recipe.stack.ep != 1 else None,
@@ -102,6 +146,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server.cuda_graph.max_bs_prefill", "cuda_graph_max_bs_prefill", flag="--cuda-graph-max-bs-prefill",
             arg=lambda p: p.recipe.server.cuda_graph.max_bs_prefill or None),
     Setting("server.enable_metrics", "enable_metrics", flag="--enable-metrics", arg=lambda p: p.recipe.server.enable_metrics),
+    # Asserted only when the recipe sets them: SGLang's defaults (off, unbounded, no parser) are
+    # what every other recipe runs, and /server_info reports them either way.
+    Setting("server.constrained_json.disable_any_whitespace", "constrained_json_disable_any_whitespace",
+            flag="--constrained-json-disable-any-whitespace",
+            arg=lambda p: p.recipe.server.constrained_json.disable_any_whitespace,
+            expect=lambda p: p.recipe.server.constrained_json.disable_any_whitespace or None),
+    Setting("server.constrained_json.max_whitespace_cnt", "constrained_json_max_whitespace_cnt",
+            flag="--constrained-json-max-whitespace-cnt", arg=lambda p: p.recipe.server.constrained_json.max_whitespace_cnt,
+            expect=lambda p: p.recipe.server.constrained_json.max_whitespace_cnt),
+    Setting("server.tool_call_parser", "tool_call_parser", flag="--tool-call-parser",
+            arg=lambda p: p.recipe.server.tool_call_parser, expect=lambda p: p.recipe.server.tool_call_parser),
     Setting("server.host", "host", flag="--host", arg=lambda p: p.recipe.server.host),
     Setting("server.port", "port", flag="--port", arg=lambda p: p.port),
     # No value from the table: the key reaches SGLang in a private --config file (deliver_secret).

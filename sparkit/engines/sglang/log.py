@@ -1,6 +1,6 @@
 """SGLang's log, read: the evidence lines the startup checks use, the startup phase shown while a
 server starts (`detect_phase`, `phase_timeline`) and the diagnosis of a failed start
-(`diagnose_failure`). The wording is SGLang 0.5.23's (../shared/docs/sglang-facts.md §5; the
+(`diagnose_failure`). The wording is SGLang 0.5.23's (docs/sglang-facts.md §5; the
 patterns below quote what real servers wrote on an H200: tests/fixtures/sglang-0.5.23-h200); the
 embedded engine writes the same lines, so one reader serves both adapters. What it returns
 (LogEvidence, Diagnosis) is the contract's (sparkit.contract.log); the failures every engine shows

@@ -12,11 +12,19 @@ Enabled, it registers AFTER hooks on (dotted paths checked against sglang 0.5.23
   SGLang hands the draft the target's weight tensors, give the draft the target's lm_head *module*
   (SGLang only does that for drafts with set_lm_head_from_target, which Ling's NextN lacks), log
   it, and rewrite the report with the draft.
+* DSparkDraftMixin.attach_shared_modules (DSPARK): SGLang itself gives a DSpark draft the target's
+  embedding and lm_head *modules* (the FP8 head included, once converted); the hook rewrites the
+  report with the draft, its shared modules and its block size.
 SPARKIT_FP8_LM_HEAD=0 keeps the report and sharing hooks but leaves the lm_head as loaded;
 SPARKIT_FP8_LM_HEAD_EXACT_TOP_K sets the exact re-scoring (sparkit.kernels.fp8_linear; 0 = off);
 SPARKIT_SHARE_LM_HEAD=0 converts the head but leaves the draft as stock SGLang leaves it (with the
 target's weight *tensor* only): the seed's trap, reproduced on the real engine for the checks to
 catch (recipes/tiny/tiny-sglang-unshared-head.yaml).
+
+Every report also carries the SGLANG_* switches of the engine process's environment, each with
+the value SGLang reads from it (`sglang.srt.environ.envs`), so that the startup checks can prove
+a recipe's `server.env` switches took effect (sparkit.checks.activation.check_engine_switches).
+The plan enables the plugin for that alone (SPARKIT_FP8_LM_HEAD=0) when a recipe sets one.
 
 With SPARKIT_HUMMING_KEYWORDS=1 (set by the plan when sparkit.engines.sglang.compat finds the
 installed sglang passing humming a keyword it renamed), an AROUND hook on
@@ -70,6 +78,8 @@ EAGLE_INIT_LM_HEAD_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWo
 MULTI_LAYER_INIT_LM_HEAD_TARGET = (
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker.init_lm_head"
 )
+
+DSPARK_ATTACH_TARGET = "sglang.srt.models.dspark.DSparkDraftMixin.attach_shared_modules"
 
 HUMMING_QUANTIZE_TARGET = "humming.utils.weight.quantize_weight"
 
@@ -144,6 +154,7 @@ def hook_targets() -> list[tuple[str, str]]:
         (LOAD_MODEL_TARGET, "AFTER"),
         (EAGLE_INIT_LM_HEAD_TARGET, "AFTER"),
         (MULTI_LAYER_INIT_LM_HEAD_TARGET, "AFTER"),
+        (DSPARK_ATTACH_TARGET, "AFTER"),
     ]
     if humming_keywords_enabled():
         targets.append((HUMMING_QUANTIZE_TARGET, "AROUND"))
@@ -160,6 +171,7 @@ def register() -> None:
         LOAD_MODEL_TARGET: after_load_model,
         EAGLE_INIT_LM_HEAD_TARGET: after_init_lm_head,
         MULTI_LAYER_INIT_LM_HEAD_TARGET: after_init_lm_head,
+        DSPARK_ATTACH_TARGET: after_attach_shared_modules,
         HUMMING_QUANTIZE_TARGET: around_quantize_weight,
     }
     for target, hook_type in hook_targets():
@@ -230,7 +242,7 @@ def write_current_report() -> None:
         runner.model, drafts[0] if drafts else None, tp_rank=tp_rank, tp_size=tp_size,
         device=_runner_device(runner),
         speculative=rep.speculative_report(getattr(runner, "server_args", None)),
-        runner_backend=rep.moe_runner_backend(), notes=_STATE["notes"],
+        runner_backend=rep.moe_runner_backend(), notes=_STATE["notes"], engine_env=rep.engine_switches(),
     )
     if len(drafts) > 1:  # multi-layer drafts: each step's model must share too
         unshared = [i for i, d in enumerate(drafts) if getattr(d, "lm_head", None) is not runner.model.lm_head]
@@ -306,4 +318,15 @@ def after_init_lm_head(result, worker, *args, **kwargs):
         write_current_report()
     except Exception:
         logger.exception("sparkit: sharing the lm_head with the draft failed")
+    return None
+
+
+def after_attach_shared_modules(result, draft, *args, **kwargs):
+    """AFTER hook on DSparkDraftMixin.attach_shared_modules: the DSpark draft now holds the target's
+    embedding and lm_head modules; write the report with it."""
+    try:
+        _STATE["drafts"] = [draft]
+        write_current_report()
+    except Exception:
+        logger.exception("sparkit: the activation report of the DSpark draft failed")
     return None

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from sparkit.engines.activation_report import (
     REPORT_DIR_ENV,
+    SECRET_VALUE,
     ActivationReport,
+    EmbeddingReport,
+    EngineSwitch,
     LmHeadReport,
     ModelReport,
     MoeLayerReport,
@@ -158,6 +161,27 @@ def moe_report(model, runner_backend: str | None = None) -> MoeReport | None:
     return MoeReport.of_layers(moe_layers(model, runner_backend))
 
 
+def input_embeddings(model):
+    """A model's token embedding module (SGLang's get_input_embeddings, else the usual attributes)."""
+    try:
+        get = getattr(model, "get_input_embeddings", None)
+        found = get() if callable(get) else None
+    except Exception:
+        found = None
+    inner = getattr(model, "model", None)
+    return found or getattr(model, "embed_tokens", None) or getattr(inner, "word_embeddings", None) \
+        or getattr(inner, "embed_tokens", None)
+
+
+def embedding_report(model, target_model) -> EmbeddingReport | None:
+    """A draft's embedding (a DSpark draft's `embed_tokens`, attached by SGLang), and whether it is
+    the target's own module; None where the draft has no attribute of that name."""
+    embed = getattr(model, "embed_tokens", None)
+    if embed is None:
+        return None
+    return EmbeddingReport(module_id=id(embed), shared_with_target=embed is input_embeddings(target_model))
+
+
 def model_report(model, role: str, target_model=None, runner_backend: str | None = None) -> ModelReport:
     head = getattr(model, "lm_head", None)
     target_head = getattr(target_model, "lm_head", None) if role == "draft" else None
@@ -167,6 +191,7 @@ def model_report(model, role: str, target_model=None, runner_backend: str | None
             weight_dtype="none", quant_method="none", module_id=0, storage_ptr=0,
             shared_with_target=False if role == "draft" else None),
         moe=moe_report(model, runner_backend),
+        embed_tokens=embedding_report(model, target_model) if role == "draft" else None,
     )
 
 
@@ -230,16 +255,89 @@ def engine_version() -> str:
         return "unknown"
 
 
+# The engine's own switches: every variable of the process's environment with this prefix is
+# reported, with what the engine makes of it (sglang.srt.environ.envs).
+SWITCH_PREFIX = "SGLANG_"
+
+
+def _jsonable(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def _switch(value: str, field) -> EngineSwitch:
+    """What sglang's registry entry `field` reads from `value` (sglang warns and runs the default
+    for a value it cannot parse: recorded as `invalid`)."""
+    import warnings
+
+    try:
+        default = field.default() if callable(field.default) else field.default
+    except Exception:
+        default = None
+    invalid = None
+    try:
+        field.parse(value)
+    except Exception as exc:  # sglang's parse raises ValueError; anything else is as unreadable
+        invalid = str(exc) or type(exc).__name__
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            effective = field.get()
+    except Exception as exc:
+        effective, invalid = None, invalid or f"{type(exc).__name__}: {exc}"
+    secret = bool(getattr(field, "secret", False))
+    return EngineSwitch(value=SECRET_VALUE if secret else value,
+                        effective=SECRET_VALUE if secret else _jsonable(effective),
+                        default=SECRET_VALUE if secret else _jsonable(default), known=True, invalid=invalid)
+
+
+def engine_switches() -> dict[str, EngineSwitch]:
+    """Every SGLANG_* variable of this process's environment, with the value sglang reads from it
+    (its registry, sglang.srt.environ.envs); a name the registry lacks is `known: false` (sglang
+    ignores it). Without sglang's registry every name reads as unknown."""
+    names = sorted(n for n in os.environ if n.startswith(SWITCH_PREFIX))
+    if not names:
+        return {}
+    try:
+        from sglang.srt.environ import EnvField, envs
+    except Exception:
+        envs, EnvField = None, None
+    out = {}
+    for name in names:
+        field = getattr(envs, name, None) if envs is not None else None
+        if EnvField is None or not isinstance(field, EnvField):
+            out[name] = EngineSwitch(value=os.environ[name], known=False)
+            continue
+        try:
+            out[name] = _switch(os.environ[name], field)
+        except Exception:  # never break the engine over a report
+            out[name] = EngineSwitch(value=os.environ[name], known=True, invalid="could not be read")
+    return out
+
+
 def build_report(target_model, draft_model=None, *, tp_rank=0, tp_size=1, device="unknown",
                  speculative: SpeculativeReport | None = None, runner_backend: str | None = None,
-                 notes: list[str] | None = None) -> ActivationReport:
+                 notes: list[str] | None = None,
+                 engine_env: dict[str, EngineSwitch] | None = None) -> ActivationReport:
     models = {"target": model_report(target_model, "target", runner_backend=runner_backend)}
     if draft_model is not None:
         models["draft"] = model_report(draft_model, "draft", target_model, runner_backend)
+        if speculative is not None and str(speculative.algorithm).upper() == "DSPARK" and speculative.block_size is None:
+            # what the DSpark worker drafts: speculative_num_draft_tokens - 1 (resolve_runtime_config),
+            # else the draft's own gamma (DSparkDraftMixin, from its config's block_size)
+            gamma = getattr(draft_model, "gamma", None)
+            tokens = speculative.num_draft_tokens
+            speculative.block_size = tokens - 1 if isinstance(tokens, int) and tokens > 1 else (
+                gamma if isinstance(gamma, int) else None)
     return ActivationReport(
         engine="sglang", engine_version=engine_version(), device=str(device), models=models,
         speculative=speculative or SpeculativeReport(), tp_rank=tp_rank, tp_size=tp_size,
-        notes=list(notes or []),
+        notes=list(notes or []), engine_env=dict(engine_env or {}),
     )
 
 

@@ -2,7 +2,7 @@
 prompts (few-shot exemplars and prompts), eval_settings (what is hashed), results_file (the
 results file), evaluate (a resumable run against a server) and summary.
 
-The protocol (../docs/protocols.md) is NVIDIA's published Spark check: all 1319 test questions,
+The protocol (docs/protocols.md) is NVIDIA's published Spark check: all 1319 test questions,
 5-shot chain of thought, temperature 0.6 / top_p 0.95 / top_k 29, through the chat template. It
 fixes what common scripts get wrong: exemplars come from the *train* split and never from the
 questions being evaluated; extraction keeps negatives and decimals; both a strict and a flexible

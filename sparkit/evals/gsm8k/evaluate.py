@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkit.errors import EngineError, SparkitError, UsageError
+from sparkit.errors import EngineError, SparkitError, StateError, UsageError
 from sparkit.evals.gsm8k.answers import extract_flexible, extract_strict, same_number
 from sparkit.evals.gsm8k.data import Question
 from sparkit.evals.gsm8k.eval_settings import EvalSettings, sampling_params
 from sparkit.evals.gsm8k.prompts import COMPLETION_STOPS, prompt_for, prompt_sha, request_seed
 from sparkit.evals.gsm8k.results_file import Correct, HeaderRow, ResultRow, read_results
 from sparkit.evals.gsm8k.summary import summarize, summary_path_for, write_summary
+from sparkit.paths import disk_full
 
 
 @dataclass
@@ -250,9 +251,10 @@ def _summarise_into_file(request: EvalRequest, out: Path) -> dict[str, Any]:
     try:
         write_summary(summary, path)
     except OSError as exc:
-        raise SparkitError(f"cannot write the summary {path}: {exc.strerror or exc}",
-                           hint=f"every answer is saved in {out}; once it can be written, the same command with "
-                                f"--resume --out {out} writes the summary") from None
+        error = StateError if disk_full(exc) else SparkitError  # a full disk: exit 10, as every command's
+        raise error(f"cannot write the summary {path}: {exc.strerror or exc}",
+                    hint=f"every answer is saved in {out}; once it can be written, the same command with "
+                         f"--resume --out {out} writes the summary") from None
     return summary
 
 def _settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -274,7 +276,8 @@ class _writing:
         if not isinstance(exc, OSError):
             return False
         saved = sum(1 for q in self.request.questions if q.id in self.done)
-        raise SparkitError(
+        error = StateError if disk_full(exc) else SparkitError  # a full disk: exit 10, as every command's
+        raise error(
             f"cannot write {self.out}: {exc.strerror or exc} ({saved} of {len(self.request.questions)} questions saved)",
             hint=f"free space (or fix the file system), then run the same command with --resume --out {self.out}: "
                  "saved answers are kept and a half-written last line is dropped",

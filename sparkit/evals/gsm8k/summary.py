@@ -7,29 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sparkit.engines.base import shown_args
 from sparkit.evals.gsm8k.data import Question
 from sparkit.evals.gsm8k.results_file import ResultsFile
 from sparkit.evals.stats import proportion
 from sparkit.paths import write_atomic
-
-SERVER_ARG_KEYS = (
-    "model_path",
-    "served_model_name",
-    "dtype",
-    "quantization",
-    "moe_runner_backend",
-    "tp_size",
-    "ep_size",
-    "speculative_algorithm",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "speculative_draft_model_path",
-    "enable_fp32_lm_head",
-    "lm_head_dtype",
-    "expert_weights",
-    "device",
-)
 
 
 def summarize(results: ResultsFile, questions: list[Question] | None = None) -> dict[str, Any]:
@@ -99,7 +81,8 @@ def summarize(results: ResultsFile, questions: list[Question] | None = None) -> 
         "run_id": last_header.get("run_id"),
         "url": last_header.get("url"),
         "model": last_header.get("model"),
-        "server_args": {k: server_args[k] for k in SERVER_ARG_KEYS if k in server_args},
+        # the arguments that say which stack answered (the settings tables' labelled rows)
+        "server_args": {k: server_args[k] for k in shown_args() if k in server_args},
         "server_args_full": server_args,
     }
 
