@@ -82,17 +82,21 @@ def linear_tensors(name: str, rows: int, cols: int, fmt: str) -> dict[str, tuple
     raise ValueError(f"unknown weight format {fmt!r} (one of {', '.join(WEIGHT_FORMATS)})")
 
 
-def tiling_problem(rows: int, cols: int, fmt: str, *, expert_width: int | None = None) -> str | None:
+def tiling_problem(rows: int, cols: int, fmt: str, *, expert_width: int | None = None,
+                   ragged_rows: bool = False) -> str | None:
     """Why a [rows, cols] linear weight cannot be stored exactly in `fmt` (None: it can).
 
     Block FP8 needs both dimensions to be whole blocks (SGLang refuses an FP8 block-quant layer
     whose output partition is not a multiple of the block; a ragged input block would need
-    padding a real checkpoint does not have). MXFP4 needs the input dimension in whole groups, and
+    padding a real checkpoint does not have). `ragged_rows`: the layer is one SGLang neither
+    splits nor merges by partition, so its last block of rows may be ragged, as in DeepSeek's and
+    Ling's published -fp8 checkpoints (MLA's kv_a_proj_with_mqa, kv_lora_rank + qk_rope_head_dim
+    = 576 rows: SGLang appends it whole to a whole-block q_a_proj, so the scales line up). MXFP4 needs the input dimension in whole groups, and
     SGLang 0.5.23 reads MXFP4 experts through its block-FP8 MoE method, which checks the expert
     width (rows of gate/up, columns of down: `expert_width`, for a routed expert) against the
     block too."""
     if fmt == "fp8":
-        bad = [f"{what} {n}" for what, n in (("rows", rows), ("columns", cols)) if n % FP8_BLOCK]
+        bad = [f"{what} {n}" for what, n in (("rows", 0 if ragged_rows else rows), ("columns", cols)) if n % FP8_BLOCK]
         return f"{' and '.join(bad)} not a multiple of the FP8 block {FP8_BLOCK}" if bad else None
     if fmt == "mxfp4":
         if cols % MX_BLOCK:

@@ -470,15 +470,18 @@ fi
 
 if has v3trained; then
   # one server at a time: a second server beside it would share the GPU and distort its figures
+  # V3_ARGS: more `up`/`plan` arguments for every variant (e.g. --set model.path=... for a build
+  # carried beside the tree); word-split on purpose
+  read -r -a v3_args <<< "${V3_ARGS:-}"
   for v in ${V3_VARIANTS:-baseline:tiny/tiny-v3-sglang-baseline nextn:tiny/tiny-v3-sglang}; do
     label=${v%%:*}; name=v3-$label
-    stamp "v3trained: sparkit up ${v#*:}"
-    timeout 560 python3 -m sparkit.cli.main up "${v#*:}" --port auto --detach --keep-on-fail --timeout 500 --json \
+    stamp "v3trained: sparkit up ${v#*:} ${v3_args[*]}"
+    timeout 560 python3 -m sparkit.cli.main up "${v#*:}" "${v3_args[@]}" --port auto --detach --keep-on-fail --timeout 500 --json \
       > "$W/$name-up.json" 2> "$W/$name-up.err"
     stamp "$name up rc=$? $(tail -n 1 "$W/$name-up.err" | cut -c1-160)"
     URL=$(json_field "$W/$name-up.json" url); V3RUN=$(json_field "$W/$name-up.json" run)
     if [ -n "$URL" ]; then
-      export_dir=$(python3 -m sparkit.cli.main plan "${v#*:}" --json 2>/dev/null | python3 -c \
+      export_dir=$(python3 -m sparkit.cli.main plan "${v#*:}" "${v3_args[@]}" --json 2>/dev/null | python3 -c \
         'import json,sys; print(json.load(sys.stdin)["model_builds"][0]["export_hf"]["dir"])')
       timeout 120 python3 benchmarks/cross_engine_capture.py "$URL" "$export_dir" "$W/v3-capture-$label.json" 2>&1 \
         | tail -n 2 | tee -a "$OUT/summary.txt"
@@ -488,6 +491,9 @@ if has v3trained; then
         > "$W/$name-bench.json" 2> "$W/$name-bench.err"; stamp "$name bench rc=$?"
       timeout 60 python3 -m sparkit.cli.main down "$V3RUN" --json > "$W/$name-down.json" 2>&1; stamp "$name down rc=$?"
     fi
+    # one server at a time: whatever a failed start kept is gone before the next variant starts
+    timeout 60 python3 -m sparkit.cli.main down --all --json > "$W/$name-down-all.json" 2>&1
+    cp "$(json_field "$W/$name-up.json" run 2>/dev/null)/server.log" "$W/$name-server.log" 2>/dev/null || true
     save
   done
 fi

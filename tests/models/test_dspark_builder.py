@@ -86,6 +86,21 @@ def test_the_gate_refuses_a_weak_draft_and_caches_nothing(tmp_path):
     assert info.value.exit_code == 5
 
 
+def test_a_draft_trained_against_an_older_target_build_is_not_reused(v3_dspark_draft_dir, tmp_path):
+    """A draft drafts for the target it was trained against: once the target's builder makes another
+    model (its BUILDER_VERSION bumped), the draft built for the old one is rebuilt, not served."""
+    import shutil
+
+    spec = DraftSpec("tiny-ling-v3-dspark")
+    copy = tmp_path / v3_dspark_draft_dir.name
+    shutil.copytree(v3_dspark_draft_dir, copy)
+    assert builder.is_complete(copy, spec)
+    marker = json.loads((copy / MARKER).read_text())
+    marker["target"]["builder_version"] -= 1
+    (copy / MARKER).write_text(json.dumps(marker))
+    assert not builder.is_complete(copy, spec)
+
+
 def test_an_untrained_draft_is_its_seeded_initialisation(random_draft_dir):
     from sparkit.models.dspark.model import LingDSparkModel
 

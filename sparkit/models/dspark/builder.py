@@ -41,7 +41,7 @@ from sparkit.models.builder import (
     parameter_hash,
     remove_dead_builds,
 )
-from sparkit.models.catalog import BUILTIN_DRAFTS  # noqa: F401  (the drafts' names, by the other built-ins')
+from sparkit.models.catalog import BUILTIN_DRAFTS, family  # noqa: F401  (BUILTIN_DRAFTS: the drafts' names, by the other built-ins')
 from sparkit.models.dspark.checkpoint import MARKER, WEIGHTS, read_marker, save_draft
 from sparkit.paths import ensure_dir, make_private_tree, open_output
 
@@ -132,6 +132,9 @@ def is_complete(directory: str | Path, spec: DraftSpec | None = None) -> bool:
     if marker is None or marker.get("builder_version") != BUILDER_VERSION:
         return False
     if spec is not None and any(marker.get(k) != v for k, v in spec.key().items()):
+        return False
+    if spec is not None and (marker.get("target") or {}).get("builder_version") != family(spec.target).builder_version:
+        # trained against a target its builder no longer makes: its drafts would be for another model
         return False
     return (Path(directory) / WEIGHTS).is_file()
 

@@ -41,6 +41,10 @@ def _expert_width(name: str, rows: int, cols: int) -> int:
     return cols if ".down_proj." in name else rows
 
 
+# The one linear weight that may end in a ragged block of rows (tiling_problem says why).
+RAGGED_ROW_LINEAR = ".kv_a_proj_with_mqa.weight"
+
+
 def layout_problems(inventory: dict[str, tuple[str, tuple[int, ...]]], n_layers: int, weights: str) -> list[str]:
     """Every linear weight of a (bf16) tensor inventory that the layout `weights` cannot tile,
     as 'NAME [rows, cols]: why' (empty: the layout holds them all)."""
@@ -54,7 +58,8 @@ def layout_problems(inventory: dict[str, tuple[str, tuple[int, ...]]], n_layers:
             continue
         rows, cols = shape
         is_expert = classify_tensor(name, n_layers).role == "routed_experts"
-        why = tiling_problem(rows, cols, fmt, expert_width=_expert_width(name, rows, cols) if is_expert else None)
+        why = tiling_problem(rows, cols, fmt, expert_width=_expert_width(name, rows, cols) if is_expert else None,
+                             ragged_rows=name.endswith(RAGGED_ROW_LINEAR))
         if why:
             problems.append(f"{name} [{rows}, {cols}]: {why}")
     return problems

@@ -145,20 +145,25 @@ def dequantize_fp8(q, scale, dtype=None):
 
 
 def quantize_fp8_block(weight):
-    """[N, K] (both multiples of FP8_BLOCK) -> (e4m3 [N, K], float32 scale_inv [N/B, K/B]): one
+    """[N, K] (K a multiple of FP8_BLOCK) -> (e4m3 [N, K], float32 scale_inv [ceil(N/B), K/B]): one
     scale per B x B block, scale = max|block| / 448 (1.0 for an all-zero block), the layout of
-    the published -fp8 checkpoints (weight ~= value x the block's scale_inv)."""
+    the published -fp8 checkpoints (weight ~= value x the block's scale_inv). A ragged last block
+    of rows takes the scale of the rows it has (weight_formats.tiling_problem says which layers
+    may have one)."""
     import torch
 
     n, k = weight.shape
-    if n % FP8_BLOCK or k % FP8_BLOCK:
-        raise ValueError(f"block FP8 needs both dimensions to be multiples of {FP8_BLOCK}, got [{n}, {k}]")
+    if k % FP8_BLOCK:
+        raise ValueError(f"block FP8 needs the columns to be a multiple of {FP8_BLOCK}, got [{n}, {k}]")
     w = weight.detach().to(torch.float32)
-    blocks = w.reshape(n // FP8_BLOCK, FP8_BLOCK, k // FP8_BLOCK, FP8_BLOCK)
+    padded = -(-n // FP8_BLOCK) * FP8_BLOCK
+    if padded != n:  # zero rows leave every block's max|value| as it was
+        w = torch.cat([w, w.new_zeros(padded - n, k)])
+    blocks = w.reshape(padded // FP8_BLOCK, FP8_BLOCK, k // FP8_BLOCK, FP8_BLOCK)
     amax = blocks.abs().amax(dim=(1, 3))
     scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
     q = (blocks / scale[:, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(n, k).contiguous(), scale.contiguous()
+    return q.reshape(padded, k)[:n].contiguous(), scale.contiguous()
 
 
 def dequantize_fp8_block(q, scale_inv, dtype=None):

@@ -8,7 +8,7 @@ from sparkit.models.families import ModelFamily, QualityGate, Training
 from sparkit.models.formats import ARCHITECTURES
 
 # Bump when the model code, the corpus, the tokenizer or the training changes what a spec builds.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: MLA latent 512 + rope 64 (was 128 + 128)
 DEFAULT_TRAIN_STEPS = 3000
 TRAIN_SEQ_LEN = 128
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"

@@ -55,11 +55,14 @@ class TinyLingV3Config:
     v_head_dim: int = 64
     short_conv_kernel_size: int = 4
     kda_lower_bound: float = -5.0  # the safe gate (kda_safe_gate), Ling's
-    # MLA: every linear weight a whole number of 128-blocks (the -fp8 layout), hence rope 128
+    # MLA at Ling-3.0's latent widths: SGLang's Triton MLA decode kernel takes kv_lora_rank +
+    # qk_rope_head_dim of 576 (512 + 64) or 288 only (rule sglang-triton-mla-widths; 128 + 128 died
+    # on the H200, session 12). Every other linear weight is whole 128-blocks (the -fp8 layout);
+    # kv_a_proj_with_mqa's 576 rows end in a ragged block, as Ling's own -fp8 checkpoint does.
     q_lora_rank: int = 128
-    kv_lora_rank: int = 128
+    kv_lora_rank: int = 512
     qk_nope_head_dim: int = 64
-    qk_rope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
     first_k_dense_replace: int = 1
     num_experts: int = 8
     num_experts_per_tok: int = 2
