@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkit.roofline.published import HOST_TERM_PREFIX
+
 
 def gb(value: float | None) -> str:
     if value is None:
@@ -59,6 +61,7 @@ def roofline_lines(doc: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"bandwidth {bw['detail']} -> at most {tok_s(doc['limit_tok_s'])} tok/s "
                      f"({doc['step_time_ms_at_limit']:.3g} ms per step) without speculative decoding")
+        lines.extend(n for n in doc.get("notes", []) if n.startswith(HOST_TERM_PREFIX))
     spec = doc.get("speculative")
     if spec:
         lines.append(spec_line(doc))

@@ -452,11 +452,25 @@ def estimate(recipe: Any, *, recipe_name: str = "", context: int | None = None, 
     moe_layers = [layer.experts for layer in layout.target_layers if layer.experts is not None]
     moe = ({"num_experts": moe_layers[0].num_experts, "top_k": moe_layers[0].top_k, "moe_layers": len(moe_layers)}
            if moe_layers else None)
+    if recipe.engine == "sglang" and device == "gpu" and bw.gb_s:
+        notes.append(_host_term_note(sum(step.values()), bw.gb_s))
     return Roofline(
         recipe_name=recipe_name, model=recipe.model.path, layout_name=layout.name, layout_source=layout.source,
         layout_detail=layout.source_detail, engine=recipe.engine, device=device, context=ctx, tp=rules.tp,
         step=step, spec=spec, bandwidth=bw, rules=rules.explained, moe=moe, notes=notes,
     )
+
+
+def _host_term_note(step_bytes: float, gb_s: float) -> str:
+    """What the bound leaves out: SGLang's fixed per-step host cost (measured, not modelled)."""
+    from sparkit.roofline.published import H200_HOST_STEP as host
+    from sparkit.roofline.published import HOST_TERM_PREFIX
+
+    share = host.share_of_step(step_bytes, gb_s)
+    with_host = 1000.0 / (step_bytes / (gb_s * 1e9) * 1000.0 + host.fixed_ms)
+    return (f"{HOST_TERM_PREFIX} SGLang's fixed host cost a decode step, {host.fixed_ms:.2f} ms measured on an H200 at "
+            f"Ling-3.0-flash's widths ({host.source}); added to this step's reads it is {share:.1%} of the step: "
+            f"{with_host:.1f} tok/s plain")
 
 
 def _spec_model(recipe: Any, layout: ModelLayout, rules: ReadRules, ctx: int, notes: list[str]) -> SpecModel | None:

@@ -108,12 +108,14 @@ class HostStepCost:
         return self.fixed_ms / (read_ms + self.fixed_ms)
 
 
-# Issue 25's fit (benchmarks/results/h200-session-8.md, the `extra` phase): FP8 block experts, FP8
-# head, decode CUDA graphs, SGLang 0.5.23 on one H200, servers up together: 2.244 ms at 6 layers,
-# 2.621 ms at 12. benchmarks/host_gap.py re-fits it one server at a time, with and without SGLang's
-# host-side switches (issue 38, docs/host-gap.md).
+# Issue 38's re-fit (benchmarks/results/h200-session-12.md, call 1, benchmarks/host_gap.py): FP8
+# block experts, FP8 head, decode CUDA graphs, SGLang 0.5.23's defaults on one H200, ONE SERVER AT A
+# TIME (the rule for batch-1 figures): 2.363 ms a step at 6 layers, 2.742 ms at 12. Issue 25's fit
+# from session 8 had three servers up together: 1.867 ms + 62.8 us a layer.
 H200_HOST_STEP = HostStepCost(
-    fixed_ms=1.867, per_layer_ms=0.0628,
-    source="benchmarks/results/h200-session-8.md (H at 6 and I at 12 layers, 3 servers up, interleaved)",
+    fixed_ms=1.984, per_layer_ms=0.0631,
+    source="benchmarks/results/h200-session-12.md (call 1: 6 and 12 layers, defaults, one server at a time)",
     stack="SGLang 0.5.23, one H200, Ling-3.0-flash widths, FP8 block experts, FP8 head, decode CUDA graphs, defaults",
 )
+# How the plan's roofline note on this cost begins (sparkit.cli.roofline_view shows it beside the bound).
+HOST_TERM_PREFIX = "not in the bound:"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparkit.engines.sglang.rules import expert_width
@@ -10,10 +12,13 @@ from sparkit.planning.compile import compile_plan
 from sparkit.planning.rules import check_rules, every_rule
 from sparkit.recipes.load import load_recipe
 
+# The config.json of the tiny-ling-v3 build (builder version 1) that SGLang 0.5.23 failed to serve
+MLA_128 = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23-h200" / "configs" / "tiny-ling-v3-mla128"
+
 # (rule, severity, base recipe, overrides that break it, overrides that satisfy it)
 CASES = [
-    # the shipped tiny-ling-v3 build's MLA is 128 + 128 (tiny-ling's is no MLA)
-    ("sglang-triton-mla-widths", "error", "tiny/tiny-sglang", ["model.path=sparkit:tiny-ling-v3"], []),
+    # the tiny-ling-v3 build whose MLA (128 + 128) died on the H200 (session 12); today's is 512 + 64
+    ("sglang-triton-mla-widths", "error", "tiny/tiny-sglang", [f"model.path={MLA_128}"], ["model.path=sparkit:tiny-ling-v3"]),
     ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming-fp8head",
      ["server.extra_args=[--enable-fp32-lm-head]"], ["server.extra_args=[]"]),
     ("fp8-head-excludes-fp32-head", "error", "ling-3.0-flash/spark-humming",
@@ -159,7 +164,7 @@ def test_a_key_in_server_env_is_refused_and_written_nowhere(sparkit_home, tmp_pa
 
 
 def test_the_triton_mla_widths_rule_reads_a_local_config(tmp_path):
-    """Ling-3.0's own widths pass, the shipped tiny-ling-v3's fail, a model without MLA is no concern."""
+    """Ling-3.0's own widths pass (the shipped tiny-ling-v3 has them), 128 + 128 fails, a model without MLA is no concern."""
     import json
 
     from sparkit.engines.sglang.rules import _triton_mla_widths

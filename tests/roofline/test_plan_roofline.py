@@ -124,3 +124,20 @@ def test_a_hub_id_in_the_hugging_face_cache_is_read_from_its_headers(tmp_path, m
     assert roofline["layout"]["source"] == "checkpoint" and str(snapshot) in roofline["layout"]["detail"]
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
     assert plan_json("ling-3.0-flash/spark-optimized")["layout"]["source"] == "declared profile"
+
+
+def test_the_measured_host_cost_is_said_beside_an_sglang_bound_and_only_there():
+    """The bound counts bytes only; SGLang's fixed host cost a step (issue 38's one-server-at-a-time
+    fit on the H200) is said with its share of this recipe's step: about a tenth of a Spark step of
+    the -fp4 stack, most of an H200 step, and nothing for the embedded engine."""
+    from sparkit.roofline.published import H200_HOST_STEP
+
+    def host_note(recipe: str) -> str | None:
+        return next((n for n in plan_json(recipe)["notes"] if "fixed host cost" in n), None)
+
+    spark, h200 = host_note("ling-3.0-flash/spark-humming-fp8head"), host_note("ling-3.0-flash/tp4-nextn-h200")
+    assert spark and f"{H200_HOST_STEP.fixed_ms:.2f} ms" in spark and H200_HOST_STEP.source in spark
+    share = float(spark.split("% of the step")[0].rsplit(" ", 1)[-1])
+    assert 5.0 < share < 15.0, spark
+    assert h200 and float(h200.split("% of the step")[0].rsplit(" ", 1)[-1]) > 50.0, h200
+    assert host_note("tiny") is None
