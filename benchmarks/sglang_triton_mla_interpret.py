@@ -54,7 +54,7 @@ Run (CPU only, a few seconds once the venv exists; no GPU needed):
     /tmp/triton-venv/bin/pip install torch triton==3.6.0 "numpy<2.4"  # CPU torch is fine
     TRITON_INTERPRET=1 /tmp/triton-venv/bin/python \\
         benchmarks/sglang_triton_mla_interpret.py \\
-        --sglang-root /work/ci1/.venv/lib/python3.11/site-packages/sglang
+        --sglang-root SITE_PACKAGES/sglang   # an SGLang 0.5.23 install (pip install --no-deps sglang==0.5.23)
 (The script sets TRITON_INTERPRET=1 itself if it is unset.)
 numpy must be < 2.4: with numpy 2.4 the triton 3.6 interpreter fails on every
 ``tl.range(start, end)`` whose bounds come from tl.load ("TypeError: only
@@ -94,7 +94,8 @@ torch.set_num_threads(1)
 # GPU; they are masked out of every store. Keep numpy from warning about it.
 warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\..*")
 
-DEFAULT_SGLANG_ROOT = "/work/ci1/.venv/lib/python3.11/site-packages/sglang"
+# an SGLang 0.5.23 install is only read (its kernel files copied): --sglang-root says where
+DEFAULT_SGLANG_ROOT = None
 KERNEL_FILES = ("decode_attention.py", "extend_attention.py", "score_mod.py")
 
 STUB_UTILS = '''\
@@ -359,7 +360,8 @@ def run_extend(ea, *, qk_dim, v_dim, q_heads, kv_heads, prefix_lens, extend_lens
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sglang-root", default=DEFAULT_SGLANG_ROOT)
+    ap.add_argument("--sglang-root", default=DEFAULT_SGLANG_ROOT, required=True,
+                    help="the sglang package directory of an SGLang 0.5.23 install (site-packages/sglang)")
     ap.add_argument("--work-dir", default="/tmp/tri-work")
     args = ap.parse_args()
 
