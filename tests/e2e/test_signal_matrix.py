@@ -208,7 +208,7 @@ def _kill_all(proc: subprocess.Popen, home: Path) -> None:
 # -- sparkit up ------------------------------------------------------------------------------------
 
 UP_CASES = [(phase, sig) for phase in ("preflight", "fork") for sig in ("INT", "TERM", "HUP")] + [
-    ("starting", "INT"), ("starting", "HUP"), ("guard", "INT"), ("guard", "HUP"), ("checks", "INT"), ("checks", "HUP")]
+    (phase, sig) for phase in ("starting", "checks") for sig in ("INT", "TERM", "HUP")] + [("guard", "INT"), ("guard", "HUP")]
 
 
 @pytest.mark.parametrize("phase,sig", UP_CASES, ids=[f"{p}-{s}" for p, s in UP_CASES])
