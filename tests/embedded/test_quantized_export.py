@@ -260,6 +260,33 @@ def test_widths_the_layout_cannot_tile_are_refused_naming_the_tensor_and_the_wid
         checkpoint.export_hf(source, tmp_path / "out2", "bfloat16", "bf16", damaged_scale=True)
 
 
+def test_mlas_kv_a_proj_alone_may_end_in_a_ragged_block_of_rows_and_keeps_its_values():
+    """Ling-3.0's MLA writes kv_lora_rank + qk_rope_head_dim = 576 rows (4.5 blocks) into
+    kv_a_proj_with_mqa, and Ling-3.0-flash-fp8 stores it so: a last block of 64 rows with a scale
+    of its own (SGLang appends it whole to the whole-block q_a_proj). Any other layer with ragged
+    rows is still refused; the ragged block's scale comes from its own 64 rows, and the values
+    come back within e4m3's rounding."""
+    from sparkit.models.tiny_ling.hf_quantized import layout_problems
+    from sparkit.models.tiny_ling.quant import dequantize_fp8_block, quantize_fp8_block
+    from sparkit.weight_formats import tiling_problem
+
+    assert tiling_problem(576, 128, "fp8", ragged_rows=True) is None
+    assert "rows 576 not a multiple" in tiling_problem(576, 128, "fp8")
+    assert "columns 200" in tiling_problem(576, 200, "fp8", ragged_rows=True)
+    inventory = {"model.layers.3.attention.kv_a_proj_with_mqa.weight": ("BF16", (576, 128)),
+                 "model.layers.3.attention.q_b_proj.weight": ("BF16", (576, 128))}
+    (problem,) = layout_problems(inventory, 4, "fp8")
+    assert problem.startswith("model.layers.3.attention.q_b_proj.weight [576, 128]")
+    torch.manual_seed(0)
+    weight = torch.randn(576, 128)
+    weight[512:] *= 1e-3  # the ragged block's own scale must follow its own (small) values
+    values, scale = quantize_fp8_block(weight)
+    assert values.shape == (576, 128) and scale.shape == (5, 1)
+    assert scale[4, 0] == pytest.approx(weight[512:].abs().max().item() / 448, rel=1e-6)
+    back = dequantize_fp8_block(values, scale)
+    assert torch.allclose(back, weight, rtol=0.07, atol=0)  # e4m3: 3 mantissa bits, every element
+
+
 @pytest.mark.slow
 def test_export_hf_cli_writes_the_layout_and_says_so(quant_model_dir, tmp_path):
     import subprocess

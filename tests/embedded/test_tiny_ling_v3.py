@@ -119,7 +119,8 @@ def _sglang_config_class():
 def test_sglangs_bailing_hybrid_config_reads_the_export_as_ling_v3(v3_export):
     config = _sglang_config_class().from_pretrained(str(v3_export))
     assert config.use_kda and config.layers_block_type == ["linear_attention"] * 3 + ["attention"]
-    assert config.kda_lower_bound == -5.0 and config.no_kda_lora and config.qk_head_dim == 192
+    assert config.kda_lower_bound == -5.0 and config.no_kda_lora and config.qk_head_dim == 64 + 64
+    assert config.kv_lora_rank + config.qk_rope_head_dim == 576  # the latent width SGLang's Triton MLA kernels split
     assert config.rope_parameters["rope_theta"] == 600000.0 and not config.rope_parameters.get("factor")
     read = set()
     for name in ("models/bailing_moe_v3.py", "models/bailing_moe_nextn.py"):
@@ -178,9 +179,11 @@ def test_a_quantised_export_keeps_sglangs_unquantised_gates_and_serves(v3_dir, t
     native = _prompt_logprobs(_engine(v3_dir), PROMPTS[0])
     quantised = _prompt_logprobs(engine, PROMPTS[0])
     gaps = [abs(a - b) for a, b in zip(quantised[1:], native[1:])]
-    # measured on this build: fp8 mean 0.042 / max 0.091 nats a token, mxfp4 (4-bit experts) 0.205 / 0.534;
-    # about twice that is allowed, and a format that broke the experts is nats away
-    mean_bound, max_bound = {"fp8": (0.1, 0.2), "mxfp4": (0.4, 1.0)}[weights]
+    # measured on this (untrained, seed 4321) model at MLA 512 + 64: fp8 mean 0.093 / max 0.420 nats a
+    # token, mxfp4 (4-bit experts) 0.128 / 0.671 (the same with every MLA projection kept bf16: the gap
+    # is KDA's and the experts'; the 128 + 128 model's draws gave fp8 0.042 / 0.091); about twice that
+    # is allowed, and a format that broke the experts is nats away
+    mean_bound, max_bound = {"fp8": (0.2, 0.8), "mxfp4": (0.3, 1.3)}[weights]
     assert quantised != native and sum(gaps) / len(gaps) < mean_bound and max(gaps) < max_bound, (weights, gaps)
 
 
