@@ -55,8 +55,10 @@
 #           the known answer as the check computes it) into $W/v3-capture-{baseline,nextn}.json, a
 #           short bench, down. Copy the two captures to tests/fixtures/sglang-0.5.23-h200/ and run
 #           benchmarks/cross_engine_agreement.py on each against sparkit/models/tiny_ling_v3/checkpoints/tiny-ling-v3-s0.
-#           V3_VARIANTS="nextn:tiny/tiny-v3-sglang" runs one of them (a call of its own when the two
-#           together would pass a call's 600 s).
+#           V3_VARIANTS="label:recipe ..." picks the servers, in order (session 13, two calls:
+#           baseline, nextn | dspark:tiny/tiny-v3-sglang-dspark, baseline2:tiny/tiny-v3-sglang-baseline,
+#           trap:tiny/tiny-v3-sglang-dspark-random-draft; ~75-180 s a server on an H100, the first
+#           compiles), V3_ARGS more `up`/`plan` arguments for all of them; `down --all` after each.
 #   ling    (not in the default: run as STEPS=setup,ling, alone in its call) Ling-3.0-flash at its own
 #           widths, dummy weights (issue 25): benchmarks/ling_width.py, ~7 min in LING_BUDGET_S=450 s:
 #           the memory fit against SGLang's log, decode vs the roofline at 6 and 12 layers (bf16 vs FP8

@@ -67,6 +67,7 @@ from sparkit.roofline.layout import (
     layout_to_dict,
 )
 from sparkit.roofline.profiles import PROFILES, config_only_layout, declared_layout, find_profile, tensor_infos
+from sparkit.roofline.published import H200_HOST_STEP, HOST_TERM_PREFIX
 from sparkit.weight_formats import LAYOUTS, sglang_quantization_config
 
 DEFAULT_CONTEXT = 8192  # sparkit bench's default prompt length
@@ -463,9 +464,7 @@ def estimate(recipe: Any, *, recipe_name: str = "", context: int | None = None, 
 
 def _host_term_note(step_bytes: float, gb_s: float) -> str:
     """What the bound leaves out: SGLang's fixed per-step host cost (measured, not modelled)."""
-    from sparkit.roofline.published import H200_HOST_STEP as host
-    from sparkit.roofline.published import HOST_TERM_PREFIX
-
+    host = H200_HOST_STEP
     share = host.share_of_step(step_bytes, gb_s)
     with_host = 1000.0 / (step_bytes / (gb_s * 1e9) * 1000.0 + host.fixed_ms)
     return (f"{HOST_TERM_PREFIX} SGLang's fixed host cost a decode step, {host.fixed_ms:.2f} ms measured on an H200 at "

@@ -44,7 +44,8 @@ def test_sglang_recipes_are_the_ling_ladder_and_tiny_ling_on_sglang():
     assert sorted(SGLANG_RECIPES) == sorted([f"ling-3.0-flash/{n}" for n in (
         "spark-baseline", "spark-humming", "spark-humming-fp8head", "spark-optimized",
         "tp4-baseline", "tp4-nextn", "tp4-dspark", "tp4-nextn-h200")] + [f"tiny/tiny-sglang{n}" for n in (
-        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming", "-tp2", "-fp8", "-mxfp4", "-damaged-scale")])
+        "", "-baseline", "-unshared-head", "-wrong-draft", "-humming", "-tp2", "-fp8", "-mxfp4", "-damaged-scale")] + [
+        f"tiny/tiny-v3-sglang{n}" for n in ("", "-baseline", "-fp8", "-dspark", "-dspark-random-draft")])
 
 
 def test_tiny_sglang_serves_the_hf_export_of_the_shipped_build():
@@ -426,7 +427,7 @@ def test_tiny_v3_dspark_recipes_serve_the_v3_target_with_its_draft():
     from sparkit.models.dspark.builder import builtin_draft_dir
 
     draft = str(builtin_draft_dir("tiny-ling-v3-dspark"))
-    for name in ("tiny/tiny-v3-dspark",):
+    for name in ("tiny/tiny-v3-dspark", "tiny/tiny-v3-sglang-dspark"):
         plan = compile_plan(load_recipe(name), port=30556)
         assert plan.argv[plan.argv.index("--speculative-algorithm") + 1] == "DSPARK"
         assert plan.argv[plan.argv.index("--speculative-draft-model-path") + 1] == draft
@@ -434,11 +435,8 @@ def test_tiny_v3_dspark_recipes_serve_the_v3_target_with_its_draft():
                                                                          ("tiny-ling-v3-dspark", "dspark")]
         assert plan.expectations.reference_perplexity == 1.469 and plan.expectations.min_accept_length == 2.0
         assert not [w for w in plan.warnings if "launch will fail" in w]
-    # on SGLang the same pair is refused at plan time: the shipped target's MLA (128 + 128) is a width
-    # SGLang's Triton MLA decode kernel cannot split (the H200 server died compiling it)
-    with pytest.raises(RecipeError, match="sglang-triton-mla-widths"):
-        compile_plan(load_recipe("tiny/tiny-sglang", ["model.path=sparkit:tiny-ling-v3",
-                                                      "stack.speculative={method: dspark, draft_model: sparkit:tiny-ling-v3-dspark}"]))
+        if name == "tiny/tiny-v3-sglang-dspark":  # SGLang loads the target's BailingMoeV3 export
+            assert plan.model_builds[0]["export_hf"]["weights"] == "bf16"
     random = compile_plan(load_recipe("tiny/tiny-v3-dspark-random-draft"))
     untrained = str(cache_dir() / "models" / "tiny-ling-v3-dspark-s0-n0")
     assert random.model_builds[1] == {"name": "tiny-ling-v3-dspark", "seed": 0, "kind": "dspark", "steps": 0, "dir": untrained}
